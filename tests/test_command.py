@@ -1,0 +1,309 @@
+"""Table-driven tests of the command builder: the rendezvous policy, resolution and every bad input.
+
+Expected values are written out by hand; torchrun's own parser re-parses every distributed argv.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from tune_magic import catalog
+from tune_magic.command import JOB_ID_PLACEHOLDER, PlanError, build_plan
+
+BUILTIN = "lora_finetune_distributed --config llama3_2/1B_lora"
+TT_ROOT = Path(importlib.util.find_spec("torchtune").origin).parent.parent  # site-packages
+
+
+@pytest.fixture
+def env(tmp_path):
+    """A clean job environment: no PET_* from the machine running the tests."""
+    return {"HOME": str(tmp_path / "home"), "PATH": os.environ.get("PATH", "")}
+
+
+@pytest.fixture
+def custom(tmp_path):
+    """A custom recipe with a component module next to it, and a config with an output_dir."""
+    d = tmp_path / "proj"
+    d.mkdir()
+    (d / "my_recipe.py").write_text("import my_components\n")
+    (d / "my_components.py").write_text("X = 1\n")
+    (d / "my.yaml").write_text("output_dir: /tmp/out/my\nseed: 1\n")
+    return d
+
+
+def torchrun_reparse(argv: list[str], monkeypatch):
+    """Parse the part after ``-m torch.distributed.run`` with torchrun's own parser."""
+    from torch.distributed.run import get_args_parser
+
+    for key in list(os.environ):
+        if key.startswith("PET_"):
+            monkeypatch.delenv(key)
+    assert argv[1:3] == ["-m", "torch.distributed.run"]
+    return get_args_parser().parse_args(argv[3:])
+
+
+# --- rendezvous policy -------------------------------------------------------------------------
+
+POLICY = [
+    # (id, args, extra env, expected rendezvous, expected endpoint, token that must be kept)
+    ("none->standalone", f"--nproc_per_node 2 {BUILTIN}", {}, "standalone", None, None),
+    ("rdzv-endpoint", f"--rdzv-endpoint host:29400 {BUILTIN}", {}, "user", "host:29400", "--rdzv-endpoint"),
+    ("rdzv_endpoint=", f"--rdzv_endpoint=host:29400 {BUILTIN}", {}, "user", "host:29400", "--rdzv_endpoint=host:29400"),
+    ("PET_RDZV_ENDPOINT", BUILTIN, {"PET_RDZV_ENDPOINT": "host:29400"}, "user", "host:29400", None),
+    ("master_port", f"--master_port 29600 {BUILTIN}", {}, "user", "127.0.0.1:29600", "--master_port"),
+    ("master-port=", f"--master-port=29600 {BUILTIN}", {}, "user", "127.0.0.1:29600", "--master-port=29600"),
+    ("PET_MASTER_PORT", BUILTIN, {"PET_MASTER_PORT": "29600"}, "user", "127.0.0.1:29600", None),
+    ("master-addr", f"--master-addr 10.0.0.5 {BUILTIN}", {}, "user", "10.0.0.5", "--master-addr"),
+    ("PET_MASTER_ADDR", BUILTIN, {"PET_MASTER_ADDR": "10.0.0.5"}, "user", "10.0.0.5", None),
+    ("addr+port", f"--master_addr n0 --master_port 29601 {BUILTIN}", {}, "user", "n0:29601", "--master_addr"),
+    ("ipv6 endpoint", f"--rdzv-endpoint [fe80::1]:29400 {BUILTIN}", {}, "user", "[fe80::1]:29400", None),
+    ("multi-node c10d", f"--nnodes 2 --rdzv-backend c10d --rdzv-id r1 --rdzv-endpoint n0:29400 {BUILTIN}", {},
+     "user", "n0:29400", "--rdzv-id"),
+    ("multi-node static", f"--nnodes 2:4 --master-addr n0 --master-port 29500 {BUILTIN}", {}, "user", "n0:29500", None),
+    ("explicit standalone kept once", f"--standalone {BUILTIN}", {}, "standalone", None, "--standalone"),
+]
+
+
+@pytest.mark.parametrize("case", POLICY, ids=[c[0] for c in POLICY])
+def test_rendezvous_policy(case, env, monkeypatch):
+    _, args, extra, mode, endpoint, kept = case
+    plan = build_plan(args, env={**env, **extra})
+    assert plan.distributed is True
+    assert plan.rendezvous == mode
+    assert plan.endpoint == endpoint
+    assert plan.argv.count("--standalone") == (1 if mode == "standalone" else 0)
+    if kept:
+        assert kept in plan.torchrun_args
+    for token in shlex.split(args.split("lora_finetune_distributed")[0]):
+        assert token in plan.torchrun_args  # passed through unchanged
+    ns = torchrun_reparse(plan.argv, monkeypatch)
+    assert ns.standalone is (mode == "standalone")
+    assert ns.training_script == str(TT_ROOT / "recipes" / "lora_finetune_distributed.py")
+
+
+def test_case1_two_jobs_same_config_each_get_standalone_and_own_output_dir(env):
+    """Field case 1: two jobs from one config on one node, no endpoint."""
+    a = build_plan(f"--nproc_per_node 2 {BUILTIN}", env=env, gpus="0,1", job_id="job-a")
+    b = build_plan(f"--nproc_per_node 2 {BUILTIN}", env=env, gpus="2,3", job_id="job-b")
+    for plan in (a, b):
+        assert plan.argv[3] == "--standalone"
+        assert plan.rendezvous == "standalone"
+    assert a.output_dir == "/tmp/torchtune/llama3_2_1B/lora/job-a"
+    assert b.output_dir == "/tmp/torchtune/llama3_2_1B/lora/job-b"
+    assert a.argv[-1] == "output_dir=/tmp/torchtune/llama3_2_1B/lora/job-a"
+    assert (a.env["CUDA_VISIBLE_DEVICES"], b.env["CUDA_VISIBLE_DEVICES"]) == ("0,1", "2,3")
+
+
+def test_preview_without_job_id_shows_placeholder(env):
+    plan = build_plan(BUILTIN, env=env)
+    assert plan.output_dir == f"/tmp/torchtune/llama3_2_1B/lora/{JOB_ID_PLACEHOLDER}"
+    assert plan.argv[-1] == f"output_dir=/tmp/torchtune/llama3_2_1B/lora/{JOB_ID_PLACEHOLDER}"
+
+
+def test_user_output_dir_is_kept_and_nothing_added(env):
+    plan = build_plan(f"{BUILTIN} output_dir=/data/mine", env=env, job_id="j1")
+    assert plan.output_dir is None
+    assert [a for a in plan.argv if a.startswith("output_dir=")] == ["output_dir=/data/mine"]
+
+
+def test_case5_quoted_override_with_spaces_is_one_argument(env):
+    plan = build_plan(f'{BUILTIN} metric_logger.name="my run" batch_size=2', env=env)
+    i = plan.argv.index("metric_logger.name=my run")
+    assert plan.argv[i + 1] == "batch_size=2"
+    assert not any('"' in a for a in plan.argv)
+
+
+def test_list_input_taken_as_is(env):
+    plan = build_plan(["lora_finetune_distributed", "--config", "llama3_2/1B_lora", "metric_logger.name=a b"], env=env)
+    assert "metric_logger.name=a b" in plan.argv
+
+
+def test_case6_custom_recipe_path_from_another_cwd(env, custom, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the process cwd is not where the recipe is
+    plan = build_plan("my_recipe.py --config my.yaml", env=env, cwd=custom, job_id="j6")
+    assert plan.recipe == str(custom / "my_recipe.py")
+    assert plan.config == str(custom / "my.yaml")
+    assert plan.argv == [sys.executable, str(custom / "my_recipe.py"), "--config", str(custom / "my.yaml"),
+                         "output_dir=/tmp/out/my/j6"]
+    assert plan.env["PYTHONPATH"].split(os.pathsep)[0] == str(custom)  # components next to the recipe import
+    assert plan.distributed is False and plan.rendezvous is None
+
+
+def test_pythonpath_keeps_callers_entries(env, custom):
+    plan = build_plan("my_recipe.py --config my.yaml", env={**env, "PYTHONPATH": "/a:/b"}, cwd=custom)
+    assert plan.env["PYTHONPATH"] == os.pathsep.join([str(custom), "/a:/b"])
+
+
+def test_case7_gpus_set_in_plan_env_only(env):
+    before = dict(os.environ)
+    plan = build_plan(BUILTIN, env=env, gpus=[2, 3])
+    assert plan.env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert plan.nproc_per_node == "2"
+    assert plan.argv[3:6] == ["--standalone", "--nproc_per_node", "2"]
+    assert dict(os.environ) == before
+
+
+def test_builtin_recipe_and_config_resolve_inside_installed_torchtune(env):
+    plan = build_plan(BUILTIN, env=env)
+    assert plan.recipe == str(TT_ROOT / "recipes" / "lora_finetune_distributed.py")
+    assert plan.config == str(TT_ROOT / "recipes" / "configs" / "llama3_2" / "1B_lora.yaml")
+    assert Path(plan.recipe).is_file() and Path(plan.config).is_file()
+    assert (plan.recipe_source, plan.recipe_name, plan.config_name) == ("torchtune", "lora_finetune_distributed", "llama3_2/1B_lora")
+
+
+def test_builtin_distributed_recipe_always_runs_under_torchrun(env):
+    plan = build_plan(BUILTIN, env=env)
+    assert plan.argv[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1"]
+    assert plan.nproc_per_node == "1"
+
+
+def test_builtin_single_device_recipe_runs_as_one_process(env):
+    plan = build_plan("lora_finetune_single_device --config llama3_2/1B_lora_single_device", env=env)
+    assert plan.argv[:2] == [sys.executable, str(TT_ROOT / "recipes" / "lora_finetune_single_device.py")]
+    assert plan.distributed is False and plan.rendezvous is None and plan.nproc_per_node is None
+
+
+def test_custom_recipe_goes_distributed_with_torchrun_option_or_two_gpus(env, custom):
+    a = build_plan("--nnodes 1 my_recipe.py --config my.yaml", env=env, cwd=custom)
+    b = build_plan("my_recipe.py --config my.yaml", env=env, cwd=custom, gpus="0,1")
+    c = build_plan("my_recipe.py --config my.yaml", env=env, cwd=custom, gpus="0")
+    assert (a.distributed, a.nproc_per_node, a.rendezvous) == (True, "1", "standalone")
+    assert (b.distributed, b.nproc_per_node) == (True, "2")
+    assert (c.distributed, c.env["CUDA_VISIBLE_DEVICES"]) == (False, "0")
+
+
+@pytest.mark.parametrize("nproc", ["auto", "gpu", "cpu", "4"])
+def test_nproc_words_and_integers_allowed(env, nproc, monkeypatch):
+    plan = build_plan(f"--nproc-per-node {nproc} {BUILTIN}", env=env)
+    assert plan.nproc_per_node == nproc
+    assert torchrun_reparse(plan.argv, monkeypatch).nproc_per_node == nproc
+
+
+def test_both_spellings_of_one_flag_pass_once(env, monkeypatch):
+    plan = build_plan(f"--nproc_per_node 2 --nproc-per-node 2 {BUILTIN}", env=env)
+    assert plan.torchrun_args == ["--standalone", "--nproc_per_node", "2"]
+    torchrun_reparse(plan.argv, monkeypatch)
+
+
+def test_other_torchrun_flags_pass_through_unchanged(env, monkeypatch):
+    args = f"--nproc_per_node 2 --max-restarts 3 --log_dir /tmp/tl -r 3 --tee=3 --monitor-interval 1 {BUILTIN}"
+    plan = build_plan(args, env=env)
+    assert plan.torchrun_args == ["--standalone", "--nproc_per_node", "2", "--max-restarts", "3", "--log_dir",
+                                  "/tmp/tl", "-r", "3", "--tee=3", "--monitor-interval", "1"]
+    ns = torchrun_reparse(plan.argv, monkeypatch)
+    assert (ns.max_restarts, ns.log_dir, ns.redirects, ns.tee) == (3, "/tmp/tl", "3", "3")
+
+
+def test_config_equals_form_accepted(env):
+    assert build_plan("lora_finetune_distributed --config=llama3_2/1B_lora", env=env).config_name == "llama3_2/1B_lora"
+
+
+def test_deletion_override_allowed(env):
+    assert "~model.lora_rank" in build_plan(f"{BUILTIN} ~model.lora_rank", env=env).argv
+
+
+def test_name_in_both_registries_is_an_error_naming_both(env, monkeypatch):
+    fake = catalog.RecipeEntry("lora_finetune_distributed", Path("/x/lora_finetune_distributed.py"), catalog.TUNE_MAGIC, True, ())
+    recipes, configs = catalog._shipped()
+    monkeypatch.setattr(catalog, "_shipped", lambda: ((*recipes, fake), configs))
+    with pytest.raises(PlanError) as err:
+        build_plan(BUILTIN, env=env)
+    assert "torchtune" in str(err.value) and "tune_magic" in str(err.value) and "/x/lora_finetune_distributed.py" in str(err.value)
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+BAD = [
+    # (id, args, extra env, gpus, words the message must contain)
+    ("missing --config", "lora_finetune_distributed", {}, None, ["missing --config"]),
+    ("--config without value", "lora_finetune_distributed --config", {}, None, ["--config needs a value"]),
+    ("--config twice", f"{BUILTIN} --config llama3_2/1B_lora", {}, None, ["twice"]),
+    ("no recipe", "--nproc_per_node 2", {}, None, ["no recipe"]),
+    ("unknown recipe suggests", "lora_finetune_distribted --config llama3_2/1B_lora", {}, None,
+     ["unknown recipe", "lora_finetune_distributed"]),
+    ("recipe path missing", "nope/my.py --config llama3_2/1B_lora", {}, None, ["not found"]),
+    ("config path missing", "lora_finetune_distributed --config nope/x.yaml", {}, None, ["config", "not found"]),
+    ("nnodes 2 no endpoint", f"--nnodes 2 {BUILTIN}", {}, None, ["endpoint", "--rdzv-endpoint"]),
+    ("nnodes 2:4 no endpoint", f"--nnodes 2:4 {BUILTIN}", {}, None, ["endpoint"]),
+    ("PET_NNODES no endpoint", BUILTIN, {"PET_NNODES": "2"}, None, ["endpoint"]),
+    ("nnodes 2 master_port only", f"--nnodes 2 --master-port 29500 {BUILTIN}", {}, None, ["endpoint"]),
+    ("nnodes garbage", f"--nnodes two {BUILTIN}", {}, None, ["--nnodes"]),
+    ("standalone + endpoint", f"--standalone --rdzv-endpoint h:1 {BUILTIN}", {}, None, ["--standalone", "drop"]),
+    ("standalone + master_port", f"--standalone --master_port 29500 {BUILTIN}", {}, None, ["--standalone"]),
+    ("standalone + PET endpoint", f"--standalone {BUILTIN}", {"PET_RDZV_ENDPOINT": "h:1"}, None, ["PET_RDZV_ENDPOINT"]),
+    ("rdzv-backend alone", f"--rdzv-backend c10d {BUILTIN}", {}, None, ["--rdzv-endpoint", "drop"]),
+    ("rdzv_id alone", f"--rdzv_id abc {BUILTIN}", {}, None, ["--rdzv-endpoint"]),
+    ("rdzv-conf alone", f"--rdzv-conf timeout=5 {BUILTIN}", {}, None, ["--rdzv-endpoint"]),
+    ("endpoint empty host", f"--rdzv-endpoint :29400 {BUILTIN}", {}, None, ["empty host"]),
+    ("endpoint port too big", f"--rdzv-endpoint h:70000 {BUILTIN}", {}, None, ["0-65535"]),
+    ("endpoint port text", f"--rdzv-endpoint h:abc {BUILTIN}", {}, None, ["not a number"]),
+    ("endpoint bare ipv6", f"--rdzv-endpoint fe80::1:29400 {BUILTIN}", {}, None, ["brackets"]),
+    ("endpoint bad bracket", f"--rdzv-endpoint [fe80::1:29400 {BUILTIN}", {}, None, ["]"]),
+    ("PET endpoint bad", BUILTIN, {"PET_RDZV_ENDPOINT": "h:99999"}, None, ["PET_RDZV_ENDPOINT", "0-65535"]),
+    ("master_port out of range", f"--master_port 65536 {BUILTIN}", {}, None, ["0-65535"]),
+    ("torchrun flag after recipe", "lora_finetune_distributed --nproc_per_node 2 --config llama3_2/1B_lora", {}, None,
+     ["before the recipe"]),
+    ("torchrun flag= after recipe", f"{BUILTIN} --nnodes=1", {}, None, ["before the recipe"]),
+    ("unknown flag after recipe", f"{BUILTIN} --foo", {}, None, ["neither --config nor key=value"]),
+    ("--config before recipe", "--config llama3_2/1B_lora lora_finetune_distributed", {}, None, ["after the recipe"]),
+    ("override not key=value", f"{BUILTIN} batch_size", {}, None, ["not key=value"]),
+    ("override empty key", f"{BUILTIN} =3", {}, None, ["not key=value"]),
+    ("deletion with value", f"{BUILTIN} ~a=1", {}, None, ["deletion"]),
+    ("nproc zero", f"--nproc_per_node 0 {BUILTIN}", {}, None, ["positive integer"]),
+    ("nproc negative", f"--nproc_per_node -1 {BUILTIN}", {}, None, ["positive integer"]),
+    ("nproc text", f"--nproc_per_node two {BUILTIN}", {}, None, ["positive integer"]),
+    ("PET nproc bad", BUILTIN, {"PET_NPROC_PER_NODE": "0"}, None, ["PET_NPROC_PER_NODE", "positive integer"]),
+    ("nproc disagrees with gpus", f"--nproc_per_node 4 {BUILTIN}", {}, "0,1", ["disagrees"]),
+    ("flag twice differently", f"--nproc_per_node 2 --nproc-per-node 3 {BUILTIN}", {}, None, ["twice"]),
+    ("unknown torchrun flag", f"--nproc_per_nod 2 --bogus {BUILTIN}", {}, None, ["not a torchrun option"]),
+    ("-m refused", f"-m {BUILTIN}", {}, None, ["-m"]),
+    ("--no-python refused", f"--no-python {BUILTIN}", {}, None, ["--no-python"]),
+    ("switch with value", f"--standalone=1 {BUILTIN}", {}, None, ["takes no value"]),
+    ("flag missing value", "--nproc_per_node", {}, None, ["needs a value"]),
+    ("unclosed quote", f'{BUILTIN} metric_logger.name="my run', {}, None, ["quote"]),
+    ("single-device + torchrun", "--nproc_per_node 2 lora_finetune_single_device --config llama3_2/1B_lora_single_device",
+     {}, None, ["does not support torchrun"]),
+    ("single-device + 2 gpus", "lora_finetune_single_device --config llama3_2/1B_lora_single_device", {}, "0,1",
+     ["does not support torchrun"]),
+    ("gpu id negative", BUILTIN, {}, "-1", ["GPU id"]),
+    ("gpu id text", BUILTIN, {}, "a,b", ["GPU id"]),
+    ("gpu id twice", BUILTIN, {}, "1,1", ["twice"]),
+]
+
+
+@pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
+def test_bad_input_is_a_clear_error(case, env):
+    _, args, extra, gpus, words = case
+    with pytest.raises(PlanError) as err:
+        build_plan(args, env={**env, **extra}, gpus=gpus)
+    for word in words:
+        assert word in str(err.value)
+
+
+@pytest.mark.parametrize("job_id", ["a/b", "..", "../x", ".hidden", "", "a b"])
+def test_bad_job_id(env, job_id):
+    with pytest.raises(PlanError, match="job id"):
+        build_plan(BUILTIN, env=env, job_id=job_id)
+
+
+def test_building_a_plan_never_touches_cuda_or_starts_a_process(env, custom, monkeypatch):
+    import subprocess
+
+    import torch
+
+    def boom(*a, **k):
+        raise AssertionError("CUDA touched while building a plan")
+
+    for name in ("init", "_lazy_init", "is_available", "device_count", "current_device", "get_device_name"):
+        monkeypatch.setattr(torch.cuda, name, boom)
+    monkeypatch.setattr(subprocess.Popen, "__init__", boom)
+    monkeypatch.setattr(os, "fork", boom)
+    for args, gpus in [(BUILTIN, "0,1"), (f"--nproc_per_node gpu {BUILTIN}", None), ("my_recipe.py --config my.yaml", "0,1")]:
+        plan = build_plan(args, env=env, cwd=custom, gpus=gpus)
+        assert plan.distributed is True

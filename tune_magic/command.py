@@ -1,0 +1,614 @@
+"""Turn ``tune run``-style arguments into the exact command that will be launched.
+
+Pure: no process is started, no CUDA is touched, nothing is written. The input is what a user types
+after ``%%tune_run`` (the same words as ``tune run``, torchtune 0.6.1)::
+
+    [TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value | ~key ...]
+
+and the output is a :class:`LaunchPlan`. The rendezvous policy is the heart of it: with no
+rendezvous of the user's own, ``--standalone`` is added so torchrun takes an OS-chosen free port and
+concurrent jobs on one node never collide; a rendezvous the user gave (flag or ``PET_*`` variable) is
+kept exactly, and ``--standalone`` is never added on top of it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import os
+import re
+import shlex
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+from . import catalog
+from .paths import HOME_ENV, home
+from .torchrun_options import TorchrunOption, lookup
+
+#: Placeholder used in previews built without a job id, where the job id will go.
+JOB_ID_PLACEHOLDER = "<job-id>"
+
+#: ``--nproc-per-node`` words torchrun accepts besides a positive integer (torch 2.13).
+NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")
+
+# Options that change what the training script *is*; tune_magic always launches a recipe file.
+_REFUSED = {
+    "module": "tune_magic launches the recipe file itself; drop -m/--module",
+    "no_python": "tune_magic launches the recipe with the kernel's Python; drop --no-python",
+}
+_USER_RDZV = ("rdzv_endpoint", "master_addr", "master_port")
+_RDZV_DETAILS = ("rdzv_backend", "rdzv_id", "rdzv_conf")
+_JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z0-9_\-]+|\[[^\]]*\])*$")
+
+
+class PlanError(ValueError):
+    """Bad ``tune run`` input. The message says what is wrong and how to fix it."""
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything needed to launch one job, and nothing launched yet.
+
+    Attributes:
+        argv: the full command (``argv[0]`` is the kernel's own interpreter, ``sys.executable``).
+            Distributed: ``[python, "-m", "torch.distributed.run", <torchrun options>, <recipe>,
+            "--config", <config>, <overrides>]``; one process: ``[python, <recipe>, "--config", ...]``.
+        env: variables to add to the caller's environment for this job only
+            (``PYTHONUNBUFFERED``, ``PYTHONPATH``, ``TUNE_MAGIC_HOME``, ``CUDA_VISIBLE_DEVICES``).
+        recipe: absolute path of the recipe file.
+        recipe_name: the registry name when one was used, else ``None``.
+        recipe_source: ``"torchtune"``, ``"tune_magic"`` or ``"path"``.
+        config: absolute path of the config file.
+        config_name: the registry name when one was used, else ``None``.
+        distributed: ``True`` when launched through torchrun.
+        rendezvous: ``"standalone"`` (OS-chosen port), ``"user"`` (the user's endpoint/master
+            address/port, kept as given) or ``None`` for a one-process plan.
+        endpoint: the user's endpoint (``host:port``) when they gave one, else ``None``.
+        nproc_per_node: processes per node as torchrun will see it (``"2"``, ``"gpu"``), or
+            ``None`` for one process.
+        nnodes: torchrun's ``--nnodes`` value (``"1"``, ``"2:4"``), ``None`` for one process.
+        gpus: GPU ids exposed to the job, or ``None``.
+        torchrun_args: the torchrun options part of ``argv``.
+        overrides: ``key=value`` / ``~key`` recipe overrides, in order (including an added
+            ``output_dir``).
+        output_dir: the ``output_dir`` override this plan added (per-job directory), else ``None``.
+        job_id: the job id the plan was built for, else ``None``.
+    """
+
+    argv: list[str]
+    env: dict[str, str]
+    recipe: str
+    recipe_name: str | None
+    recipe_source: str
+    config: str
+    config_name: str | None
+    distributed: bool
+    rendezvous: str | None
+    endpoint: str | None
+    nproc_per_node: str | None
+    nnodes: str | None
+    gpus: list[int] | None
+    torchrun_args: list[str] = field(default_factory=list)
+    overrides: list[str] = field(default_factory=list)
+    output_dir: str | None = None
+    job_id: str | None = None
+
+    def command_line(self) -> str:
+        """Return one copy-pasteable shell line: ``VAR=value ... <shlex.join(argv)>``."""
+        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        return f"{prefix} {shlex.join(self.argv)}" if prefix else shlex.join(self.argv)
+
+    def to_dict(self) -> dict:
+        """Return a JSON-ready dict of every field."""
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# Small validators. Each raises PlanError with the fix in the message.
+
+
+def parse_gpus(gpus: str | Iterable[int] | None) -> list[int] | None:
+    """Parse a GPU list (``"0,1"``, ``[2, 3]``, ``None``/``""`` for none).
+
+    Only the syntax is checked here; whether the ids exist is checked at launch, so plans for GPU
+    nodes can be built on a CPU machine.
+
+    Raises:
+        PlanError: not non-negative integers, duplicates, or ``"auto"`` (resolved at launch time).
+    """
+    if gpus is None:
+        return None
+    if isinstance(gpus, str):
+        text = gpus.strip()
+        if not text:
+            return None
+        if text == "auto":
+            raise PlanError("gpus='auto' is resolved when launching; to build a plan, give ids such as --gpus 0,1")
+        parts = [p.strip() for p in text.split(",")]
+    else:
+        parts = list(gpus)
+    ids = []
+    for part in parts:
+        try:
+            value = int(part)
+            if isinstance(part, float) or isinstance(part, bool):
+                raise ValueError
+        except (TypeError, ValueError):
+            raise PlanError(f"bad GPU id {part!r}: give non-negative integers, e.g. --gpus 0,1") from None
+        if value < 0:
+            raise PlanError(f"bad GPU id {part!r}: give non-negative integers, e.g. --gpus 0,1")
+        ids.append(value)
+    if not ids:
+        return None
+    if len(set(ids)) != len(ids):
+        raise PlanError(f"GPU list {gpus!r} names a GPU twice; give each id once, e.g. --gpus 0,1")
+    return ids
+
+
+def check_port(text: str, what: str) -> int:
+    """Return ``text`` as a TCP port (0-65535) or raise :class:`PlanError` naming ``what``."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise PlanError(f"{what}: port {text!r} is not a number; use 0-65535, e.g. 29400") from None
+    if not 0 <= port <= 65535:
+        raise PlanError(f"{what}: port {port} is outside 0-65535; use e.g. 29400")
+    return port
+
+
+def check_endpoint(endpoint: str, what: str = "--rdzv-endpoint") -> str:
+    """Validate a rendezvous endpoint ``host[:port]`` (IPv6 in brackets: ``[fe80::1]:29400``).
+
+    Returns:
+        The endpoint unchanged.
+
+    Raises:
+        PlanError: empty host, a port outside 0-65535, or a bare IPv6 address without brackets.
+    """
+    text = endpoint.strip()
+    if text != endpoint or not text or any(c.isspace() for c in text):
+        raise PlanError(f"{what} {endpoint!r} is not host[:port]; e.g. node0:29400 or [fe80::1]:29400")
+    if text.startswith("["):
+        close = text.find("]")
+        if close < 0:
+            raise PlanError(f"{what} {endpoint!r}: missing ']' after the IPv6 address; e.g. [fe80::1]:29400")
+        host, rest = text[1:close], text[close + 1 :]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise PlanError(f"{what} {endpoint!r}: {host!r} in brackets is not an IPv6 address") from None
+        if rest and not rest.startswith(":"):
+            raise PlanError(f"{what} {endpoint!r} is not host[:port]; e.g. [fe80::1]:29400")
+        port = rest[1:] if rest else None
+    else:
+        if text.count(":") > 1:
+            raise PlanError(
+                f"{what} {endpoint!r} looks like a bare IPv6 address; put it in brackets, e.g. [{text}] or [::1]:29400"
+            )
+        host, _, port = text.partition(":")
+        port = port if ":" in text else None
+        if not host:
+            raise PlanError(f"{what} {endpoint!r} has an empty host; e.g. node0:29400")
+    if port is not None:
+        check_port(port, f"{what} {endpoint!r}")
+    return endpoint
+
+
+def check_nproc(value: str, what: str = "--nproc-per-node") -> str:
+    """Validate ``--nproc-per-node``: a positive integer or one of :data:`NPROC_WORDS`."""
+    if value in NPROC_WORDS:
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise PlanError(f"{what} {value!r} must be a positive integer (or one of {', '.join(NPROC_WORDS)})")
+    return value
+
+
+def parse_nnodes(value: str, what: str = "--nnodes") -> tuple[int, int]:
+    """Parse ``--nnodes``: ``N`` or ``MIN:MAX``. Returns ``(min, max)``."""
+    parts = value.split(":")
+    try:
+        nums = [int(p) for p in parts]
+    except ValueError:
+        nums = []
+    if len(parts) not in (1, 2) or len(nums) != len(parts) or min(nums, default=0) < 1 or nums[0] > nums[-1]:
+        raise PlanError(f"{what} {value!r} must be N or MIN:MAX with 1 <= MIN <= MAX, e.g. 2 or 2:4")
+    return nums[0], nums[-1]
+
+
+def check_job_id(job_id: str) -> str:
+    """Validate a job id: letters, digits, ``_ . -``, no leading dot, no ``/`` or ``..``."""
+    if not isinstance(job_id, str) or not _JOB_ID_RE.match(job_id) or ".." in job_id:
+        raise PlanError(
+            f"job id {job_id!r} is not valid: use letters, digits, '_', '-', '.' (no '/', no '..'), as shown by tune-magic jobs"
+        )
+    return job_id
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenising.
+
+
+@dataclass
+class _Parsed:
+    torchrun_tokens: list[str] = field(default_factory=list)
+    torchrun: dict[str, str | bool] = field(default_factory=dict)  # dest -> value (True for switches)
+    recipe: str | None = None
+    config: str | None = None
+    overrides: list[str] = field(default_factory=list)
+
+
+def _split(args: str | Sequence[str]) -> list[str]:
+    if isinstance(args, str):
+        try:
+            return shlex.split(args, comments=False, posix=True)
+        except ValueError as exc:  # "No closing quotation"
+            raise PlanError(f"cannot split the arguments ({exc}); close every quote") from None
+    if not all(isinstance(a, str) for a in args):
+        raise PlanError("arguments must be strings")
+    return list(args)
+
+
+def _match_option(token: str) -> tuple[TorchrunOption | None, str | None]:
+    """Return (option, attached value) for an option token, e.g. ``--nnodes=2`` or ``-r3``."""
+    name, eq, value = token.partition("=")
+    opt = lookup(name)
+    if opt is not None:
+        return opt, (value if eq else None)
+    if not token.startswith("--") and len(token) > 2:  # -r3: short option with its value attached
+        opt = lookup(token[:2])
+        if opt is not None and opt.takes_value:
+            return opt, token[2:]
+    return None, None
+
+
+def _unknown_option(token: str) -> PlanError:
+    from .torchrun_options import options
+
+    close = difflib.get_close_matches(token.split("=")[0], list(options()), n=3)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    return PlanError(f"{token!r} is not a torchrun option.{hint} See python -m torch.distributed.run --help.")
+
+
+def _tokenise(tokens: list[str]) -> _Parsed:
+    parsed = _Parsed()
+    i = 0
+    while i < len(tokens) and tokens[i].startswith("-") and tokens[i] != "-":
+        token = tokens[i]
+        if token == "--config" or token.startswith("--config="):
+            raise PlanError("--config comes after the recipe: [torchrun options] RECIPE --config CONFIG [key=value ...]")
+        opt, value = _match_option(token)
+        if opt is None:
+            raise _unknown_option(token)
+        if opt.dest in _REFUSED:
+            raise PlanError(_REFUSED[opt.dest])
+        group = [token]
+        if opt.takes_value and value is None:
+            if i + 1 >= len(tokens):
+                raise PlanError(f"{token} needs a value, e.g. {opt.display} VALUE")
+            value = tokens[i + 1]
+            group.append(value)
+        elif not opt.takes_value:
+            if value is not None:
+                raise PlanError(f"{opt.display} takes no value; write it alone")
+            value = True
+        i += len(group)
+        if opt.dest in parsed.torchrun:
+            if parsed.torchrun[opt.dest] != value:
+                raise PlanError(
+                    f"{opt.display} is given twice with different values "
+                    f"({parsed.torchrun[opt.dest]!r} and {value!r}); keep one"
+                )
+            continue  # the same flag again (maybe the other spelling): pass it through once
+        parsed.torchrun[opt.dest] = value
+        parsed.torchrun_tokens += group
+    if i >= len(tokens):
+        raise PlanError("no recipe given: [torchrun options] RECIPE --config CONFIG [key=value ...]; see tune-magic ls")
+    parsed.recipe = tokens[i]
+    i += 1
+    while i < len(tokens):
+        token = tokens[i]
+        if token == "--config" or token.startswith("--config="):
+            if parsed.config is not None:
+                raise PlanError("--config is given twice; keep one")
+            if token == "--config":
+                if i + 1 >= len(tokens) or tokens[i + 1].startswith("-"):
+                    raise PlanError("--config needs a value: --config NAME_OR_PATH (see tune-magic ls)")
+                parsed.config = tokens[i + 1]
+                i += 2
+            else:
+                parsed.config = token.split("=", 1)[1]
+                i += 1
+            if not parsed.config:
+                raise PlanError("--config needs a value: --config NAME_OR_PATH (see tune-magic ls)")
+            continue
+        if token.startswith("-") and not token.startswith("~"):
+            opt, _ = _match_option(token)
+            if opt is not None:
+                raise PlanError(
+                    f"torchrun option {token} comes after the recipe {parsed.recipe!r}, where it would be handed to the "
+                    f"recipe; move it before the recipe: {token} ... {parsed.recipe} --config ..."
+                )
+            raise PlanError(
+                f"{token!r} after the recipe is neither --config nor key=value; recipes take only --config and overrides"
+            )
+        parsed.overrides.append(_check_override(token))
+        i += 1
+    if parsed.config is None:
+        raise PlanError(
+            f"missing --config: write {parsed.recipe} --config NAME_OR_PATH (tune-magic ls lists the configs)"
+        )
+    return parsed
+
+
+def _check_override(token: str) -> str:
+    if token.startswith("~"):
+        if "=" in token or not _KEY_RE.match(token[1:]):
+            raise PlanError(f"override {token!r}: a deletion is ~key with no value, e.g. ~model.lora_rank")
+        return token
+    key, eq, _ = token.partition("=")
+    if not eq or not _KEY_RE.match(key):
+        raise PlanError(
+            f"override {token!r} is not key=value; write e.g. batch_size=4 or metric_logger.name=\"my run\" "
+            "(quote values with spaces)"
+        )
+    return token
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolution.
+
+
+def _resolve_recipe(name: str, cwd: Path) -> tuple[Path, str | None, str, bool | None]:
+    """Return (path, registry name, source, supports_distributed or None for custom)."""
+    try:
+        entry = catalog.find_recipe(name)
+    except catalog.AmbiguousNameError as exc:
+        raise PlanError(str(exc)) from None
+    if entry is not None:
+        return entry.path, entry.name, entry.source, entry.supports_distributed if entry.source == catalog.TORCHTUNE else None
+    path = (cwd / name).expanduser()
+    if path.is_file():
+        return path.absolute(), None, "path", None
+    looks_like_path = name.endswith(".py") or "/" in name or os.sep in name
+    if looks_like_path:
+        raise PlanError(f"recipe file {name!r} not found (looked at {path}); check the path or use a name from tune-magic ls")
+    close = difflib.get_close_matches(name, [r.name for r in catalog.recipes()], n=3, cutoff=0.5)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    raise PlanError(f"unknown recipe {name!r}.{hint} tune-magic ls lists the recipes; a custom recipe is a .py path")
+
+
+def _resolve_config(name: str, cwd: Path) -> tuple[Path, str | None]:
+    try:
+        entry = catalog.find_config(name)
+    except catalog.AmbiguousNameError as exc:
+        raise PlanError(str(exc)) from None
+    if entry is not None:
+        return entry.path, entry.name
+    path = (cwd / name).expanduser()
+    if path.is_file():
+        return path.absolute(), None
+    close = difflib.get_close_matches(name, [c.name for c in catalog.configs()], n=3, cutoff=0.6)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    raise PlanError(f"config {name!r} not found: not a config name and no file {path}.{hint} tune-magic ls lists the configs")
+
+
+def _config_output_dir(config: Path) -> str | None:
+    """Return the config's ``output_dir`` exactly as written (interpolations unresolved)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+    import yaml
+
+    try:
+        cfg = OmegaConf.load(config)
+    except (yaml.YAMLError, OmegaConfBaseException) as exc:
+        raise PlanError(f"config {config} is not valid YAML: {exc}") from None
+    if not OmegaConf.is_dict(cfg) or "output_dir" not in cfg:
+        return None
+    raw = OmegaConf.to_container(cfg, resolve=False).get("output_dir")
+    return None if raw is None else str(raw)
+
+
+def _env_value(env: Mapping[str, str], opt_dest: str) -> str | None:
+    value = env.get("PET_" + opt_dest.upper())
+    return value if value not in (None, "") else None
+
+
+def _truthy(value: str | bool | None) -> bool:
+    if isinstance(value, bool):
+        return value
+    return value is not None and value.strip().lower() in ("1", "true", "yes", "on")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def build_plan(
+    args: str | Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+    gpus: str | Iterable[int] | None = None,
+    job_id: str | None = None,
+) -> LaunchPlan:
+    """Build the launch plan for ``tune run``-style arguments, without starting anything.
+
+    Args:
+        args: ``[TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value | ~key ...]`` as one string
+            (split with :func:`shlex.split`) or a list of strings (taken as is). ``--config=X`` is
+            accepted like ``--config X``. RECIPE is a torchtune recipe name, a shipped recipe name
+            (``tune-magic ls``) or a ``.py`` path relative to ``cwd``; CONFIG likewise, without
+            ``.yaml`` for names.
+        env: the job's whole environment (the caller's ``os.environ`` plus the job's additions);
+            ``PET_*`` variables in it count like the torchrun flags. Default ``os.environ``.
+        cwd: directory that relative paths are resolved from; default the current directory.
+        gpus: GPU ids for the job (``"0,1"`` or ``[0, 1]``); sets ``CUDA_VISIBLE_DEVICES`` in the
+            plan's env and implies that many processes per node.
+        job_id: when given, and the user set no ``output_dir``, the plan adds
+            ``output_dir=<config's output_dir>/<job_id>`` so concurrent jobs never share a
+            directory. Without it, previews show :data:`JOB_ID_PLACEHOLDER` in its place.
+
+    Returns:
+        The :class:`LaunchPlan`.
+
+    Raises:
+        PlanError: any bad input (unknown recipe, missing ``--config``, a multi-node run with no
+            endpoint, a malformed endpoint, a torchrun flag after the recipe, ...). The message
+            names the fix. Nothing has been started.
+    """
+    env = dict(os.environ if env is None else env)
+    cwd_path = Path(os.getcwd() if cwd is None else cwd).expanduser().absolute()
+    if not cwd_path.is_dir():
+        raise PlanError(f"working directory {str(cwd_path)!r} does not exist; pass an existing cwd")
+    if job_id is not None:
+        check_job_id(job_id)
+    gpu_ids = parse_gpus(gpus)
+    parsed = _tokenise(_split(args))
+    opts = parsed.torchrun
+
+    recipe_path, recipe_name, recipe_source, supports_distributed = _resolve_recipe(parsed.recipe, cwd_path)
+    config_path, config_name = _resolve_config(parsed.config, cwd_path)
+
+    # -- distributed or one process
+    wants_torchrun = bool(opts) or (gpu_ids is not None and len(gpu_ids) > 1)
+    if supports_distributed is False and wants_torchrun:
+        given = " ".join(parsed.torchrun_tokens) or f"{len(gpu_ids)} GPUs"
+        raise PlanError(
+            f"recipe {recipe_name} runs on one device and does not support torchrun options ({given}); "
+            f"drop them, or use a *_distributed recipe"
+        )
+    distributed = supports_distributed is True or wants_torchrun
+
+    overrides = list(parsed.overrides)
+    added_output_dir = None
+    if not any(o.split("=", 1)[0] in ("output_dir", "~output_dir") for o in overrides):
+        base = _config_output_dir(config_path)
+        if base is not None:
+            added_output_dir = f"{base.rstrip('/')}/{job_id or JOB_ID_PLACEHOLDER}"
+            overrides.append(f"output_dir={added_output_dir}")
+
+    plan_env = {"PYTHONUNBUFFERED": "1", HOME_ENV: str(home(env))}
+    path_entries = [str(cwd_path)]
+    if recipe_source == "path":
+        path_entries.insert(0, str(recipe_path.parent))
+    if env.get("PYTHONPATH"):
+        path_entries.append(env["PYTHONPATH"])
+    plan_env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path_entries))
+    if gpu_ids is not None:
+        plan_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
+
+    recipe_args = [str(recipe_path), "--config", str(config_path), *overrides]
+    if not distributed:
+        return LaunchPlan(
+            argv=[sys.executable, *recipe_args],
+            env=plan_env,
+            recipe=str(recipe_path),
+            recipe_name=recipe_name,
+            recipe_source=recipe_source,
+            config=str(config_path),
+            config_name=config_name,
+            distributed=False,
+            rendezvous=None,
+            endpoint=None,
+            nproc_per_node=None,
+            nnodes=None,
+            gpus=gpu_ids,
+            torchrun_args=[],
+            overrides=overrides,
+            output_dir=added_output_dir,
+            job_id=job_id,
+        )
+
+    torchrun_args = list(parsed.torchrun_tokens)
+    rendezvous, endpoint = _rendezvous_policy(opts, env)
+    if rendezvous == "standalone" and "standalone" not in opts:
+        torchrun_args.insert(0, "--standalone")
+
+    nproc = opts.get("nproc_per_node") or _env_value(env, "nproc_per_node")
+    source = "--nproc-per-node" if "nproc_per_node" in opts else "PET_NPROC_PER_NODE"
+    if nproc is not None:
+        check_nproc(str(nproc), source)
+        if gpu_ids is not None and str(nproc).isdigit() and int(nproc) != len(gpu_ids):
+            raise PlanError(
+                f"{source} {nproc} disagrees with --gpus {','.join(map(str, gpu_ids))} ({len(gpu_ids)} GPUs); "
+                f"drop {source} (the GPU list sets it) or give {nproc} GPUs"
+            )
+    else:
+        nproc = str(len(gpu_ids)) if gpu_ids else "1"
+        torchrun_args += ["--nproc_per_node", nproc]
+    nnodes = opts.get("nnodes") or _env_value(env, "nnodes") or "1"
+
+    return LaunchPlan(
+        argv=[sys.executable, "-m", "torch.distributed.run", *torchrun_args, *recipe_args],
+        env=plan_env,
+        recipe=str(recipe_path),
+        recipe_name=recipe_name,
+        recipe_source=recipe_source,
+        config=str(config_path),
+        config_name=config_name,
+        distributed=True,
+        rendezvous=rendezvous,
+        endpoint=endpoint,
+        nproc_per_node=str(nproc),
+        nnodes=str(nnodes),
+        gpus=gpu_ids,
+        torchrun_args=torchrun_args,
+        overrides=overrides,
+        output_dir=added_output_dir,
+        job_id=job_id,
+    )
+
+
+def _rendezvous_policy(opts: Mapping[str, str | bool], env: Mapping[str, str]) -> tuple[str, str | None]:
+    """Apply the rendezvous rules; return (mode, user endpoint or None)."""
+
+    def given(dest: str) -> tuple[str | None, str]:
+        if dest in opts:
+            return str(opts[dest]), lookup("--" + dest.replace("_", "-")).display
+        return _env_value(env, dest), "PET_" + dest.upper()
+
+    endpoint, endpoint_src = given("rdzv_endpoint")
+    master_addr, addr_src = given("master_addr")
+    master_port, port_src = given("master_port")
+    if endpoint is not None:
+        check_endpoint(endpoint, endpoint_src)
+    if master_addr is not None and (not master_addr.strip() or any(c.isspace() for c in master_addr)):
+        raise PlanError(f"{addr_src} {master_addr!r} is not a host name or address")
+    if master_port is not None:
+        check_port(master_port, port_src)
+    user = endpoint is not None or master_addr is not None or master_port is not None
+
+    standalone = _truthy(opts.get("standalone")) or _truthy(env.get("PET_STANDALONE"))
+    nnodes_value, nnodes_src = given("nnodes")
+    lo, hi = parse_nnodes(nnodes_value, nnodes_src) if nnodes_value is not None else (1, 1)
+
+    if standalone and user:
+        names = [s for v, s in ((endpoint, endpoint_src), (master_addr, addr_src), (master_port, port_src)) if v is not None]
+        raise PlanError(
+            f"--standalone picks its own port and would silently override {', '.join(names)}; "
+            "drop --standalone to keep your rendezvous, or drop the rendezvous for an automatic port"
+        )
+    if hi > 1 and endpoint is None and master_addr is None:
+        raise PlanError(
+            f"{nnodes_src} {nnodes_value} is a multi-node run and needs a rendezvous endpoint every node can reach: "
+            "add --rdzv-endpoint HOST:PORT --rdzv-backend c10d --rdzv-id RUN_ID (same on every node)"
+        )
+    if hi > 1 and standalone:
+        raise PlanError(f"--standalone is single-node only; {nnodes_src} {nnodes_value} needs --rdzv-endpoint HOST:PORT")
+    details = [src for dest in _RDZV_DETAILS for value, src in [given(dest)] if value is not None]
+    if details and endpoint is None:
+        raise PlanError(
+            f"{', '.join(details)} without --rdzv-endpoint: add --rdzv-endpoint HOST:PORT, or drop "
+            f"{', '.join(details)} to get an automatic port (--standalone would silently override them)"
+        )
+    if user:
+        if endpoint is None:
+            endpoint = f"{master_addr or '127.0.0.1'}:{master_port}" if master_port is not None else master_addr
+        return "user", endpoint
+    return "standalone", None
