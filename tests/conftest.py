@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+
+# Shared helper modules (jobhelpers) import from tests/ in every subfolder.
+sys.path.insert(0, str(Path(__file__).parent))
 
 # Set at import time so subprocesses and modules imported during collection see it too.
 _SESSION_HOME = Path(tempfile.mkdtemp(prefix="tune_magic_test_home_"))

@@ -18,6 +18,11 @@ _API = {
     "PlanError": "command",
     "home": "paths",
     "make_assets": "assets",
+    "launch": "jobs",
+    "jobs": "jobs",
+    "get_job": "jobs",
+    "Job": "jobs",
+    "JobNotFound": "jobs",
 }
 
 __all__ = sorted(_API) + ["load_ipython_extension"]

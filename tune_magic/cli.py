@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Callable, Sequence
 
 from .command import PlanError, build_plan
@@ -100,6 +101,137 @@ def _assets(argv: Sequence[str]) -> int:
     return 0
 
 
+def _stream_log(job, out=None, poll_s: float = 0.2) -> None:
+    """Copy the job's log to ``out`` (stdout) as it grows, until the job ends."""
+    out = out or sys.stdout.buffer
+    offset = 0
+
+    def pump() -> None:
+        nonlocal offset
+        try:
+            with open(job.log_path, "rb") as f:
+                f.seek(offset)
+                while chunk := f.read(1 << 20):
+                    offset += len(chunk)
+                    out.write(chunk)
+                    out.flush()
+        except FileNotFoundError:
+            pass
+
+    while job.status == "running":
+        pump()
+        time.sleep(poll_s)
+    pump()
+
+
+def _run(argv: Sequence[str]) -> int:
+    from .jobs import launch
+
+    parser = argparse.ArgumentParser(
+        prog="tune-magic run",
+        description="Launch a tune run-style job in the background and print its id.",
+        usage="tune-magic run [--name N] [--gpus G] [--force] [--wait] [TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]",
+    )
+    parser.add_argument("--name", help="free-text job name")
+    parser.add_argument("--gpus", help="GPU ids (0,1) or auto")
+    parser.add_argument("--force", action="store_true", help="share GPUs/output_dir with running jobs")
+    parser.add_argument("--wait", action="store_true", help="stream the log; exit with the job's exit code")
+    own, rest = _split_leading(argv, {"--name", "--gpus"}, {"--force", "--wait", "-h", "--help"})
+    ns = parser.parse_args(own)
+    result = launch(rest, name=ns.name, gpus=ns.gpus, force=ns.force)
+    if not hasattr(result, "id"):  # TUNE_MAGIC_DRY_RUN=1: a plan, nothing started
+        print(result.command_line())
+        return 0
+    print(result.id, flush=True)
+    if ns.wait:
+        _stream_log(result)
+        code = result.returncode
+        return 1 if code is None else (code if 0 <= code < 256 else 128 + abs(code))
+    return 0
+
+
+def _job_arg(parser: argparse.ArgumentParser, argv: Sequence[str]):
+    from .jobs import get_job
+
+    parser.add_argument("job", help="job id (tune-magic jobs lists them)")
+    ns = parser.parse_args(argv)
+    return ns, get_job(ns.job)
+
+
+def _jobs(argv: Sequence[str]) -> int:
+    from .jobs import jobs
+
+    parser = argparse.ArgumentParser(prog="tune-magic jobs", description="List jobs, running and finished.")
+    parser.add_argument("--json", action="store_true", help="print a JSON list of job records")
+    ns = parser.parse_args(argv)
+    listed = jobs()
+    if ns.json:
+        print(json.dumps([_job_json(j) for j in listed], indent=2))
+        return 0
+    rows = [("ID", "NAME", "STATUS", "ELAPSED", "ENDPOINT", "OUTPUT_DIR")]
+    rows += [(j.id, j.name, j.record.status, f"{j.elapsed_s:.0f}s", j.record.rendezvous_endpoint or "-",
+              j.output_dir or "-") for j in listed]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return 0
+
+
+def _job_json(job) -> dict:
+    r = job.record
+    return {"id": r.id, "name": r.name, "status": r.status, "returncode": r.returncode, "error": r.error,
+            "output_dir": r.output_dir, "log_path": r.log_path, "rendezvous_endpoint": r.rendezvous_endpoint,
+            "pid": job.pid, "gpus": r.gpus, "argv": r.argv, "env": r.env, "cwd": r.cwd,
+            "started_at": r.started_at, "ended_at": r.ended_at,
+            "workers": [w.pid for w in r.workers]}
+
+
+def _logs(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="tune-magic logs", description="Print a job's log.")
+    parser.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    ns, job = _job_arg(parser, argv)
+    if ns.follow:
+        _stream_log(job)
+    else:
+        try:
+            sys.stdout.buffer.write(open(job.log_path, "rb").read())
+        except FileNotFoundError:
+            pass
+    return 0
+
+
+def _stop(argv: Sequence[str]) -> int:
+    from .jobs import get_job, jobs
+
+    parser = argparse.ArgumentParser(prog="tune-magic stop", description="Stop a running job (or all).")
+    parser.add_argument("job", nargs="?", help="job id")
+    parser.add_argument("--all", action="store_true", help="stop every running job")
+    parser.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL (10)")
+    ns = parser.parse_args(argv)
+    if bool(ns.job) == ns.all:
+        raise CliError("give a job id or --all")
+    targets = [j for j in jobs() if j.record.status == "running"] if ns.all else [get_job(ns.job)]
+    for job in targets:
+        print(f"{job.id} {job.stop(grace_s=ns.grace)}")
+    return 0
+
+
+def _rm(argv: Sequence[str]) -> int:
+    from .jobs import jobs, remove
+
+    parser = argparse.ArgumentParser(prog="tune-magic rm", description="Remove finished jobs' records and logs.")
+    parser.add_argument("job", nargs="?", help="job id")
+    parser.add_argument("--finished", action="store_true", help="remove every finished job")
+    ns = parser.parse_args(argv)
+    if bool(ns.job) == ns.finished:
+        raise CliError("give a job id or --finished")
+    ids = [j.id for j in jobs() if j.record.status != "running"] if ns.finished else [ns.job]
+    for job_id in ids:
+        remove(job_id)
+        print(f"removed {job_id}")
+    return 0
+
+
 def _demo(argv: Sequence[str]) -> int:
     from .demo import main as demo_main
 
@@ -110,6 +242,11 @@ _COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "cmd": (_cmd, "print the command a tune run-style line launches"),
     "ls": (_ls, "list recipes and configs (torchtune's and tune_magic's)"),
     "assets": (_assets, "write the tiny offline assets"),
+    "run": (_run, "launch a job in the background"),
+    "jobs": (_jobs, "list jobs"),
+    "logs": (_logs, "print (or follow) a job's log"),
+    "stop": (_stop, "stop a job, or --all"),
+    "rm": (_rm, "remove finished jobs"),
     "demo": (_demo, "run the demo"),
 }
 
@@ -132,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return _COMMANDS[name][0](rest)
-    except (PlanError, CliError) as exc:
+    except (PlanError, CliError, LookupError) as exc:
         print(f"tune-magic {name}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except SystemExit as exc:  # argparse's own usage errors already printed

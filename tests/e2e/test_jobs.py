@@ -1,0 +1,252 @@
+"""Background jobs with real torchrun processes: the two-jobs-on-one-node scenario, stop, reattach.
+
+The core scenario and its negative control use the project's LoRA recipe on the tiny assets; the
+lifecycle tests use a test-only recipe (tests/recipes/toy_recipe.py: real torchrun workers with a
+gloo process group, no model) to keep the suite fast.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import tune_magic.jobs as J
+from tune_magic import jobstore
+from tune_magic.command import PlanError
+
+from jobhelpers import listening_on, processes_mentioning, toy_args
+
+LORA = "--nproc_per_node 2 lora_finetune --config tiny/lora max_steps_per_epoch=6"
+TIMEOUT = 240
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def disklogger_lines(job: J.Job) -> list[str]:
+    files = sorted(Path(job.record.metric_log_dir).glob("log_*.txt"))
+    return [l for f in files for l in f.read_text().splitlines() if l.startswith("Step ")]
+
+
+def assert_no_orphans(job: J.Job) -> None:
+    r = job.refresh().record
+    for ref in [r.agent, r.supervisor, *r.workers]:
+        assert J._alive(ref) is None, f"process {ref} of job {job.id} still alive"
+    assert processes_mentioning(job.id) == []
+
+
+def test_two_jobs_same_config_overlap_and_both_succeed(tiny_assets, cleanup_jobs):
+    a = J.launch(LORA, name="a")
+    b = J.launch(LORA, name="b")
+    cleanup_jobs += [a, b]
+    assert a.status == "running" and b.status == "running"  # launch returned while both run
+    assert (a.wait(TIMEOUT), b.wait(TIMEOUT)) == ("succeeded", "succeeded"), (a.tail(30), b.tail(30))
+    ra, rb = a.record, b.record
+    assert ra.started_at < rb.ended_at and rb.started_at < ra.ended_at  # they overlapped in time
+    assert (ra.returncode, rb.returncode) == (0, 0)
+    assert ra.rendezvous == rb.rendezvous == "standalone"
+    port_a, port_b = (int(r.rendezvous_endpoint.rsplit(":", 1)[1]) for r in (ra, rb))
+    assert port_a != port_b
+    assert ra.output_dir != rb.output_dir
+    assert ra.output_dir.endswith(a.id) and rb.output_dir.endswith(b.id)
+    for job in (a, b):
+        steps = [int(l.split()[1]) for l in disklogger_lines(job)]
+        assert steps == [1, 2, 3, 4, 5, 6]
+        assert len(job.record.workers) == 2 and sorted(w.rank for w in job.record.workers) == [0, 1]
+        assert_no_orphans(job)
+
+
+def test_negative_control_shared_master_port_second_fails_eaddrinuse(tiny_assets, cleanup_jobs):
+    port = free_port()
+    a = J.launch(f"--master_port {port} {LORA.replace('max_steps_per_epoch=6', 'max_steps_per_epoch=200')}")
+    cleanup_jobs.append(a)
+    deadline = time.monotonic() + 60
+    while not listening_on(port) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    b = J.launch(f"--master_port {port} {LORA}")
+    cleanup_jobs.append(b)
+    assert b.wait(TIMEOUT) == "failed"
+    assert "EADDRINUSE" in b.error
+    assert a.status == "running"
+    assert a.stop(grace_s=5) == "stopped"
+    assert a.record.rendezvous == "user" and a.record.rendezvous_endpoint == f"127.0.0.1:{port}"
+
+
+def test_stop_leaves_no_process_and_frees_the_port_5_times(cleanup_jobs):
+    for attempt in range(5):
+        job = J.launch(toy_args("steps=1000", "step_s=0.1"))
+        cleanup_jobs.append(job)
+        deadline = time.monotonic() + 60
+        while len(job.refresh().record.workers) < 2 or not job.record.rendezvous_endpoint:
+            assert time.monotonic() < deadline, job.tail(20)
+            time.sleep(0.1)
+        port = int(job.rendezvous_endpoint.rsplit(":", 1)[1])
+        pids = [w.pid for w in job.record.workers] + [job.pid]
+        assert all(psutil.pid_exists(p) for p in pids)
+        assert job.stop(grace_s=5) == "stopped", attempt
+        assert_no_orphans(job)
+        assert listening_on(port) == []
+
+
+def test_stop_real_lora_job(tiny_assets, cleanup_jobs):
+    job = J.launch(LORA.replace("max_steps_per_epoch=6", "max_steps_per_epoch=500"))
+    cleanup_jobs.append(job)
+    deadline = time.monotonic() + 120
+    while len(job.refresh().record.workers) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert job.stop(grace_s=10) == "stopped"
+    assert_no_orphans(job)
+
+
+def test_case7_gpus_reach_the_workers_environment_only(fake_gpus, cleanup_jobs):
+    before = dict(os.environ)
+    job = J.launch(toy_args("steps=1000", "step_s=0.1", nproc=None), gpus="2,3")
+    cleanup_jobs.append(job)
+    deadline = time.monotonic() + 60
+    while len(job.refresh().record.workers) < 2:
+        assert time.monotonic() < deadline, job.tail(20)
+        time.sleep(0.1)
+    for w in job.record.workers:
+        environ = Path(f"/proc/{w.pid}/environ").read_bytes().split(b"\0")
+        assert b"CUDA_VISIBLE_DEVICES=2,3" in environ
+    assert job.gpus == [2, 3]
+    assert dict(os.environ) == before
+    # the same GPUs are busy now; auto picks the free ones
+    with pytest.raises(PlanError, match="GPU 2 is used by running job"):
+        J.launch(toy_args(nproc=None), gpus="2,3")
+    assert J.launch(toy_args(nproc=None), gpus="auto", dry_run=True).gpus == [0]  # one process: one GPU
+    auto = J.launch(toy_args("steps=1000", "step_s=0.1", nproc=2), gpus="auto")
+    cleanup_jobs.append(auto)
+    assert auto.gpus == [0, 1]
+    assert job.stop(grace_s=5) == auto.stop(grace_s=5) == "stopped"
+
+
+def test_case6_custom_recipe_from_another_cwd(tmp_path, monkeypatch, cleanup_jobs):
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "my_components.py").write_text("VALUE = 'from-components'\n")
+    (proj / "my_recipe.py").write_text(textwrap.dedent("""
+        import os, sys
+        import my_components  # next to the recipe
+        cfg = dict(a.split("=", 1) for a in sys.argv[3:])
+        os.makedirs(cfg["output_dir"], exist_ok=True)
+        open(os.path.join(cfg["output_dir"], f"rank{os.environ.get('RANK', '0')}.txt"), "w").write(my_components.VALUE)
+    """))
+    (proj / "my.yaml").write_text(f"output_dir: {tmp_path}/out\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for args, files in [("my_recipe.py --config my.yaml", ["rank0.txt"]),
+                        ("--nproc_per_node 2 my_recipe.py --config my.yaml", ["rank0.txt", "rank1.txt"])]:
+        job = J.launch(args, cwd=proj)
+        cleanup_jobs.append(job)
+        assert job.wait(TIMEOUT) == "succeeded", job.tail(30)
+        out = Path(job.output_dir)
+        assert out == tmp_path / "out" / job.id
+        assert sorted(p.name for p in out.iterdir()) == files
+        assert all((out / f).read_text() == "from-components" for f in files)
+
+
+def test_rank1_crash_is_failed_with_rank_and_message(cleanup_jobs):
+    job = J.launch(toy_args("crash_rank=1", "'crash_message=rank one blew up on purpose'"))
+    cleanup_jobs.append(job)
+    assert job.wait(TIMEOUT) == "failed"
+    assert job.returncode != 0
+    assert job.error == "rank 1: RuntimeError: rank one blew up on purpose"
+    assert_no_orphans(job)
+
+
+LAUNCHER = """
+import sys, time
+import tune_magic.jobs as J
+job = J.launch(sys.argv[1])
+print(job.id, flush=True)
+if sys.argv[2] == "hang":
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("how", ["exits", "sigkill"])
+def test_job_outlives_its_launcher_and_is_managed_from_another_process(how, cleanup_jobs):
+    steps = "steps=15" if how == "exits" else "steps=1000"
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, toy_args(steps, "step_s=0.1"),
+                                 "exit" if how == "exits" else "hang"], stdout=subprocess.PIPE, text=True)
+    job_id = launcher.stdout.readline().strip()
+    if how == "sigkill":
+        launcher.send_signal(signal.SIGKILL)
+    launcher.wait(timeout=60)
+    job = J.get_job(job_id)  # this process never launched it
+    cleanup_jobs.append(job)
+    assert job_id in [j.id for j in J.jobs()]
+    if how == "exits":
+        assert job.wait(TIMEOUT) == "succeeded"
+        assert job.returncode == 0
+        assert job.tail(1) == ["toy recipe done"]
+    else:
+        assert job.status == "running"
+        deadline = time.monotonic() + 60
+        while "|" not in "".join(job.tail(5)):  # followed: its progress shows up
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert job.stop(grace_s=5) == "stopped"
+        assert_no_orphans(job)
+
+
+def test_bad_input_starts_and_signals_nothing(fake_gpus, cleanup_jobs, tmp_path):
+    job = J.launch(toy_args("steps=1000", "step_s=0.1", f"output_dir={tmp_path}/shared"))
+    cleanup_jobs.append(job)
+    before = {r.id for r in jobstore.list_records()}
+    cases = [
+        (lambda: J.get_job("a/b"), PlanError, "not valid"),
+        (lambda: J.get_job(".."), PlanError, "not valid"),
+        (lambda: J.get_job("20990101-000000-abcdef"), J.JobNotFound, "no job"),
+        (lambda: J.launch(toy_args(nproc=None), gpus="7"), PlanError, "GPU 7 does not exist"),
+        (lambda: J.launch(toy_args(f"output_dir={tmp_path}/shared")), PlanError, "is used by running job"),
+        (lambda: J.launch("--nnodes 2 " + toy_args()), PlanError, "endpoint"),
+    ]
+    for call, exc, words in cases:
+        with pytest.raises(exc, match=words):
+            call()
+    assert {r.id for r in jobstore.list_records()} == before
+    assert job.status == "running"
+    forced = J.launch(toy_args("steps=2", f"output_dir={tmp_path}/shared"), force=True)
+    cleanup_jobs.append(forced)
+    assert forced.wait(TIMEOUT) == "succeeded"
+
+
+def test_cli_run_wait_jobs_stop_rm(tmp_path):
+    def cli(*args, **kw):
+        return subprocess.run([sys.executable, "-m", "tune_magic", *args], capture_output=True, text=True,
+                              timeout=TIMEOUT, **kw)
+
+    r = cli("run", "--name", "cli-wait", "--wait", *toy_args("steps=3").split())
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.splitlines()[0]
+    assert "toy recipe done" in r.stdout
+    r = cli("run", "--wait", *toy_args("steps=3", "crash_rank=0").split())
+    assert r.returncode == 1
+    r = cli("run", "--name", "cli-bg", *toy_args("steps=1000", "step_s=0.1").split())
+    bg = r.stdout.strip()
+    listed = {j["id"]: j for j in __import__("json").loads(cli("jobs", "--json").stdout)}
+    assert listed[job_id]["status"] == "succeeded" and listed[job_id]["name"] == "cli-wait"
+    assert listed[bg]["status"] == "running" and isinstance(listed[bg]["pid"], int)
+    assert cli("stop", bg).stdout.split() == [bg, "stopped"]
+    assert "toy recipe done" in cli("logs", job_id).stdout
+    assert cli("rm", bg).returncode == 0
+    assert bg not in cli("jobs").stdout
+    assert cli("rm", "--finished").returncode == 0
+    assert cli("jobs", "--json").stdout.strip() in ("[]",) or all(
+        j["status"] == "running" for j in __import__("json").loads(cli("jobs", "--json").stdout))

@@ -1,0 +1,51 @@
+"""A test-only recipe: real torchrun workers with a gloo process group, no model.
+
+It writes the same log lines as torchtune 0.6.1's recipes (the DiskLogger file and the tqdm
+description ``{epoch}|{step}|Loss: {loss}``) so the job machinery can be tested fast, and it can
+crash on purpose on one rank. Config keys (YAML via --config, then key=value overrides):
+output_dir, steps, step_s (seconds per step), crash_rank, crash_message, lines_per_step, start_loss.
+Each step's loss is start_loss / step, so tests know the values without parsing them back.
+"""
+
+import os
+import sys
+import time
+
+from omegaconf import OmegaConf
+
+
+def main(argv):
+    i = argv.index("--config")
+    cfg = OmegaConf.merge(OmegaConf.load(argv[i + 1]), OmegaConf.from_dotlist(argv[:i] + argv[i + 2:]))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+    out = cfg.output_dir
+    if rank == 0:
+        os.makedirs(f"{out}/logs", exist_ok=True)
+        log_path = f"{out}/logs/log_{int(time.time())}.txt"
+        print(f"INFO:torchtune.utils._logging:Writing logs to {log_path}", file=sys.stderr, flush=True)
+        log = open(log_path, "a")
+    for step in range(1, int(cfg.steps) + 1):
+        if cfg.get("crash_rank") is not None and rank == int(cfg.crash_rank) and step == 2:
+            raise RuntimeError(cfg.get("crash_message", "toy recipe crashed on purpose"))
+        time.sleep(float(cfg.step_s))
+        loss = float(cfg.get("start_loss", 10.0)) / step
+        if rank == 0:
+            for k in range(int(cfg.get("lines_per_step", 0))):
+                print(f"INFO step {step} filler line {k}", flush=True)
+            print(f"\r1|{step}|Loss: {loss}: {step * 100 // int(cfg.steps)}%|", end="", file=sys.stderr, flush=True)
+            log.write(f"Step {step} | loss:{loss} lr:0.001 tokens_per_second_per_gpu:100.0 \n")
+            log.flush()
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    if rank == 0:
+        print("\ntoy recipe done", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
