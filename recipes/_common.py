@@ -1,0 +1,403 @@
+"""Shared machinery of tune_magic's own torchtune recipes (``recipes/*.py``).
+
+Import it as ``tune_magic.recipes._common``, never ``recipes._common``: torchtune's wheel ships a
+top-level ``recipes`` package of its own, and which of the two a bare ``recipes`` import finds
+depends on the working directory and sys.path.
+
+The training loop, metric names, progress-bar text and checkpoint layout copy torchtune 0.6.1's
+``lora_finetune_distributed`` / ``full_finetune_distributed`` so that anything reading a built-in
+recipe's output (DiskLogger lines, the tqdm description, ``epoch_N/`` folders) reads ours too.
+What differs: the process group works on a CPU-only torch (gloo) and without a launcher
+(a world-size-1 group), and features a tiny demo does not need (resume, compile, profiler,
+activation offloading, optimizer-in-backward) are rejected with a clear error instead.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from torch import nn
+from torchdata.stateful_dataloader import StatefulDataLoader
+from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+from torchtune import config, training, utils
+from torchtune.config._utils import _get_component_from_path
+from torchtune.data import padded_collate_packed
+from torchtune.datasets import ConcatDataset
+from torchtune.recipe_interfaces import FTRecipeInterface
+from tqdm import tqdm
+
+log = utils.get_logger("DEBUG")
+
+#: File, relative to ``output_dir``, holding the fully resolved config of the run (rank 0 writes it).
+RESOLVED_CONFIG_NAME = "resolved_config.yaml"
+
+# Keys of torchtune's built-in configs that these recipes accept only at their "off" value.
+_UNSUPPORTED = {
+    "resume_from_checkpoint": False,
+    "compile": False,
+    "enable_activation_offloading": False,
+    "optimizer_in_bwd": False,
+    "fsdp_cpu_offload": False,
+}
+
+
+def process_group_backend(cuda_available: bool | None = None) -> str:
+    """Return the ``init_process_group`` backend for this process.
+
+    ``"cuda:nccl,cpu:gloo"`` where CUDA is usable (torchtune's choice: nccl for GPU tensors, gloo
+    for the CPU ones some collectives touch), else ``"gloo"``.
+
+    Args:
+        cuda_available: override for ``torch.cuda.is_available()`` (tests).
+    """
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    return "cuda:nccl,cpu:gloo" if cuda_available else "gloo"
+
+
+def init_distributed() -> tuple[int, int]:
+    """Join the launcher's process group, or make a world-size-1 group when there is no launcher.
+
+    Under torchrun / ``tune run --nproc_per_node N`` the rendezvous comes from the environment
+    (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``). Run as plain ``python recipe.py``
+    (or ``tune run recipe.py`` with no launcher flags) there is none; an in-memory ``HashStore``
+    then gives a one-rank group with no port to pick, so FSDP2 and the collectives run unchanged.
+
+    Returns:
+        ``(world_size, rank)``.
+
+    Raises:
+        RuntimeError: torch.distributed is unavailable in this torch build.
+    """
+    if not dist.is_available():
+        raise RuntimeError("this recipe needs torch.distributed, which this torch build lacks")
+    if not dist.is_initialized():
+        backend = process_group_backend()
+        if training.is_distributed():
+            dist.init_process_group(backend=backend)
+        else:
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+    return dist.get_world_size(), dist.get_rank()
+
+
+def save_resolved_config(cfg: DictConfig, output_dir: str | os.PathLike[str]) -> Path:
+    """Write ``cfg`` with every interpolation resolved to ``<output_dir>/resolved_config.yaml``.
+
+    Args:
+        cfg: the merged YAML + CLI config the recipe runs with.
+        output_dir: run directory; created if missing.
+
+    Returns:
+        Path of the written YAML file.
+
+    Raises:
+        omegaconf.errors.InterpolationResolutionError: an interpolation cannot be resolved
+            (e.g. ``${oc.env:X}`` with X unset and no default).
+    """
+    path = Path(output_dir) / RESOLVED_CONFIG_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, path, resolve=True)
+    return path
+
+
+class DistributedRecipeBase(FTRecipeInterface):
+    """The parts the tiny LoRA and full fine-tuning recipes share; subclasses build the model.
+
+    Subclasses implement :meth:`_setup_model` (returns the FSDP2-sharded model) and
+    :meth:`save_checkpoint`, and set ``recipe_name``.
+
+    Args:
+        cfg: merged config; keys as in torchtune 0.6.1's distributed recipe configs.
+
+    Raises:
+        ValueError: ``dtype`` is fp16, or a key in ``_UNSUPPORTED`` is switched on.
+        RuntimeError: bf16 requested where the hardware lacks it (from torchtune's ``get_dtype``).
+    """
+
+    recipe_name = "DistributedRecipeBase"
+
+    def __init__(self, cfg: DictConfig) -> None:
+        for key, off in _UNSUPPORTED.items():
+            if cfg.get(key, off) != off:
+                raise ValueError(f"{key}={cfg.get(key)!r} is not supported by {self.recipe_name}")
+        self._device = utils.get_device(device=cfg.device)
+        self._dtype = training.get_dtype(cfg.dtype, device=self._device)
+        if self._dtype == torch.float16:
+            raise ValueError("full fp16 training is not supported; use bf16 or fp32")
+
+        self.world_size, self.rank = utils.get_world_size_and_rank()
+        self._is_rank_zero = self.rank == 0
+
+        self._output_dir = cfg.output_dir
+        self._log_every_n_steps = cfg.get("log_every_n_steps", 1)
+        # torchtune's get_memory_stats only knows accelerators; on CPU it raises.
+        self._log_peak_memory_stats = (
+            cfg.get("log_peak_memory_stats", False) and self._device.type == "cuda"
+        )
+
+        self.seed = training.set_seed(
+            seed=cfg.seed, debug_mode=cfg.get("cudnn_deterministic_mode", None)
+        )
+        self.epochs_run = 0
+        self.total_epochs = cfg.epochs
+        self.max_steps_per_epoch = cfg.max_steps_per_epoch
+        self.global_step = 0
+        self._clip_grad_norm = cfg.get("clip_grad_norm", None)
+        self._gradient_accumulation_steps = cfg.get("gradient_accumulation_steps", 1)
+        self._enable_activation_checkpointing = cfg.get("enable_activation_checkpointing", False)
+
+    # -- to implement -------------------------------------------------------------------------
+
+    def _setup_model(self, cfg: DictConfig, base_model_state_dict: dict[str, Any]) -> nn.Module:
+        raise NotImplementedError
+
+    def save_checkpoint(self, epoch: int) -> None:
+        raise NotImplementedError
+
+    # -- shared -------------------------------------------------------------------------------
+
+    def load_checkpoint(self, cfg_checkpointer: DictConfig) -> dict[str, Any]:
+        """Instantiate ``cfg.checkpointer`` and return its (torchtune-format) state dict."""
+        self._checkpointer = config.instantiate(cfg_checkpointer, should_load_recipe_state=False)
+        return self._checkpointer.load_checkpoint()
+
+    def setup(self, cfg: DictConfig) -> None:
+        """Build logger, model, tokenizer, optimizer, loss, data and LR schedule from ``cfg``."""
+        if self._is_rank_zero:
+            self._metric_logger = config.instantiate(cfg.metric_logger)
+            # Same side effect as the built-ins (torchtune_config.yaml, unresolved) ...
+            self._metric_logger.log_config(cfg)
+            # ... plus the resolved values, which say what actually ran (paths, env defaults).
+            save_resolved_config(cfg, self._output_dir)
+
+        checkpoint_dict = self.load_checkpoint(cfg.checkpointer)
+        self._model = self._setup_model(cfg, checkpoint_dict[training.MODEL_KEY])
+        self._tokenizer = config.instantiate(cfg.tokenizer)
+
+        trainable = [p for p in self._model.parameters() if p.requires_grad]
+        self._optimizer = config.instantiate(cfg.optimizer, trainable)
+        utils.log_rank_zero(log, "Optimizer is initialized.")
+
+        self._loss_fn = config.instantiate(cfg.loss)
+        if self._loss_fn.__class__.__name__ == "CEWithChunkedOutputLoss":
+            self._model.set_num_output_chunks(self._loss_fn.num_output_chunks)
+        utils.log_rank_zero(log, "Loss is initialized.")
+
+        self._dataloader = self._setup_data(
+            cfg.dataset,
+            shuffle=cfg.shuffle,
+            batch_size=cfg.batch_size,
+            collate_fn=cfg.get("collate_fn", "torchtune.data.padded_collate_sft"),
+        )
+
+        self._steps_per_epoch = len(self._dataloader) // self._gradient_accumulation_steps
+        if self.max_steps_per_epoch is not None and self.max_steps_per_epoch < self._steps_per_epoch:
+            self._steps_per_epoch = self.max_steps_per_epoch
+        self.global_step = self.epochs_run * self._steps_per_epoch
+
+        self._lr_scheduler = config.instantiate(
+            cfg.lr_scheduler,
+            self._optimizer,
+            num_training_steps=self.total_epochs * self._steps_per_epoch,
+            last_epoch=self.global_step - 1,
+        )
+        utils.log_rank_zero(log, "Learning rate scheduler is initialized.")
+
+        self.ignore_labels_cache = torch.full(
+            (cfg.batch_size, 1), self._loss_fn.ignore_index, device=self._device
+        )
+
+    def _shard_and_load(
+        self,
+        model: nn.Module,
+        cfg: DictConfig,
+        state_dict: dict[str, Any],
+        strict: bool,
+        init_before_load: Callable[[nn.Module], None] | None = None,
+    ) -> tuple[list[str], list[str]]:
+        """FSDP2-shard a meta-device model, materialise it and load ``state_dict`` into it.
+
+        Args:
+            model: built under ``torch.device("meta")``.
+            cfg: the recipe config (reads ``custom_sharded_layers``, ``fsdp_reshard_after_forward``).
+            state_dict: full (unsharded) torchtune-format state dict, identical on every rank.
+            strict: forwarded to torchtune's ``load_from_full_model_state_dict``.
+            init_before_load: optional callable(module) run on every module after sharding and
+                before loading (LoRA uses it to initialise adapters absent from the checkpoint).
+
+        Returns:
+            The ``(missing, unexpected)`` keys reported by the load.
+        """
+        if self._enable_activation_checkpointing:
+            from torchtune import modules
+
+            training.set_activation_checkpointing(
+                model, auto_wrap_policy={modules.TransformerSelfAttentionLayer}
+            )
+        training.shard_model(
+            model=model,
+            shard_conditions=[
+                partial(
+                    training.get_shard_conditions,
+                    names_to_match=cfg.get("custom_sharded_layers", None),
+                )
+            ],
+            cpu_offload=False,
+            reshard_after_forward=cfg.get("fsdp_reshard_after_forward", True),
+        )
+        with training.set_default_dtype(self._dtype), self._device:
+            for m in model.modules():
+                if init_before_load is not None:
+                    init_before_load(m)
+                # RoPE caches are buffers outside the state dict.
+                if hasattr(m, "rope_init"):
+                    m.rope_init()
+        return training.load_from_full_model_state_dict(
+            model, state_dict, self._device, strict=strict
+        )
+
+    def _setup_data(
+        self, cfg_dataset: DictConfig, shuffle: bool, batch_size: int, collate_fn: str
+    ) -> StatefulDataLoader:
+        if isinstance(cfg_dataset, ListConfig):
+            ds = ConcatDataset(
+                datasets=[config.instantiate(c, self._tokenizer) for c in cfg_dataset]
+            )
+            packed = getattr(ds, "packed", False)
+        else:
+            ds = config.instantiate(cfg_dataset, self._tokenizer)
+            packed = cfg_dataset.get("packed", False)
+        if "left_pad_sequence" in collate_fn:
+            raise RuntimeError("left_pad_sequence collator is only for inference.")
+        collate = _get_component_from_path(collate_fn)
+        sampler = StatefulDistributedSampler(
+            ds, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle, seed=self.seed
+        )
+        return StatefulDataLoader(
+            dataset=ds,
+            batch_size=batch_size,
+            sampler=sampler,
+            collate_fn=(
+                partial(
+                    collate,
+                    padding_idx=self._tokenizer.pad_id,
+                    ignore_idx=self._loss_fn.ignore_index,
+                )
+                if not packed
+                else padded_collate_packed
+            ),
+            drop_last=True,
+        )
+
+    def train(self) -> None:
+        """Run ``epochs`` x ``steps_per_epoch`` optimizer steps; checkpoint after each epoch.
+
+        Per step, rank 0 sets the tqdm description ``f"{epoch + 1}|{global_step}|Loss: {loss}"``
+        and logs ``loss``, ``lr``, ``tokens_per_second_per_gpu`` (+ ``grad_norm`` when clipping,
+        + memory stats on CUDA) through the metric logger, as torchtune 0.6.1 does.
+        """
+        import gc
+
+        # torchtune's cleanup_before_training() calls torch.cpu.empty_cache, absent on CPU torch.
+        gc.collect()
+        if self._device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+
+        self._optimizer.zero_grad()
+        t0 = time.perf_counter()
+        running_loss = 0
+        num_tokens = 0
+
+        for curr_epoch in range(self.epochs_run, self.total_epochs):
+            pbar = tqdm(total=self._steps_per_epoch, disable=not self._is_rank_zero)
+            self._dataloader.sampler.set_epoch(curr_epoch)
+            for idx, batch in enumerate(self._dataloader):
+                utils.batch_to_device(batch, self._device)
+                current_num_tokens = (batch["labels"] != self._loss_fn.ignore_index).sum()
+                num_tokens += current_num_tokens
+                labels = batch.pop("labels")
+                logits = self._model(**batch)
+                # Shifted labels (ignore index appended) rather than slicing logits[..., :-1, :].
+                labels = torch.hstack((labels[..., 1:], self.ignore_labels_cache[: labels.shape[0]]))
+                if not isinstance(logits, list):
+                    labels = labels.reshape(-1)
+                    logits = logits.reshape(-1, logits.size(-1))
+                # The loss is a per-token mean; scaling by the token count lets accumulation and
+                # ranks be normalised by the global token count below.
+                current_loss = self._loss_fn(logits, labels) * current_num_tokens
+                del logits
+                running_loss += current_loss
+                current_loss.backward()
+
+                if (idx + 1) % self._gradient_accumulation_steps == 0:
+                    dist.all_reduce(num_tokens)
+                    dist.all_reduce(running_loss)
+                    # FSDP2 averages gradients over ranks; world_size undoes that.
+                    training.scale_grads(self._model, self.world_size / num_tokens)
+                    if self._clip_grad_norm is not None:
+                        grad_norm = nn.utils.clip_grad_norm_(
+                            self._model.parameters(), max_norm=float(self._clip_grad_norm)
+                        )
+                        if hasattr(grad_norm, "full_tensor"):
+                            grad_norm = grad_norm.full_tensor()
+                    self._optimizer.step()
+                    self._optimizer.zero_grad(set_to_none=True)
+                    self._lr_scheduler.step()
+                    self.global_step += 1
+
+                    loss_to_log = running_loss.item() / num_tokens
+                    pbar.update(1)
+                    pbar.set_description(f"{curr_epoch + 1}|{self.global_step}|Loss: {loss_to_log}")
+
+                    if self.global_step % self._log_every_n_steps == 0 and self._is_rank_zero:
+                        time_per_step = time.perf_counter() - t0
+                        log_dict = {
+                            "loss": loss_to_log,
+                            "lr": self._optimizer.param_groups[0]["lr"],
+                            "tokens_per_second_per_gpu": num_tokens
+                            / (time_per_step * self.world_size),
+                        }
+                        if self._log_peak_memory_stats:
+                            log_dict.update(training.get_memory_stats(device=self._device))
+                        if self._clip_grad_norm is not None:
+                            log_dict.update({"grad_norm": grad_norm})
+                        self._metric_logger.log_dict(log_dict, step=self.global_step)
+
+                    running_loss = 0
+                    num_tokens = 0
+                    t0 = time.perf_counter()
+
+                if (idx + 1) // self._gradient_accumulation_steps == self.max_steps_per_epoch:
+                    break
+
+            self.epochs_run += 1
+            self.save_checkpoint(epoch=curr_epoch)
+
+    def cleanup(self) -> None:
+        """Close the metric logger (rank 0) and leave the process group."""
+        if self._is_rank_zero:
+            self._metric_logger.close()
+        dist.destroy_process_group()
+
+
+def run(recipe_cls: type[DistributedRecipeBase], cfg: DictConfig) -> None:
+    """Run a recipe end to end: process group, config log, setup, train, cleanup.
+
+    Args:
+        recipe_cls: a :class:`DistributedRecipeBase` subclass.
+        cfg: the merged config from ``torchtune.config.parse``.
+    """
+    init_distributed()
+    config.log_config(recipe_name=recipe_cls.recipe_name, cfg=cfg)
+    recipe = recipe_cls(cfg=cfg)
+    recipe.setup(cfg=cfg)
+    recipe.train()
+    recipe.cleanup()
