@@ -63,8 +63,8 @@ def test_ls_lists_torchtune_and_shipped_recipes_and_configs():
     assert by_name["full_finetune"]["configs"] == ["tiny/full"]
 
 
-def test_demo_prints_two_plans_on_distinct_gpus_with_standalone():
-    r = run("demo")
+def test_demo_plans_prints_two_plans_on_distinct_gpus_with_standalone():
+    r = run("demo", "--plans")
     assert r.returncode == 0, r.stderr
     commands = [l for l in r.stdout.splitlines() if "torch.distributed.run" in l]
     assert len(commands) == 2
@@ -72,3 +72,11 @@ def test_demo_prints_two_plans_on_distinct_gpus_with_standalone():
     assert all("--standalone --nproc_per_node 2" in c for c in commands)
     out_dirs = [c.rsplit("output_dir=", 1)[1] for c in commands]
     assert out_dirs[0] != out_dirs[1]
+
+
+def test_demo_without_the_notebook_says_where_it_looked(tmp_path):
+    missing = tmp_path / "nowhere" / "quickstart.ipynb"
+    r = run("demo", "--notebook", str(missing))
+    assert r.returncode == 2
+    assert str(missing) in r.stderr and "not found" in r.stderr and "--plans" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -18,11 +18,12 @@ _API = {
     "PlanError": "command",
     "home": "paths",
     "make_assets": "assets",
-    "launch": "jobs",
-    "jobs": "jobs",
-    "get_job": "jobs",
-    "Job": "jobs",
-    "JobNotFound": "jobs",
+    "launch": "jobctl",
+    "jobs": "jobctl",
+    "get_job": "jobctl",
+    "Job": "jobctl",
+    "JobNotFound": "jobctl",
+    "Panel": "panel",
 }
 
 __all__ = sorted(_API) + ["load_ipython_extension"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Callable, Sequence
@@ -125,7 +126,7 @@ def _stream_log(job, out=None, poll_s: float = 0.2) -> None:
 
 
 def _run(argv: Sequence[str]) -> int:
-    from .jobs import launch
+    from .jobctl import launch
 
     parser = argparse.ArgumentParser(
         prog="tune-magic run",
@@ -151,7 +152,7 @@ def _run(argv: Sequence[str]) -> int:
 
 
 def _job_arg(parser: argparse.ArgumentParser, argv: Sequence[str]):
-    from .jobs import get_job
+    from .jobctl import get_job
 
     parser.add_argument("job", help="job id (tune-magic jobs lists them)")
     ns = parser.parse_args(argv)
@@ -159,7 +160,7 @@ def _job_arg(parser: argparse.ArgumentParser, argv: Sequence[str]):
 
 
 def _jobs(argv: Sequence[str]) -> int:
-    from .jobs import jobs
+    from .jobctl import jobs
 
     parser = argparse.ArgumentParser(prog="tune-magic jobs", description="List jobs, running and finished.")
     parser.add_argument("--json", action="store_true", help="print a JSON list of job records")
@@ -201,7 +202,7 @@ def _logs(argv: Sequence[str]) -> int:
 
 
 def _stop(argv: Sequence[str]) -> int:
-    from .jobs import get_job, jobs
+    from .jobctl import get_job, jobs
 
     parser = argparse.ArgumentParser(prog="tune-magic stop", description="Stop a running job (or all).")
     parser.add_argument("job", nargs="?", help="job id")
@@ -217,7 +218,7 @@ def _stop(argv: Sequence[str]) -> int:
 
 
 def _rm(argv: Sequence[str]) -> int:
-    from .jobs import jobs, remove
+    from .jobctl import jobs, remove
 
     parser = argparse.ArgumentParser(prog="tune-magic rm", description="Remove finished jobs' records and logs.")
     parser.add_argument("job", nargs="?", help="job id")
@@ -229,6 +230,42 @@ def _rm(argv: Sequence[str]) -> int:
     for job_id in ids:
         remove(job_id)
         print(f"removed {job_id}")
+    return 0
+
+
+def _metrics(argv: Sequence[str]) -> int:
+    from .follow import points_to_csv, points_to_json
+
+    parser = argparse.ArgumentParser(
+        prog="tune-magic metrics", description="Print a job's (or a log file's) metric points.",
+        usage="tune-magic metrics (JOB | --file PATH) [--json | --csv]")
+    parser.add_argument("job", nargs="?", help="job id")
+    parser.add_argument("--file", help="a torchtune log: DiskLogger log_*.txt, log_*.jsonl, or a job's output log")
+    fmt = parser.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="strict JSON (non-finite values as strings)")
+    fmt.add_argument("--csv", action="store_true", help="CSV with a header row")
+    ns = parser.parse_args(argv)
+    if bool(ns.job) == bool(ns.file):
+        raise CliError("give a job id or --file PATH")
+    if ns.file:
+        from .follow import JobMetricsFollower
+
+        if not os.path.isfile(ns.file):
+            raise CliError(f"--file {ns.file}: no such file")
+        with JobMetricsFollower(ns.file, max_lines=1) as follower:
+            follower.finish()
+            points = follower.points()
+    else:
+        from .jobctl import get_job
+
+        points = get_job(ns.job).metric_points()
+    if ns.json:
+        print(points_to_json(points))
+    elif ns.csv:
+        sys.stdout.write(points_to_csv(points))
+    else:
+        for p in points:
+            print(f"{p.step:>7} {p.name:<28} {p.value:.6g}")
     return 0
 
 
@@ -247,6 +284,7 @@ _COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "logs": (_logs, "print (or follow) a job's log"),
     "stop": (_stop, "stop a job, or --all"),
     "rm": (_rm, "remove finished jobs"),
+    "metrics": (_metrics, "print a job's metric points (--json, --csv)"),
     "demo": (_demo, "run the demo"),
 }
 
@@ -274,6 +312,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except SystemExit as exc:  # argparse's own usage errors already printed
         return int(exc.code or 0)
+    except BrokenPipeError:  # output piped into `head` and the like
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -96,6 +96,10 @@ class LaunchPlan:
     output_dir: str | None = None
     job_id: str | None = None
 
+    def __repr__(self) -> str:
+        mode = f"torchrun, rendezvous={self.rendezvous}" if self.distributed else "one process"
+        return f"<LaunchPlan {self.recipe_name or self.recipe} ({mode}): {self.command_line()}>"
+
     def command_line(self) -> str:
         """Return one copy-pasteable shell line: ``VAR=value ... <shlex.join(argv)>``."""
         prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
@@ -244,7 +248,12 @@ class _Parsed:
     overrides: list[str] = field(default_factory=list)
 
 
-def _split(args: str | Sequence[str]) -> list[str]:
+def split_args(args: str | Sequence[str]) -> list[str]:
+    """Split a ``tune run``-style string with :func:`shlex.split`; a list is copied as is.
+
+    Raises:
+        PlanError: an unclosed quote, or a list holding non-strings.
+    """
     if isinstance(args, str):
         try:
             return shlex.split(args, comments=False, posix=True)
@@ -347,6 +356,24 @@ def _tokenise(tokens: list[str]) -> _Parsed:
     return parsed
 
 
+def with_config(tokens: list[str], path: str) -> tuple[list[str], str | None]:
+    """Return ``tokens`` with ``--config`` set to ``path`` (replaced, or appended after the recipe
+    arguments), and the value it replaced (``None`` when there was none)."""
+    out, old, i = [], None, 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token == "--config" and i + 1 < len(tokens):
+            old = tokens[i + 1]
+            i += 2
+        elif token.startswith("--config="):
+            old = token.split("=", 1)[1]
+            i += 1
+        else:
+            out.append(token)
+            i += 1
+    return out + ["--config", path], old
+
+
 def _check_override(token: str) -> str:
     if token.startswith("~"):
         if "=" in token or not _KEY_RE.match(token[1:]):
@@ -384,7 +411,12 @@ def _resolve_recipe(name: str, cwd: Path) -> tuple[Path, str | None, str, bool |
     raise PlanError(f"unknown recipe {name!r}.{hint} tune-magic ls lists the recipes; a custom recipe is a .py path")
 
 
-def _resolve_config(name: str, cwd: Path) -> tuple[Path, str | None]:
+def resolve_config(name: str, cwd: Path) -> tuple[Path, str | None]:
+    """Resolve a config name or path (relative to ``cwd``) to (absolute file, registry name or None).
+
+    Raises:
+        PlanError: neither a known name nor an existing file; a name in both registries.
+    """
     try:
         entry = catalog.find_config(name)
     except catalog.AmbiguousNameError as exc:
@@ -469,11 +501,11 @@ def build_plan(
     if job_id is not None:
         check_job_id(job_id)
     gpu_ids = parse_gpus(gpus)
-    parsed = _tokenise(_split(args))
+    parsed = _tokenise(split_args(args))
     opts = parsed.torchrun
 
     recipe_path, recipe_name, recipe_source, supports_distributed = _resolve_recipe(parsed.recipe, cwd_path)
-    config_path, config_name = _resolve_config(parsed.config, cwd_path)
+    config_path, config_name = resolve_config(parsed.config, cwd_path)
 
     # -- distributed or one process
     wants_torchrun = bool(opts) or (gpu_ids is not None and len(gpu_ids) > 1)
@@ -504,26 +536,12 @@ def build_plan(
         plan_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
 
     recipe_args = [str(recipe_path), "--config", str(config_path), *overrides]
+    common = dict(env=plan_env, recipe=str(recipe_path), recipe_name=recipe_name, recipe_source=recipe_source,
+                  config=str(config_path), config_name=config_name, gpus=gpu_ids, overrides=overrides,
+                  output_dir=added_output_dir, job_id=job_id)
     if not distributed:
-        return LaunchPlan(
-            argv=[sys.executable, *recipe_args],
-            env=plan_env,
-            recipe=str(recipe_path),
-            recipe_name=recipe_name,
-            recipe_source=recipe_source,
-            config=str(config_path),
-            config_name=config_name,
-            distributed=False,
-            rendezvous=None,
-            endpoint=None,
-            nproc_per_node=None,
-            nnodes=None,
-            gpus=gpu_ids,
-            torchrun_args=[],
-            overrides=overrides,
-            output_dir=added_output_dir,
-            job_id=job_id,
-        )
+        return LaunchPlan(argv=[sys.executable, *recipe_args], distributed=False, rendezvous=None, endpoint=None,
+                          nproc_per_node=None, nnodes=None, torchrun_args=[], **common)
 
     torchrun_args = list(parsed.torchrun_tokens)
     rendezvous, endpoint = _rendezvous_policy(opts, env)
@@ -543,26 +561,9 @@ def build_plan(
         nproc = str(len(gpu_ids)) if gpu_ids else "1"
         torchrun_args += ["--nproc_per_node", nproc]
     nnodes = opts.get("nnodes") or _env_value(env, "nnodes") or "1"
-
-    return LaunchPlan(
-        argv=[sys.executable, "-m", "torch.distributed.run", *torchrun_args, *recipe_args],
-        env=plan_env,
-        recipe=str(recipe_path),
-        recipe_name=recipe_name,
-        recipe_source=recipe_source,
-        config=str(config_path),
-        config_name=config_name,
-        distributed=True,
-        rendezvous=rendezvous,
-        endpoint=endpoint,
-        nproc_per_node=str(nproc),
-        nnodes=str(nnodes),
-        gpus=gpu_ids,
-        torchrun_args=torchrun_args,
-        overrides=overrides,
-        output_dir=added_output_dir,
-        job_id=job_id,
-    )
+    return LaunchPlan(argv=[sys.executable, "-m", "torch.distributed.run", *torchrun_args, *recipe_args],
+                      distributed=True, rendezvous=rendezvous, endpoint=endpoint, nproc_per_node=str(nproc),
+                      nnodes=str(nnodes), torchrun_args=torchrun_args, **common)
 
 
 def _rendezvous_policy(opts: Mapping[str, str | bool], env: Mapping[str, str]) -> tuple[str, str | None]:

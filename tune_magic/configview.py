@@ -16,6 +16,8 @@ from .command import LaunchPlan
 #: Config keys (torchtune 0.6.1 conventions) holding directories a job writes to.
 METRIC_LOG_DIR_KEY = "metric_logger.log_dir"
 CHECKPOINT_DIR_KEY = "checkpointer.output_dir"
+#: Config keys holding local inputs a job reads; a missing one fails every rank at start-up.
+INPUT_KEYS = ("checkpointer.checkpoint_dir", "tokenizer.path")
 
 
 @dataclass(frozen=True)
@@ -27,12 +29,14 @@ class JobDirs:
         metric_log_dir: ``metric_logger.log_dir`` (where torchtune's DiskLogger writes ``log_*.txt``).
         checkpoint_dir: ``checkpointer.output_dir``.
         warnings: human-readable warnings, e.g. a checkpoint dir outside ``output_dir``.
+        missing_inputs: ``(key, path)`` of inputs (:data:`INPUT_KEYS`) that do not exist here.
     """
 
     output_dir: str | None
     metric_log_dir: str | None
     checkpoint_dir: str | None
     warnings: list[str] = field(default_factory=list)
+    missing_inputs: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _select(cfg, key: str) -> str | None:
@@ -84,4 +88,24 @@ def resolve_dirs(plan: LaunchPlan) -> JobDirs:
                     f"{key} is {value}, outside this job's output_dir {out}: concurrent jobs from this config "
                     f"will share it; set {key}=${{output_dir}}/... in the config"
                 )
-    return JobDirs(out, logs, ckpt, warnings)
+    missing = [(key, path) for key in INPUT_KEYS for path in [_select(cfg, key)]
+               if path is not None and not os.path.exists(path)]
+    return JobDirs(out, logs, ckpt, warnings, missing)
+
+
+def write_overlaid_config(base: str | os.PathLike | None, overlay_yaml: str, dest: str | os.PathLike) -> Path:
+    """Write the config a job runs with: ``overlay_yaml`` merged over the ``base`` config file (or
+    ``overlay_yaml`` alone), interpolations kept unresolved, to ``dest``.
+
+    Raises:
+        ValueError: the overlay is not a YAML mapping.
+    """
+    from omegaconf import OmegaConf
+
+    overlay = OmegaConf.create(overlay_yaml)
+    if not OmegaConf.is_dict(overlay):
+        raise ValueError("the config overlay must be a YAML mapping")
+    merged = OmegaConf.merge(OmegaConf.load(base), overlay) if base is not None else overlay
+    dest = Path(dest)
+    OmegaConf.save(merged, dest, resolve=False)
+    return dest

@@ -137,14 +137,29 @@ def job_dir(job_id: str, root: Path | None = None) -> Path:
     return (root or jobs_root()) / job_id
 
 
-def create(record: JobRecord, root: Path | None = None) -> Path:
-    """Create the job's directory (mode 0700) and write its first record.
+def reserve(job_id: str, root: Path | None = None) -> Path:
+    """Create an empty job directory (mode 0700). Until :func:`create` writes its record, listings
+    skip it; remove it with ``shutil.rmtree`` if the launch is abandoned.
 
     Raises:
         FileExistsError: a job with this id exists already.
     """
-    d = job_dir(record.id, root)
+    d = job_dir(job_id, root)
     d.mkdir(mode=0o700)
+    return d
+
+
+def create(record: JobRecord, root: Path | None = None) -> Path:
+    """Write a job's first record, creating its directory (mode 0700) unless :func:`reserve` did.
+
+    Raises:
+        FileExistsError: a job with this id has a record already.
+    """
+    d = job_dir(record.id, root)
+    if not d.is_dir():
+        d.mkdir(mode=0o700)
+    if (d / RECORD).exists():
+        raise FileExistsError(f"job {record.id} exists already")
     _write(d, record)
     return d
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-import tune_magic.jobs as J
+import tune_magic.jobctl as J
 from tune_magic import jobstore
 from tune_magic.command import PlanError
 
@@ -171,7 +171,7 @@ def test_rank1_crash_is_failed_with_rank_and_message(cleanup_jobs):
 
 LAUNCHER = """
 import sys, time
-import tune_magic.jobs as J
+import tune_magic.jobctl as J
 job = J.launch(sys.argv[1])
 print(job.id, flush=True)
 if sys.argv[2] == "hang":

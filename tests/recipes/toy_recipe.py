@@ -3,7 +3,10 @@
 It writes the same log lines as torchtune 0.6.1's recipes (the DiskLogger file and the tqdm
 description ``{epoch}|{step}|Loss: {loss}``) so the job machinery can be tested fast, and it can
 crash on purpose on one rank. Config keys (YAML via --config, then key=value overrides):
-output_dir, steps, step_s (seconds per step), crash_rank, crash_message, lines_per_step, start_loss.
+output_dir, steps, step_s (seconds per step), crash_rank, crash_message, lines_per_step, start_loss,
+and write_times_file (optional, default off: a file to which rank 0 appends ``step,time.time()``
+right after each DiskLogger write and the crashing rank appends ``crash,time.time()`` right before
+it raises; the benchmarks time metric and failure latency from it).
 Each step's loss is start_loss / step, so tests know the values without parsing them back.
 """
 
@@ -14,9 +17,15 @@ import time
 from omegaconf import OmegaConf
 
 
+def _stamp(path, what):
+    with open(path, "a") as f:
+        f.write(f"{what},{time.time()!r}\n")
+
+
 def main(argv):
     i = argv.index("--config")
     cfg = OmegaConf.merge(OmegaConf.load(argv[i + 1]), OmegaConf.from_dotlist(argv[:i] + argv[i + 2:]))
+    times = cfg.get("write_times_file")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     if world > 1:
@@ -26,11 +35,14 @@ def main(argv):
     out = cfg.output_dir
     if rank == 0:
         os.makedirs(f"{out}/logs", exist_ok=True)
+        OmegaConf.save(cfg, f"{out}/resolved_config.yaml", resolve=True)  # as the real recipes do
         log_path = f"{out}/logs/log_{int(time.time())}.txt"
         print(f"INFO:torchtune.utils._logging:Writing logs to {log_path}", file=sys.stderr, flush=True)
         log = open(log_path, "a")
     for step in range(1, int(cfg.steps) + 1):
         if cfg.get("crash_rank") is not None and rank == int(cfg.crash_rank) and step == 2:
+            if times:
+                _stamp(times, "crash")
             raise RuntimeError(cfg.get("crash_message", "toy recipe crashed on purpose"))
         time.sleep(float(cfg.step_s))
         loss = float(cfg.get("start_loss", 10.0)) / step
@@ -40,6 +52,8 @@ def main(argv):
             print(f"\r1|{step}|Loss: {loss}: {step * 100 // int(cfg.steps)}%|", end="", file=sys.stderr, flush=True)
             log.write(f"Step {step} | loss:{loss} lr:0.001 tokens_per_second_per_gpu:100.0 \n")
             log.flush()
+            if times:
+                _stamp(times, step)
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()

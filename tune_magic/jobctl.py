@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -20,10 +21,11 @@ from typing import Iterable, Mapping, Sequence
 
 import psutil
 
+from . import catalog
 from . import gpus as gpu_mod
 from . import jobstore
-from .command import LaunchPlan, PlanError, build_plan, check_job_id
-from .configview import resolve_dirs
+from .command import LaunchPlan, PlanError, build_plan, check_job_id, resolve_config, split_args, with_config
+from .configview import resolve_dirs, write_overlaid_config
 from .ids import new_job_id
 from .jobstore import FAILED, RUNNING, STOPPED, SUCCEEDED, JobRecord, ProcessRef
 
@@ -134,8 +136,9 @@ class Job:
         return (r.ended_at or time.time()) - r.started_at
 
     def __repr__(self) -> str:
+        # no status: a notebook's Out[] keeps this text while the job moves on (the card is live)
         r = self._record
-        return f"<Job {r.id} {r.name!r} {r.status}>"
+        return f"<Job {r.id} {r.name!r}>"
 
     # -- actions --------------------------------------------------------------------------------
     def wait(self, timeout: float | None = None, poll_s: float = 0.1) -> str:
@@ -212,6 +215,39 @@ class Job:
             psutil.wait_procs([supervisor], timeout=5)
         return self.status
 
+    def metric_points(self) -> list:
+        """Read the job's logs to their current end; return its merged metric points
+        (:class:`tune_magic.logparse.MetricPoint`, sorted by step then name).
+
+        Sources: the DiskLogger file (found from the log's ``Writing logs to`` line, else the newest
+        ``log_*`` in the job's metric-log dir created after its start) and the progress bar in the
+        combined log; for a step both give, the metric file's value wins.
+        """
+        from .follow import JobMetricsFollower
+
+        r = self._record
+        with JobMetricsFollower(r.log_path, log_dir=r.metric_log_dir, started_after=r.started_at - 1,
+                                max_lines=1, cwd=r.cwd) as follower:
+            follower.finish() if self.status != RUNNING else follower.poll()
+            return follower.points()
+
+    def metrics(self) -> list[dict]:
+        """Return the job's metric points as dicts: ``step`` (int), ``name`` (str), ``value``
+        (float; ``nan``/``inf`` kept), ``epoch`` (int or None), ``source`` (``disklogger``,
+        ``jsonl`` or ``progress``). See :meth:`metric_points`."""
+        return [p._asdict() for p in self.metric_points()]
+
+    def metrics_frame(self):
+        """Return the metrics as a long-form pandas DataFrame (one row per step and metric name;
+        columns step, name, value, epoch, source).
+
+        Raises:
+            ImportError: pandas is not installed (``pip install pandas``).
+        """
+        from .follow import points_to_frame
+
+        return points_to_frame(self.metric_points())
+
     def tail(self, n: int = 20) -> list[str]:
         """Return the last ``n`` lines of the job's log (a progress bar's redraws collapsed to the
         latest one, as a terminal would show it)."""
@@ -250,6 +286,7 @@ def launch(
     force: bool = False,
     env: Mapping[str, str] | None = None,
     dry_run: bool | None = None,
+    config_overlay: str | None = None,
 ) -> "Job | LaunchPlan":
     """Launch a ``tune run``-style job in the background and return at once.
 
@@ -265,6 +302,9 @@ def launch(
             additions.
         dry_run: return the :class:`LaunchPlan` without starting or registering anything.
             Default: ``TUNE_MAGIC_DRY_RUN=1`` in the environment.
+        config_overlay: YAML text of a config mapping (a ``%%tune_run`` cell body). Merged over
+            ``--config`` when one is given, else used as the config; the result is saved as
+            ``config.yaml`` in the job's directory and launched with ``--config`` pointing at it.
 
     Returns:
         The running :class:`Job` (or the plan, for a dry run).
@@ -278,20 +318,53 @@ def launch(
     cwd = os.getcwd() if cwd is None else os.fspath(cwd)
     if dry_run is None:
         dry_run = dry_run_requested(caller_env)
+    tokens = split_args(args)
+    job_id = new_job_id()
+    root = jobstore.jobs_root(caller_env)
+    d = Path(tempfile.mkdtemp(prefix="tune_magic_dry_run_")) if dry_run else jobstore.reserve(job_id, root)
+    try:
+        if config_overlay is not None:
+            tokens = _apply_overlay(tokens, config_overlay, cwd, d / "config.yaml")
+        result = _plan_and_start(tokens, job_id, d, name=name, gpus=gpus, cwd=cwd, force=force,
+                                 env=caller_env, dry_run=dry_run)
+    except BaseException:
+        if not dry_run:
+            shutil.rmtree(d, ignore_errors=True)  # nothing registered, nothing left behind
+        raise
+    return result
+
+
+def _apply_overlay(tokens: list[str], overlay: str, cwd: str, dest: Path) -> list[str]:
+    """Write the overlaid config to ``dest`` and point ``--config`` at it."""
+    tokens, base = with_config(tokens, str(dest))
+    base_path = resolve_config(base, Path(cwd))[0] if base is not None else None
+    try:
+        write_overlaid_config(base_path, overlay, dest)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+    return tokens
+
+
+def _plan_and_start(tokens: list[str], job_id: str, d: Path, *, name, gpus, cwd, force, env, dry_run) -> "Job | LaunchPlan":
     running = [] if dry_run else _running(jobstore.list_records())
     busy = _busy_gpus(running)
     if isinstance(gpus, str) and gpus.strip() == "auto":
-        probe = build_plan(args, env=caller_env, cwd=cwd)
+        probe = build_plan(tokens, env=env, cwd=cwd)
         nproc = probe.nproc_per_node or "1"
         n = int(nproc) if nproc.isdigit() else 1
-        gpus = gpu_mod.pick_free(n, busy, caller_env)
-    job_id = new_job_id()
-    plan = build_plan(args, env=caller_env, cwd=cwd, gpus=gpus, job_id=job_id)
+        gpus = gpu_mod.pick_free(n, busy, env)
+    plan = build_plan(tokens, env=env, cwd=cwd, gpus=gpus, job_id=job_id)
     if dry_run:
         return plan
     if plan.gpus:
-        gpu_mod.check_gpus(plan.gpus, busy, force=force, env=caller_env)
+        gpu_mod.check_gpus(plan.gpus, busy, force=force, env=env)
     dirs = resolve_dirs(plan)
+    if dirs.missing_inputs:
+        key, path = dirs.missing_inputs[0]
+        shipped = Path(plan.config).is_relative_to(catalog.shipped_root())
+        assets = " (the shipped configs use the tiny assets: run tune-magic assets, or tune_magic.make_assets())" if shipped else ""
+        raise PlanError(f"{key} {path} does not exist, so every rank would fail at start-up; create it{assets} "
+                        f"or override {key}=...")
     if dirs.output_dir and not force:
         for job in running:
             if job.output_dir == dirs.output_dir:
@@ -300,10 +373,8 @@ def launch(
                     "stop that job, or pass --force / force=True"
                 )
     for message in dirs.warnings:
-        warnings.warn(message, stacklevel=2)
+        warnings.warn(message, stacklevel=3)
 
-    root = jobstore.jobs_root(caller_env)
-    d = jobstore.job_dir(job_id, root)
     record = JobRecord(
         id=job_id, name=name or plan.recipe_name or Path(plan.recipe).stem, argv=plan.argv, env=plan.env,
         cwd=cwd, log_path=str(d / jobstore.OUTPUT_LOG), started_at=time.time(), output_dir=dirs.output_dir,
@@ -311,11 +382,11 @@ def launch(
         distributed=plan.distributed, nproc_per_node=plan.nproc_per_node, rendezvous=plan.rendezvous,
         rendezvous_endpoint=plan.endpoint, warnings=dirs.warnings, recipe=plan.recipe, config=plan.config,
     )
-    jobstore.create(record, root)
+    jobstore.create(record, d.parent)
     with open(d / jobstore.SUPERVISOR_LOG, "ab") as slog:
         # start_new_session: Jupyter's interrupt/restart signal the kernel's process group, not this one.
         sup = subprocess.Popen(
-            [sys.executable, "-m", "tune_magic.supervisor", str(d)], cwd=cwd, env=caller_env,
+            [sys.executable, "-m", "tune_magic.supervisor", str(d)], cwd=cwd, env=env,
             stdin=subprocess.DEVNULL, stdout=slog, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
         )
     try:

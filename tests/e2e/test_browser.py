@@ -1,0 +1,347 @@
+"""Two live job cards in a real JupyterLab, in headless Chromium: what a person sees (issue 8).
+
+Starts JupyterLab on 127.0.0.1 (free port, token, --no-browser) in a temporary root holding a
+notebook written here with the quickstart's job cells (two 2-process ``lora_finetune --config
+tiny/lora`` jobs side by side), opens it with Playwright (sync API), runs all cells from the Run menu
+and checks the page's DOM: both cards show a rising ``step N`` and ``loss X``, their bqplot charts
+draw points, and a card's Stop button stops its job (the card's status reads ``stopped``) while the
+other job goes on. Screenshots go to ``test-artifacts/browser/``.
+
+The browser is Debian's chromium (``scripts/install-browser``), not Playwright's download. Without
+it the test skips, unless ``TUNE_MAGIC_REQUIRE_BROWSER=1``, where it fails.
+
+Why its own notebook rather than ``notebooks/quickstart.ipynb``: the quickstart's later cells (and
+its step counts) are free to change for readers, and this test needs a job still running when it
+clicks Stop; the cells here are the quickstart's job cells, with one job given more epochs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import tune_magic
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts" / "browser"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-quic", "--disable-dev-shm-usage"]
+SERVER_START_S = 90
+KERNEL_READY_S = 120
+CARDS_S = 120  # both cards on the page
+STEPS_S = 150  # jobs started (5-10 s each, slower side by side on 2 cores) and logging steps
+STOP_S = 60
+MS = 1000
+
+JOB_LINE = "--nproc_per_node 2 lora_finetune --config tiny/lora"
+CELLS = [
+    ("markdown", "# tune_magic browser test\nTwo LoRA fine-tunes side by side, each with its live card."),
+    ("code", "%load_ext tune_magic\nimport tune_magic\ntune_magic.make_assets();"),
+    ("code", f"%%tune_run --name a {JOB_LINE}\n# overrides, one key=value a line\nmax_steps_per_epoch=30\noptimizer.lr=1e-2"),
+    # b: 20 epochs, so it is surely still running when the test clicks its Stop button
+    ("code", f"%%tune_run --name b {JOB_LINE}\nmax_steps_per_epoch=30\noptimizer.lr=2e-3\nepochs=20"),
+]
+
+# JupyterLab user settings for the test: no news/update toast, every cell attached to the DOM.
+LAB_SETTINGS = {
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false", "checkForUpdates": False},
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+}
+
+
+def _chromium() -> str | None:
+    exe = os.environ.get("TUNE_MAGIC_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+    return exe if os.path.isfile(exe) and os.access(exe, os.X_OK) else None
+
+
+def _no_browser(reason: str):
+    if os.environ.get("TUNE_MAGIC_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"{reason} (TUNE_MAGIC_REQUIRE_BROWSER=1); run scripts/install-browser", pytrace=False)
+    pytest.skip(f"{reason}; run scripts/install-browser (or set TUNE_MAGIC_CHROMIUM) to run the browser test")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _notebook(cells) -> dict:
+    def cell(kind, src):
+        c = {"cell_type": kind, "id": secrets.token_hex(4), "metadata": {}, "source": src}
+        return {**c, "execution_count": None, "outputs": []} if kind == "code" else c
+
+    return {"cells": [cell(k, s) for k, s in cells], "nbformat": 4, "nbformat_minor": 5,
+            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
+                         "language_info": {"name": "python"}}}
+
+
+class Lab:
+    """A JupyterLab server in ``root``; ``url(path)`` carries the token."""
+
+    def __init__(self, root: Path, work: Path):
+        self.root, self.port, self.token = root, _free_port(), secrets.token_hex(16)
+        settings = work / "lab-settings"
+        for name, value in LAB_SETTINGS.items():
+            (settings / name).parent.mkdir(parents=True, exist_ok=True)
+            (settings / name).write_text(json.dumps(value))
+        env = {**os.environ, "JUPYTER_CONFIG_DIR": str(work / "jupyter-config"),
+               "JUPYTER_RUNTIME_DIR": str(work / "jupyter-runtime"), "JUPYTERLAB_SETTINGS_DIR": str(settings),
+               "JUPYTERLAB_WORKSPACES_DIR": str(work / "lab-workspaces"), "PYTHONUNBUFFERED": "1"}
+        self.log_path = ARTIFACTS / "jupyterlab.log"
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+             f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}",
+             f"--ServerApp.root_dir={root}"] + (["--allow-root"] if os.geteuid() == 0 else []),
+            cwd=root, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + SERVER_START_S
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"JupyterLab exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                self.api("GET", "/api/status")
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"JupyterLab did not answer in {SERVER_START_S} s:\n{self.log_tail()}")
+                time.sleep(0.5)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}{'&' if '?' in path else '?'}token={self.token}"
+
+    def api(self, method: str, path: str):
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method,
+                                     headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            body = r.read()
+            return json.loads(body) if body else None
+
+    def log_tail(self, n: int = 40) -> str:
+        self._log.flush()
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def shutdown(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.api("POST", "/api/shutdown")  # shuts its kernels down too
+                self.proc.wait(30)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._log.close()
+
+
+@pytest.fixture
+def chromium_exe():
+    exe = _chromium()
+    if exe is None:
+        _no_browser("no chromium found (looked at $TUNE_MAGIC_CHROMIUM, PATH, /usr/bin/chromium)")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        _no_browser("the playwright Python package is not installed")
+    return exe
+
+
+@pytest.fixture
+def new_jobs():
+    """Ids of jobs that exist before the test; at the end, stop every job the test started."""
+    before = {j.id for j in tune_magic.jobs()}
+    yield before
+    for job in tune_magic.jobs():
+        if job.id not in before and job.status == "running":
+            try:
+                job.stop(grace_s=2)
+            except Exception:  # noqa: BLE001 - best effort cleanup
+                pass
+
+
+@pytest.fixture
+def lab(tmp_path, chromium_exe, tiny_assets, new_jobs):
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for old in ARTIFACTS.glob("*"):
+        if old.is_file():
+            old.unlink()
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "browser_test.ipynb").write_text(json.dumps(_notebook(CELLS), indent=1))
+    server = Lab(root, tmp_path)
+    yield server
+    server.shutdown()
+
+
+@pytest.fixture
+def page(lab, chromium_exe, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    console = []
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=chromium_exe, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1400, "height": 1100}, device_scale_factor=1)
+        try:
+            pg = context.pages[0] if context.pages else context.new_page()
+            pg.set_default_timeout(30 * MS)
+            pg.on("console", lambda m: console.append(f"[{m.type}] {m.text}"))
+            pg.on("pageerror", lambda e: console.append(f"[pageerror] {e}"))
+            pg.tm_console = console  # for the test's own checks
+            yield pg
+        finally:
+            try:
+                _shot(pg, "99-last")  # the page as the test left it (passed or not)
+            except Exception:  # noqa: BLE001 - a screenshot must not hide the test's own error
+                pass
+            (ARTIFACTS / "console.log").write_text("\n".join(console) + "\n")
+            context.close()
+
+
+def _shot(page, name: str, locator=None) -> None:
+    if locator is not None:  # the whole card in the notebook's scroll area, not just its visible part
+        locator.evaluate("el => el.scrollIntoView({block: 'start'})")
+    target = locator if locator is not None else page
+    target.screenshot(path=str(ARTIFACTS / f"{name}.png"), animations="disabled")
+
+
+def _card_state(card) -> dict:
+    """What one card shows: status, step, loss, chart points, button label (read from the DOM)."""
+    return card.evaluate("""el => {
+        const t = sel => { const n = el.querySelector(sel); return n ? n.textContent.trim() : null; };
+        const line = el.querySelector('svg g.curve path.line');
+        return {status: t('.tm-status'), step: t('.tm-step'), loss: t('.tm-loss'),
+                dots: el.querySelectorAll('svg g.curve path.dot').length,
+                line_d: line ? (line.getAttribute('d') || '') : '',
+                button: t('button.widget-button'), button_disabled: !!(el.querySelector('button.widget-button') || {}).disabled,
+                header: t('.tm-status') ? el.querySelector('.tm-status').closest('.widget-html-content').textContent : null,
+                text: el.innerText};
+    }""")
+
+
+def _step(state: dict) -> int | None:
+    m = re.fullmatch(r"step (\d+)", state["step"] or "")
+    return int(m.group(1)) if m else None
+
+
+def _loss(state: dict) -> float | None:
+    m = re.fullmatch(r"loss (\S+)", state["loss"] or "")
+    return float(m.group(1)) if m else None
+
+
+def _wait_for(what: str, check, timeout_s: float, poll_s: float = 0.5, describe=lambda: ""):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{describe()}")
+        time.sleep(poll_s)
+
+
+@pytest.mark.timeout(420)
+def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
+    t0 = time.monotonic()
+    timings = {}
+    page.goto(lab.url("/lab/tree/browser_test.ipynb?reset"), timeout=120 * MS)
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120 * MS)
+    # the kernel is started and idle (status bar: "Python 3 (ipykernel) | Idle")
+    page.locator(".jp-StatusBar-Widget", has_text=re.compile(r"\|\s*Idle")).first.wait_for(timeout=KERNEL_READY_S * MS)
+    timings["lab+kernel ready"] = time.monotonic() - t0
+    page.keyboard.press("Control+b")  # hide the file browser: more room for the cards
+    page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+
+    cards = page.locator(".tune-magic-card")
+    _wait_for("two job cards", lambda: cards.count() == 2, CARDS_S,
+              describe=lambda: page.locator(".jp-OutputArea").all_inner_texts())
+    timings["cards shown"] = time.monotonic() - t0
+    a, b = cards.nth(0), cards.nth(1)
+    for card in (a, b):
+        card.locator(".tm-status").wait_for(timeout=60 * MS)
+    assert "Error displaying widget" not in page.locator(".jp-Notebook").inner_text()
+
+    # both cards show a step and a loss, and the step count rises: the DOM polled as a person watches
+    shown = {"a": [], "b": []}  # the distinct (step, loss) each card showed, in order
+
+    def watch() -> bool:
+        for key, card in (("a", a), ("b", b)):
+            s = _card_state(card)
+            if _step(s) is not None and (not shown[key] or shown[key][-1][0] != _step(s)):
+                shown[key].append((_step(s), _loss(s)))
+        if "steps shown" not in timings and all(shown.values()):
+            timings["steps shown"] = time.monotonic() - t0
+        return all(len(v) >= 3 for v in shown.values())
+
+    _wait_for("both cards to show 3 different steps", watch, STEPS_S, poll_s=0.25,
+              describe=lambda: json.dumps({"shown": shown, "a": _card_state(a), "b": _card_state(b)}, indent=1))
+    timings["steps rose"] = time.monotonic() - t0
+    _shot(page, "01-running")
+    for key, seq in shown.items():
+        steps = [st for st, _ in seq]
+        assert steps == sorted(steps) and len(set(steps)) == len(steps), (key, seq)  # rising, never back
+        assert all(loss is not None and 0 < loss < 100 for _, loss in seq), (key, seq)  # finite cross-entropy
+    for c in (a, b):
+        assert _card_state(c)["status"] in ("running", "succeeded"), _card_state(c)
+
+    # the charts draw the curve: a line path and one marker per logged step
+    charts = _wait_for("points on both charts",
+                       lambda: (lambda s: s if all(x["dots"] >= 2 and x["line_d"].count("L") >= 1 for x in s) else None)(
+                           [_card_state(a), _card_state(b)]),
+                       30, describe=lambda: json.dumps([_card_state(a), _card_state(b)], indent=1))
+    for c, s in zip((a, b), charts):
+        assert s["dots"] <= (_step(s) or 0) + 1, s  # not more markers than steps
+    assert a.locator("svg .axis").count() >= 2  # x and y axes drawn
+    _shot(page, "02-card-a", a)
+    _shot(page, "02-card-b", b)
+
+    # Stop on card b: its status becomes "stopped"; a keeps going (or has finished)
+    b_id = b.locator("code").first.inner_text().strip()  # the header: <b>name</b> <code>job id</code>
+    assert b_id not in new_jobs and tune_magic.get_job(b_id).status == "running"
+    b.locator("button.widget-button", has_text="Stop").click()  # (bqplot's toolbar has buttons too)
+    t_click = time.monotonic()
+    _wait_for("card b to read 'stopped'", lambda: _card_state(b)["status"] == "stopped", STOP_S,
+              describe=lambda: json.dumps(_card_state(b), indent=1))
+    timings["stop click -> 'stopped' shown"] = time.monotonic() - t_click
+    assert tune_magic.get_job(b_id).status == "stopped"
+    sb = _card_state(b)
+    assert sb["button_disabled"], json.dumps({k: v for k, v in sb.items() if k != "text"}, indent=1)
+    stopped_at = _step(sb)
+    time.sleep(2)
+    sb = _card_state(b)
+    assert _step(sb) == stopped_at  # no more steps after the stop
+    assert sb["dots"] == stopped_at, sb  # one marker per step (steps 1..N), as the card's text says
+    sa = _card_state(a)
+    assert sa["status"] in ("running", "succeeded"), sa
+    _shot(page, "03-after-stop")
+    _shot(page, "03-card-b-stopped", b)
+
+    # a runs to its end: 30 steps on its chart
+    _wait_for("card a to read 'succeeded'", lambda: _card_state(a)["status"] == "succeeded", STEPS_S,
+              describe=lambda: json.dumps(_card_state(a), indent=1))
+    sa = _wait_for("card a's last step", lambda: (lambda s: s if _step(s) == 30 and s["dots"] == 30 else None)(
+        _card_state(a)), 15, describe=lambda: json.dumps(_card_state(a), indent=1))
+    timings["a succeeded"] = time.monotonic() - t0
+    _shot(page, "04-card-a-succeeded", a)
+    _shot(page, "04-final")
+    errors = [line for line in page.tm_console if line.startswith("[pageerror]")]
+    assert not errors, errors  # no uncaught JavaScript errors (widgets, bqplot)
+    (ARTIFACTS / "timings.json").write_text(json.dumps({"timings_s": timings, "steps_shown": shown}, indent=1))
+    print("\n" + "\n".join(f"{k}: {v:.1f} s" for k, v in timings.items()))

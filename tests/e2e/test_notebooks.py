@@ -1,0 +1,202 @@
+"""The tutorial notebooks, executed top to bottom in real Jupyter kernels (nbclient), with real jobs.
+
+quickstart.ipynb runs once, through the README's demo (``tune-magic demo``, which executes it with
+nbclient): the test checks the demo's summary and the executed notebook's outputs. panel.ipynb and
+gpu_node.ipynb (with ``TUNE_MAGIC_DRY_RUN=1``: no GPU here) are executed directly. Executed
+notebooks are written under ``test-artifacts/notebooks/`` for inspection.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from tune_magic import jobstore
+from tune_magic.jobctl import get_job, jobs
+
+from jobhelpers import processes_mentioning
+
+REPO = Path(__file__).resolve().parents[2]
+NOTEBOOKS = REPO / "notebooks"
+ARTIFACTS = REPO / "test-artifacts" / "notebooks"
+CELL_TIMEOUT_S = 600
+#: The quickstart must run in well under this on 2 CPU cores.
+QUICKSTART_BUDGET_S = 180
+
+
+def execute(name: str, cwd: Path) -> nbformat.NotebookNode:
+    """Execute notebooks/<name>.ipynb in a fresh python3 kernel in ``cwd``; save it to test-artifacts."""
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    try:
+        NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
+                       resources={"metadata": {"path": str(cwd)}}).execute()
+    finally:
+        nbformat.write(nb, ARTIFACTS / f"{name}.executed.ipynb")
+    return nb
+
+
+def cell(nb, cell_id: str):
+    return next(c for c in nb.cells if c.get("id") == cell_id)
+
+
+def stdout(nb, cell_id: str) -> str:
+    return "".join(o.text for o in cell(nb, cell_id).outputs if o.output_type == "stream" and o.name == "stdout")
+
+
+def stderr(nb, cell_id: str) -> str:
+    return "".join(o.text for o in cell(nb, cell_id).outputs if o.output_type == "stream" and o.name == "stderr")
+
+
+def texts(nb, cell_id: str, kind: str | None = None) -> list[str]:
+    """text/plain of a cell's display_data / execute_result outputs."""
+    return [o.data.get("text/plain", "") for o in cell(nb, cell_id).outputs
+            if o.output_type in ("display_data", "execute_result") and (kind is None or o.output_type == kind)]
+
+
+def launched_id(nb, cell_id: str) -> str:
+    """The job id in a %%tune_run cell's result (``<Job ID 'name' status>``)."""
+    (result,) = texts(nb, cell_id, "execute_result")
+    return re.match(r"<Job (\S+) ", result).group(1)
+
+
+def port(job) -> str:
+    return job.rendezvous_endpoint.rsplit(":", 1)[1]
+
+
+def table_rows(text: str) -> dict[str, list[str]]:
+    """%tune_jobs text/plain: job id -> [name, status, step, loss, elapsed]."""
+    return {line.split()[0]: line.split()[1:] for line in text.splitlines()[1:] if line.strip()}
+
+
+@pytest.fixture
+def stop_leftovers(tmp_path):
+    """Stop any job still running from ``tmp_path`` when the test ends (a failed notebook)."""
+    yield tmp_path
+    for job in jobs():
+        if job.record.cwd == str(tmp_path) and job.status == "running":
+            job.stop(grace_s=2)
+
+
+def test_quickstart_through_the_demo(tmp_path, tiny_assets):
+    out = ARTIFACTS / "quickstart.executed.ipynb"
+    start = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "tune_magic", "demo", "--out", str(out)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=900)
+    wall = time.monotonic() - start
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert wall < QUICKSTART_BUDGET_S, f"the demo took {wall:.0f} s"
+    nb = nbformat.read(out, as_version=4)
+    ida, idb, idc = (launched_id(nb, c) for c in ("launch-a", "launch-b", "launch-c"))
+    a, b, c = (get_job(i) for i in (ida, idb, idc))
+
+    # the jobs: two side by side from one config with distinct OS-chosen ports, the third stopped
+    assert [a.status, b.status, c.status] == ["succeeded", "succeeded", "stopped"], [j.tail(20) for j in (a, b)]
+    assert (a.name, b.name, c.name) == ("lr-1e-2", "lr-2e-3", "long")
+    assert a.record.config == b.record.config and a.record.config.endswith("tiny/lora.yaml")
+    for job in (a, b):
+        argv = job.argv
+        assert argv[argv.index("torch.distributed.run") + 1:][:3] == ["--standalone", "--nproc_per_node", "2"]
+        assert "max_steps_per_epoch=8" in argv
+    assert port(a) != port(b)
+    assert a.started_at < b.started_at < a.ended_at  # they did run side by side
+    assert processes_mentioning(idc) == []
+
+    # the notebook's outputs
+    waited = stdout(nb, "wait").splitlines()
+    assert waited == [f"lr-1e-2  {ida}  succeeded  rendezvous {a.rendezvous_endpoint}",
+                      f"lr-2e-3  {idb}  succeeded  rendezvous {b.rendezvous_endpoint}"]
+    cards = texts(nb, "cards")
+    assert len(cards) == 2
+    for text, job in zip(cards, (a, b)):
+        assert text.startswith(f"job {job.id} ({job.name}): succeeded")
+        assert f"rendezvous {job.rendezvous_endpoint}" in text
+        assert re.search(r"^step 8 loss \d+\.\d+( |$)", text, re.M), text
+    rows = table_rows(texts(nb, "jobs")[0])
+    assert rows[ida][:3] == ["lr-1e-2", "succeeded", "8"] and rows[idb][:3] == ["lr-2e-3", "succeeded", "8"]
+    table = [line.split() for line in stdout(nb, "compare-table").splitlines()]
+    assert table[0] == ["step", "lr-1e-2", "lr-2e-3"]
+    assert [row[0] for row in table[1:]] == [str(s) for s in range(1, 9)]
+    first, last = float(table[1][1]), float(table[-1][1])
+    assert last < first - 0.5, "lr 1e-2 did not lower the loss"
+    assert table[1][1] == table[1][2]  # same config and seed: the same first step
+    (frame,) = texts(nb, "metrics-frame")
+    assert "loss" in frame and "lr" in frame and "tokens_per_second_per_gpu" in frame
+    assert re.fullmatch(r"step \d+, loss \d+\.\d+\n", stdout(nb, "few-steps"))
+    assert stdout(nb, "stop") == f"{idc} stopped\n"
+    after = table_rows(texts(nb, "jobs-after")[0])
+    assert [after[i][1] for i in (ida, idb, idc)] == ["succeeded", "succeeded", "stopped"]
+    for c_ in nb.cells:
+        if c_.cell_type == "code":
+            assert not any(o.output_type == "error" for o in c_.outputs), c_.source
+
+    # the demo's summary: one row per job, then where the executed notebook is
+    lines = r.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["NAME", "ID"])
+    summary = {line.split()[1]: line.split() for line in lines[header + 1:header + 4]}
+    assert set(summary) == {ida, idb, idc}
+    for job, status, step in ((a, "succeeded", "8"), (b, "succeeded", "8"), (c, "stopped", None)):
+        name, _id, st, steps, loss, prt, secs, unit = summary[job.id]
+        assert (name, st) == (job.name, status)
+        assert step is None or steps == step
+        float(loss)
+        assert prt == port(job)
+        assert 0 < float(secs) < QUICKSTART_BUDGET_S and unit == "s"
+    assert f"Executed notebook: {out}" in lines
+    assert "ran in" in r.stdout and "its 3 jobs" in r.stdout
+
+
+def test_panel_notebook(stop_leftovers, tiny_assets):
+    tmp_path = stop_leftovers
+    nb = execute("panel", tmp_path)
+    preview = stdout(nb, "preview")
+    assert "--standalone --nproc_per_node 2 " in preview and "<job-id>" in preview
+    assert "tiny/lora.yaml max_steps_per_epoch=6 seed=1 " in preview
+    assert "tiny/lora" in stdout(nb, "form")
+    ids = re.findall(r"'(\S+?)'", stdout(nb, "launch"))
+    assert stdout(nb, "launch").startswith("launched:") and len(set(ids)) == 2
+    launched = [get_job(i) for i in ids]
+    assert [j.status for j in launched] == ["succeeded", "succeeded"], [j.tail(20) for j in launched]
+    assert port(launched[0]) != port(launched[1])
+    assert stdout(nb, "wait").splitlines() == [f"{j.id}  succeeded  rendezvous {j.rendezvous_endpoint}"
+                                               for j in launched]
+    series = dict(line.split(" ", 1) for line in stdout(nb, "series").splitlines())
+    assert sorted(series) == sorted(ids)
+    for curve in series.values():
+        points = re.findall(r"\((\d+), (\d+\.\d+)\)", curve)
+        assert [int(s) for s, _ in points] == [1, 2, 3, 4, 5, 6]
+    table = table_rows(stdout(nb, "table"))
+    assert all(table[i][1] == "succeeded" for i in ids)
+
+
+def test_gpu_node_notebook_in_dry_run(stop_leftovers, monkeypatch):
+    monkeypatch.setenv("TUNE_MAGIC_DRY_RUN", "1")  # inherited by the kernel: every launch only prints
+    before = {r.id for r in jobstore.list_records()}
+    nb = execute("gpu_node", stop_leftovers)
+    assert stdout(nb, "setup").strip() == "dry run: True"
+    commands = {cid: stdout(nb, cid).strip() for cid in ("job-01", "job-23", "multi")}
+    for cid, line in commands.items():
+        assert len(line.splitlines()) == 1 and line.startswith("PYTHONUNBUFFERED=1 "), line
+        assert "lora_finetune_distributed.py --config " in line and "1B_lora.yaml batch_size=4 output_dir=" in line
+    assert "CUDA_VISIBLE_DEVICES=0,1 " in commands["job-01"]
+    assert "CUDA_VISIBLE_DEVICES=2,3 " in commands["job-23"]
+    for cid in ("job-01", "job-23"):
+        assert " -m torch.distributed.run --standalone --nproc_per_node 2 " in commands[cid]
+    multi = commands["multi"]
+    assert ("-m torch.distributed.run --nnodes 2 --nproc_per_node 8 --rdzv-backend c10d --rdzv-id run42 "
+            "--rdzv-endpoint node0:29400 ") in multi
+    assert "--standalone" not in multi and "CUDA_VISIBLE_DEVICES" not in multi
+    per_job = stdout(nb, "compare").splitlines()
+    assert [line.split()[0] for line in per_job] == ["CUDA_VISIBLE_DEVICES=0,1", "CUDA_VISIBLE_DEVICES=2,3"]
+    assert per_job[0].split("output_dir=")[1] != per_job[1].split("output_dir=")[1]
+    assert stdout(nb, "keep-multi").strip() == "rendezvous=user  endpoint=node0:29400  nnodes=2"
+    assert "needs a rendezvous endpoint" in stderr(nb, "refused") + stdout(nb, "refused")
+    assert {r.id for r in jobstore.list_records()} == before  # nothing started, nothing registered

@@ -1,0 +1,66 @@
+"""The launch panel driven in a real Jupyter kernel, through its public child widgets."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import tune_magic.jobctl as J
+
+from kernelhelpers import Kernel
+
+TIMEOUT = 240
+
+
+@pytest.fixture
+def kernel(tmp_path, tiny_assets):
+    k = Kernel(cwd=str(tmp_path))
+    yield k
+    k.shutdown()
+
+
+def test_panel_preview_launch_twice_compare_and_invalid_endpoint(kernel):
+    kernel.run("import tune_magic\npanel = tune_magic.Panel()\npanel")
+    kernel.run("panel.recipe.value = 'lora_finetune'")
+    assert "tiny/lora" in kernel.value("list(panel.config.options)")
+    kernel.run("panel.config.value = 'tiny/lora'\npanel.nproc.value = 2\n"
+               "panel.overrides.value = 'max_steps_per_epoch=4\\n# a comment\\nseed=3'")
+    preview, expected = kernel.value(
+        "[panel.command_preview.value, tune_magic.build_plan("
+        "'--nproc_per_node 2 lora_finetune --config tiny/lora max_steps_per_epoch=4 seed=3').command_line()]")
+    assert preview == expected
+    assert "--standalone --nproc_per_node 2" in preview and "<job-id>" in preview
+    assert kernel.value("panel.launch_button.disabled") is False
+
+    # an invalid endpoint: the builder's reason inline, Launch disabled, nothing launched
+    kernel.run("panel.endpoint.value = 'node0:99999'")
+    assert kernel.value("panel.launch_button.disabled") is True
+    assert "port 99999 is outside 0-65535" in kernel.value("panel.error.value")
+    kernel.run("panel.endpoint.value = '[fe80::1]:29400'")
+    assert kernel.value("panel.launch_button.disabled") is False
+    assert "--rdzv-endpoint '[fe80::1]:29400'" in kernel.value("panel.command_preview.value")
+    kernel.run("panel.endpoint.value = ''")
+
+    kernel.run("panel.launch_button.click()\npanel.launch_button.click()")
+    ids = kernel.value("[j.id for j in panel.launched]")
+    assert len(ids) == 2 and ids[0] != ids[1]
+    jobs = [J.get_job(i) for i in ids]
+    assert [j.wait(TIMEOUT) for j in jobs] == ["succeeded", "succeeded"], [j.tail(20) for j in jobs]
+    ports = {j.rendezvous_endpoint.rsplit(":", 1)[1] for j in jobs}
+    assert len(ports) == 2
+
+    deadline = time.monotonic() + 60
+    while True:
+        series = kernel.value("{k: [list(p) for p in v] for k, v in panel.series.items()}")
+        if all(len(series.get(i, [])) == 4 for i in ids):
+            break
+        assert time.monotonic() < deadline, series
+        time.sleep(0.5)
+    assert sorted(series) == sorted(ids)
+    for i in ids:
+        assert [s for s, _ in series[i]] == [1, 2, 3, 4]
+    marks = kernel.value("[len(m.y) for m in panel.chart.marks]")
+    assert marks == [4, 4]
+    table = kernel.value("{k: r['status'].value for k, r in tune_magic.Panel().jobs_table.rows.items()}")
+    assert all(table[i] == "succeeded" for i in ids)

@@ -1,0 +1,45 @@
+"""Where a plan's job will write and what it reads, checked before anything starts."""
+
+import pytest
+
+import tune_magic.jobctl as J
+from tune_magic import jobstore
+from tune_magic.command import PlanError, build_plan
+from tune_magic.configview import resolve_dirs
+
+
+def test_shipped_config_dirs_fall_inside_the_job_output_dir(session_home):
+    plan = build_plan("lora_finetune --config tiny/lora", job_id="j1")
+    dirs = resolve_dirs(plan)
+    assert dirs.output_dir == f"{session_home}/runs/tiny_lora/j1"
+    assert dirs.metric_log_dir == f"{session_home}/runs/tiny_lora/j1/logs"
+    assert dirs.checkpoint_dir == dirs.output_dir
+    assert dirs.warnings == []
+
+
+def test_hard_coded_log_dir_elsewhere_warns(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"output_dir: {tmp_path}/out\nmetric_logger:\n  log_dir: /tmp/shared_logs\n")
+    (tmp_path / "r.py").write_text("")
+    dirs = resolve_dirs(build_plan("r.py --config c.yaml", cwd=tmp_path, job_id="j2"))
+    assert dirs.output_dir == f"{tmp_path}/out/j2"
+    assert len(dirs.warnings) == 1 and "metric_logger.log_dir is /tmp/shared_logs" in dirs.warnings[0]
+
+
+def test_deletion_override_and_missing_inputs(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"output_dir: {tmp_path}/out\ntokenizer:\n  path: {tmp_path}/nope.model\n"
+                   f"checkpointer:\n  checkpoint_dir: {tmp_path}\n")
+    (tmp_path / "r.py").write_text("")
+    dirs = resolve_dirs(build_plan("r.py --config c.yaml", cwd=tmp_path))
+    assert dirs.missing_inputs == [("tokenizer.path", f"{tmp_path}/nope.model")]
+    dirs = resolve_dirs(build_plan("r.py --config c.yaml ~tokenizer.path", cwd=tmp_path))
+    assert dirs.missing_inputs == []
+
+
+def test_launch_refuses_missing_assets_before_starting_anything(tmp_path):
+    before = {r.id for r in jobstore.list_records()}
+    with pytest.raises(PlanError, match="tune-magic assets"):
+        J.launch(f"lora_finetune --config tiny/lora assets_dir={tmp_path}/no_assets")
+    assert {r.id for r in jobstore.list_records()} == before
+    assert [p for p in jobstore.jobs_root().iterdir() if p.name not in before] == []  # no half-made job dir
