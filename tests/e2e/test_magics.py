@@ -51,6 +51,14 @@ def record_ids():
     return {r.id for r in jobstore.list_records()}
 
 
+def test_help_comes_from_magic_arguments(ip):
+    doc = ip.find_cell_magic("tune_run").__doc__
+    assert "%tune_run [--name NAME] [--gpus GPUS] [--force] [--wait] [--dry-run]" in doc
+    assert "GPU ids for this job" in doc and "the same words as `tune run`" in doc
+    assert ip.find_line_magic("tune_run").__doc__ == doc  # %tune_run is the same magic
+    assert "--all" in ip.find_line_magic("tune_stop").__doc__
+
+
 def test_cell_returns_at_once_and_the_card_comes_to_show_the_losses(ip, started, capsys):
     job = ip.run_cell_magic("tune_run", "--name live " + toy_args("steps=5", "step_s=0.5"), "# defaults only\n")
     started.append(job)
