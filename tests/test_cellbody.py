@@ -52,3 +52,8 @@ def test_expand_undefined_is_an_error():
         expand_fields("x={nope}", {})
     with pytest.raises(PlanError, match="no attribute 'missing'"):
         expand_fields("x={run.missing}", {"run": "r"})
+
+
+def test_duplicate_keys_are_refused_like_torchtune_would():
+    with pytest.raises(PlanError, match="not a usable config"):
+        parse_cell_body("a: 1\na: 2\n")

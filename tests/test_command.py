@@ -261,7 +261,17 @@ BAD = [
     ("PET nproc bad", BUILTIN, {"PET_NPROC_PER_NODE": "0"}, None, ["PET_NPROC_PER_NODE", "positive integer"]),
     ("nproc disagrees with gpus", f"--nproc_per_node 4 {BUILTIN}", {}, "0,1", ["disagrees"]),
     ("flag twice differently", f"--nproc_per_node 2 --nproc-per-node 3 {BUILTIN}", {}, None, ["twice"]),
-    ("unknown torchrun flag", f"--nproc_per_nod 2 --bogus {BUILTIN}", {}, None, ["not a torchrun option"]),
+    ("unknown torchrun flag", f"--nprocs_per_node 2 {BUILTIN}", {}, None,
+     ["not a torchrun option", "Did you mean", "--nproc_per_node"]),
+    ("abbreviated flag", f"--nproc 2 {BUILTIN}", {}, None, ["abbreviates --nproc-per-node or --nproc_per_node"]),
+    ("abbreviated flag=", f"--max=3 {BUILTIN}", {}, None, ["abbreviates", "--max-restarts"]),
+    ("int flag not int", f"--max-restarts abc {BUILTIN}", {}, None, ["--max-restarts 'abc' is not an int"]),
+    ("float flag not float", f"--monitor-interval abc {BUILTIN}", {}, None, ["is not a float"]),
+    ("choice flag bad", f"--start-method bogus {BUILTIN}", {}, None, ["not one of spawn, fork, forkserver"]),
+    ("PET_MODULE refused", BUILTIN, {"PET_MODULE": "1"}, None, ["PET_MODULE", "unset it"]),
+    ("PET_NO_PYTHON refused", BUILTIN, {"PET_NO_PYTHON": "true"}, None, ["PET_NO_PYTHON"]),
+    ("endpoint with scheme", f"--rdzv-endpoint http://node0:29400 {BUILTIN}", {}, None, ["drop the scheme"]),
+    ("override with NUL", f"{BUILTIN} x=a\x00b", {}, None, ["control character"]),
     ("-m refused", f"-m {BUILTIN}", {}, None, ["-m"]),
     ("--no-python refused", f"--no-python {BUILTIN}", {}, None, ["--no-python"]),
     ("switch with value", f"--standalone=1 {BUILTIN}", {}, None, ["takes no value"]),
@@ -274,6 +284,12 @@ BAD = [
     ("gpu id negative", BUILTIN, {}, "-1", ["GPU id"]),
     ("gpu id text", BUILTIN, {}, "a,b", ["GPU id"]),
     ("gpu id twice", BUILTIN, {}, "1,1", ["twice"]),
+    ("gpu id underscore", BUILTIN, {}, "1_0", ["GPU id"]),
+    ("gpu id non-ascii digit", BUILTIN, {}, "\u0663", ["GPU id"]),
+    ("gpus bool", BUILTIN, {}, True, ["gpus=True"]),
+    ("gpus int", BUILTIN, {}, 1, ["gpus=1"]),
+    ("gpus bytes", BUILTIN, {}, b"0", ["gpus=b'0'"]),
+    ("gpus float in list", BUILTIN, {}, [1.5], ["GPU id"]),
 ]
 
 
@@ -286,7 +302,7 @@ def test_bad_input_is_a_clear_error(case, env):
         assert word in str(err.value)
 
 
-@pytest.mark.parametrize("job_id", ["a/b", "..", "../x", ".hidden", "", "a b"])
+@pytest.mark.parametrize("job_id", ["a/b", "..", "../x", ".hidden", "", "a b", "a\n"])
 def test_bad_job_id(env, job_id):
     with pytest.raises(PlanError, match="job id"):
         build_plan(BUILTIN, env=env, job_id=job_id)
@@ -307,3 +323,35 @@ def test_building_a_plan_never_touches_cuda_or_starts_a_process(env, custom, mon
     for args, gpus in [(BUILTIN, "0,1"), (f"--nproc_per_node gpu {BUILTIN}", None), ("my_recipe.py --config my.yaml", "0,1")]:
         plan = build_plan(args, env=env, cwd=custom, gpus=gpus)
         assert plan.distributed is True
+
+
+@pytest.mark.parametrize("content, words", [
+    ("- 1\n- 2\n", "not a YAML mapping"), ("", "not a YAML mapping"),
+    ("a: [1\n", "not valid YAML"), (b"\x9c\xff\x00binary", r"not a text \(UTF-8\) YAML file"),
+])
+def test_config_that_is_not_a_yaml_mapping(env, custom, content, words):
+    bad = custom / "bad.yaml"
+    bad.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(PlanError, match=words):
+        build_plan("my_recipe.py --config bad.yaml", env=env, cwd=custom)
+
+
+def test_directories_are_not_recipes_or_configs(env, custom):
+    (custom / "adir").mkdir()
+    with pytest.raises(PlanError, match="is a directory"):
+        build_plan("adir --config my.yaml", env=env, cwd=custom)
+    with pytest.raises(PlanError, match="is a directory"):
+        build_plan("my_recipe.py --config adir", env=env, cwd=custom)
+
+
+def test_tilde_paths_expand_to_home(env, custom, monkeypatch):
+    monkeypatch.setenv("HOME", str(custom))
+    plan = build_plan("~/my_recipe.py --config ~/my.yaml", env=env, cwd="/")
+    assert (plan.recipe, plan.config) == (str(custom / "my_recipe.py"), str(custom / "my.yaml"))
+
+
+@pytest.mark.parametrize("value", ['""', "5", "{a: 1}"])
+def test_output_dir_that_is_not_a_path_gets_no_per_job_dir(env, custom, value):
+    (custom / "odd.yaml").write_text(f"output_dir: {value}\nseed: 1\n")
+    plan = build_plan("my_recipe.py --config odd.yaml", env=env, cwd=custom, job_id="j9")
+    assert plan.output_dir is None and not any(a.startswith("output_dir=") for a in plan.argv)

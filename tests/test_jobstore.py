@@ -58,3 +58,42 @@ def test_create_refuses_existing_id(tmp_path):
     jobstore.create(rec("same"), tmp_path)
     with pytest.raises(FileExistsError):
         jobstore.create(rec("same"), tmp_path)
+
+
+@pytest.mark.parametrize("change", [
+    {"id": "other-id"}, {"supervisor": {"pid": "x", "create_time": 1.0}}, {"ended_at": "yesterday"},
+    {"name": 5}, {"started_at": float("nan")}, {"gpus": ["0"]}, {"env": {"A": 1}}, {"returncode": True},
+])
+def test_every_field_is_validated_and_bad_records_can_be_removed(tmp_path, monkeypatch, change):
+    import tune_magic.jobctl as J
+
+    monkeypatch.setenv("TUNE_MAGIC_HOME", str(tmp_path))
+    root = jobstore.jobs_root()
+    jobstore.create(rec("good"), root)
+    bad = root / "bad"
+    bad.mkdir()
+    (bad / jobstore.RECORD).write_text(json.dumps({**rec("bad").to_dict(), **change}))
+    skipped = []
+    assert [r.id for r in jobstore.list_records(root, skipped)] == ["good"]
+    assert skipped == [bad]
+    assert [j.id for j in J.jobs()] == ["good"]
+    J.remove("bad")  # an unreadable record can still be removed
+    assert not bad.exists()
+
+
+def test_home_that_is_a_file_is_a_clear_error(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("")
+    with pytest.raises(jobstore.StateDirError, match="point TUNE_MAGIC_HOME at a writable directory"):
+        jobstore.jobs_root({"TUNE_MAGIC_HOME": str(f)})
+
+
+def test_stop_checks_grace_before_signalling_anything(tmp_path, monkeypatch):
+    import tune_magic.jobctl as J
+
+    monkeypatch.setenv("TUNE_MAGIC_HOME", str(tmp_path))
+    d = jobstore.create(rec("j-grace"), jobstore.jobs_root())
+    for grace in (-5, float("nan"), float("inf"), "3", True):
+        with pytest.raises(ValueError, match="grace_s"):
+            J.Job(d).stop(grace_s=grace)
+    assert jobstore.read(d).stop_requested is False

@@ -71,6 +71,15 @@ def parse_cell_body(text: str | None) -> CellBody:
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "somewhere"
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise PlanError(f"YAML error in the cell body at {where}: {problem}. Nothing was started.") from None
+    if isinstance(data, dict):
+        from omegaconf import OmegaConf
+        from omegaconf.errors import OmegaConfBaseException
+
+        try:  # what torchtune's parser will do with it (e.g. it refuses duplicate keys)
+            OmegaConf.create(text)
+        except (OmegaConfBaseException, yaml.YAMLError) as exc:
+            first = str(exc).strip().splitlines()[0]
+            raise PlanError(f"the cell body is not a usable config: {first}. Nothing was started.") from None
     if not isinstance(data, dict):
         raise PlanError(
             "the cell body must be a YAML mapping (a config) or key=value lines (overrides); "

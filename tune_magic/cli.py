@@ -13,6 +13,7 @@ import time
 from typing import Callable, Sequence
 
 from .command import PlanError, build_plan
+from .jobstore import StateDirError
 
 EXIT_USAGE = 2
 
@@ -207,14 +208,21 @@ def _stop(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="tune-magic stop", description="Stop a running job (or all).")
     parser.add_argument("job", nargs="?", help="job id")
     parser.add_argument("--all", action="store_true", help="stop every running job")
-    parser.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL (10)")
+    parser.add_argument("--grace", type=_seconds, default=10.0, help="seconds between SIGTERM and SIGKILL (10)")
     ns = parser.parse_args(argv)
     if bool(ns.job) == ns.all:
-        raise CliError("give a job id or --all")
+        raise CliError("give a job id or --all, not both" if ns.all else "give a job id or --all")
     targets = [j for j in jobs() if j.record.status == "running"] if ns.all else [get_job(ns.job)]
     for job in targets:
         print(f"{job.id} {job.stop(grace_s=ns.grace)}")
     return 0
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
+    return value
 
 
 def _rm(argv: Sequence[str]) -> int:
@@ -307,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return _COMMANDS[name][0](rest)
-    except (PlanError, CliError, LookupError) as exc:
+    except (PlanError, CliError, LookupError, StateDirError) as exc:
         print(f"tune-magic {name}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except SystemExit as exc:  # argparse's own usage errors already printed

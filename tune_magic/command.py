@@ -40,7 +40,7 @@ _REFUSED = {
 }
 _USER_RDZV = ("rdzv_endpoint", "master_addr", "master_port")
 _RDZV_DETAILS = ("rdzv_backend", "rdzv_id", "rdzv_conf")
-_JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z0-9_\-]+|\[[^\]]*\])*$")
 
 
@@ -131,20 +131,18 @@ def parse_gpus(gpus: str | Iterable[int] | None) -> list[int] | None:
             return None
         if text == "auto":
             raise PlanError("gpus='auto' is resolved when launching; to build a plan, give ids such as --gpus 0,1")
-        parts = [p.strip() for p in text.split(",")]
+        parts: list = [p.strip() for p in text.split(",")]
+    elif isinstance(gpus, (bytes, bool, int, float, dict)) or not hasattr(gpus, "__iter__"):
+        raise PlanError(f"gpus={gpus!r}: give a list of GPU ids such as [0, 1] or a string such as '0,1'")
     else:
         parts = list(gpus)
     ids = []
     for part in parts:
-        try:
-            value = int(part)
-            if isinstance(part, float) or isinstance(part, bool):
-                raise ValueError
-        except (TypeError, ValueError):
-            raise PlanError(f"bad GPU id {part!r}: give non-negative integers, e.g. --gpus 0,1") from None
-        if value < 0:
+        if isinstance(part, bool) or not (
+            (isinstance(part, int) and part >= 0) or (isinstance(part, str) and re.fullmatch(r"[0-9]+", part))
+        ):
             raise PlanError(f"bad GPU id {part!r}: give non-negative integers, e.g. --gpus 0,1")
-        ids.append(value)
+        ids.append(int(part))
     if not ids:
         return None
     if len(set(ids)) != len(ids):
@@ -188,6 +186,8 @@ def check_endpoint(endpoint: str, what: str = "--rdzv-endpoint") -> str:
             raise PlanError(f"{what} {endpoint!r} is not host[:port]; e.g. [fe80::1]:29400")
         port = rest[1:] if rest else None
     else:
+        if "://" in text:
+            raise PlanError(f"{what} {endpoint!r} is not host[:port]: drop the scheme, e.g. node0:29400")
         if text.count(":") > 1:
             raise PlanError(
                 f"{what} {endpoint!r} looks like a bare IPv6 address; put it in brackets, e.g. [{text}] or [::1]:29400"
@@ -228,7 +228,7 @@ def parse_nnodes(value: str, what: str = "--nnodes") -> tuple[int, int]:
 
 def check_job_id(job_id: str) -> str:
     """Validate a job id: letters, digits, ``_ . -``, no leading dot, no ``/`` or ``..``."""
-    if not isinstance(job_id, str) or not _JOB_ID_RE.match(job_id) or ".." in job_id:
+    if not isinstance(job_id, str) or not _JOB_ID_RE.fullmatch(job_id) or ".." in job_id:
         raise PlanError(
             f"job id {job_id!r} is not valid: use letters, digits, '_', '-', '.' (no '/', no '..'), as shown by tune-magic jobs"
         )
@@ -278,9 +278,14 @@ def _match_option(token: str) -> tuple[TorchrunOption | None, str | None]:
 
 
 def _unknown_option(token: str) -> PlanError:
-    from .torchrun_options import options
+    from .torchrun_options import abbreviation_of, options
 
-    close = difflib.get_close_matches(token.split("=")[0], list(options()), n=3)
+    name = token.split("=")[0]
+    full = abbreviation_of(name)
+    if full:
+        return PlanError(f"{name!r} abbreviates {' or '.join(full)}; write the option in full "
+                         "(torchrun's parser may reject abbreviations)")
+    close = difflib.get_close_matches(name, list(options()), n=3)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
     return PlanError(f"{token!r} is not a torchrun option.{hint} See python -m torch.distributed.run --help.")
 
@@ -308,6 +313,10 @@ def _tokenise(tokens: list[str]) -> _Parsed:
                 raise PlanError(f"{opt.display} takes no value; write it alone")
             value = True
         i += len(group)
+        if isinstance(value, str):
+            problem = opt.check(value)
+            if problem:
+                raise PlanError(f"{problem}; see python -m torch.distributed.run --help")
         if opt.dest in parsed.torchrun:
             if parsed.torchrun[opt.dest] != value:
                 raise PlanError(
@@ -375,6 +384,8 @@ def with_config(tokens: list[str], path: str) -> tuple[list[str], str | None]:
 
 
 def _check_override(token: str) -> str:
+    if any(ord(c) < 32 and c not in "\t" for c in token):
+        raise PlanError(f"override {token[:60]!r} contains a control character (NUL, newline, ...); remove it")
     if token.startswith("~"):
         if "=" in token or not _KEY_RE.match(token[1:]):
             raise PlanError(f"override {token!r}: a deletion is ~key with no value, e.g. ~model.lora_rank")
@@ -400,9 +411,11 @@ def _resolve_recipe(name: str, cwd: Path) -> tuple[Path, str | None, str, bool |
         raise PlanError(str(exc)) from None
     if entry is not None:
         return entry.path, entry.name, entry.source, entry.supports_distributed if entry.source == catalog.TORCHTUNE else None
-    path = (cwd / name).expanduser()
+    path = cwd / Path(name).expanduser()
     if path.is_file():
         return path.absolute(), None, "path", None
+    if path.is_dir():
+        raise PlanError(f"recipe {name!r} is a directory ({path}); give the recipe's .py file")
     looks_like_path = name.endswith(".py") or "/" in name or os.sep in name
     if looks_like_path:
         raise PlanError(f"recipe file {name!r} not found (looked at {path}); check the path or use a name from tune-magic ls")
@@ -423,28 +436,39 @@ def resolve_config(name: str, cwd: Path) -> tuple[Path, str | None]:
         raise PlanError(str(exc)) from None
     if entry is not None:
         return entry.path, entry.name
-    path = (cwd / name).expanduser()
+    path = cwd / Path(name).expanduser()
     if path.is_file():
         return path.absolute(), None
+    if path.is_dir():
+        raise PlanError(f"config {name!r} is a directory ({path}); give a .yaml file")
     close = difflib.get_close_matches(name, [c.name for c in catalog.configs()], n=3, cutoff=0.6)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
     raise PlanError(f"config {name!r} not found: not a config name and no file {path}.{hint} tune-magic ls lists the configs")
 
 
 def _config_output_dir(config: Path) -> str | None:
-    """Return the config's ``output_dir`` exactly as written (interpolations unresolved)."""
+    """Return the config's ``output_dir`` exactly as written (interpolations unresolved).
+
+    Raises:
+        PlanError: the file is not UTF-8 YAML, or not a mapping.
+    """
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
     import yaml
 
     try:
         cfg = OmegaConf.load(config)
+    except UnicodeDecodeError:
+        raise PlanError(f"config {config} is not a text (UTF-8) YAML file; give a .yaml config") from None
     except (yaml.YAMLError, OmegaConfBaseException) as exc:
-        raise PlanError(f"config {config} is not valid YAML: {exc}") from None
-    if not OmegaConf.is_dict(cfg) or "output_dir" not in cfg:
-        return None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PlanError(f"config {config} is not valid YAML ({first}); fix the file or give another config") from None
+    if not OmegaConf.is_dict(cfg) or len(cfg) == 0:
+        raise PlanError(f"config {config} is not a YAML mapping of keys to values (it is empty, a list or a "
+                        "scalar); give a torchtune config")
     raw = OmegaConf.to_container(cfg, resolve=False).get("output_dir")
-    return None if raw is None else str(raw)
+    # only a non-empty string is a directory we can give each job its own child of
+    return raw if isinstance(raw, str) and raw.strip() else None
 
 
 def _env_value(env: Mapping[str, str], opt_dest: str) -> str | None:
@@ -501,6 +525,9 @@ def build_plan(
     if job_id is not None:
         check_job_id(job_id)
     gpu_ids = parse_gpus(gpus)
+    for dest, why in _REFUSED.items():
+        if _truthy(env.get("PET_" + dest.upper())):
+            raise PlanError(f"PET_{dest.upper()} is set in the environment: {why.split(';')[0]}; unset it")
     parsed = _tokenise(split_args(args))
     opts = parsed.torchrun
 

@@ -30,6 +30,8 @@ class JobDirs:
         checkpoint_dir: ``checkpointer.output_dir``.
         warnings: human-readable warnings, e.g. a checkpoint dir outside ``output_dir``.
         missing_inputs: ``(key, path)`` of inputs (:data:`INPUT_KEYS`) that do not exist here.
+        errors: why a directory key could not be resolved (e.g. an ``${oc.env:...}`` variable
+            that is not set); the job would fail at start-up.
     """
 
     output_dir: str | None
@@ -37,28 +39,35 @@ class JobDirs:
     checkpoint_dir: str | None
     warnings: list[str] = field(default_factory=list)
     missing_inputs: list[tuple[str, str]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
 
 
-def _select(cfg, key: str) -> str | None:
+def _select(cfg, key: str, cwd: str, errors: list[str] | None = None) -> str | None:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     try:
         value = OmegaConf.select(cfg, key, throw_on_missing=False)
-    except (OmegaConfBaseException, ValueError):
+    except (OmegaConfBaseException, ValueError) as exc:
+        if errors is not None:
+            first = str(exc).strip().splitlines()[0]
+            errors.append(f"config key {key} cannot be resolved ({first}); set what it refers to or override {key}=...")
         return None
-    return None if value is None else os.path.abspath(os.path.expanduser(str(value)))
+    if value is None or not isinstance(value, (str, os.PathLike)) or not str(value):
+        return None
+    return os.path.normpath(os.path.join(cwd, os.path.expanduser(str(value))))
 
 
 def _inside(child: str, parent: str) -> bool:
     return Path(child) == Path(parent) or Path(parent) in Path(child).parents
 
 
-def resolve_dirs(plan: LaunchPlan) -> JobDirs:
+def resolve_dirs(plan: LaunchPlan, cwd: str | os.PathLike | None = None) -> JobDirs:
     """Resolve the plan's ``output_dir``, metric-log dir and checkpoint dir.
 
     Interpolations resolve against this process's environment, which matches the job's for the
     variables configs use (``TUNE_MAGIC_HOME`` is the same value :func:`tune_magic.home` gives).
+    Relative paths are taken from ``cwd``, the job's working directory (default: this process's).
 
     Returns:
         :class:`JobDirs`; a directory that cannot be resolved is ``None``, never an error.
@@ -75,22 +84,29 @@ def resolve_dirs(plan: LaunchPlan) -> JobDirs:
             node = OmegaConf.select(cfg, parent) if parent else cfg
             if node is not None and leaf in node:
                 del node[leaf]
-    except (OmegaConfBaseException, OSError, ValueError):
-        return JobDirs(None, None, None, ["could not read the config to check its output directories"])
-    out = _select(cfg, "output_dir")
-    logs = _select(cfg, METRIC_LOG_DIR_KEY)
-    ckpt = _select(cfg, CHECKPOINT_DIR_KEY)
+    except (OmegaConfBaseException, OSError, ValueError) as exc:
+        return JobDirs(None, None, None, errors=[f"cannot read config {plan.config} with its overrides ({exc})"])
+    cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
+    errors: list[str] = []
+    out = _select(cfg, "output_dir", cwd, errors)
+    logs = _select(cfg, METRIC_LOG_DIR_KEY, cwd, errors)
+    ckpt = _select(cfg, CHECKPOINT_DIR_KEY, cwd, errors)
     warnings = []
-    if out is not None:
+    if out is None:
+        for key, value in ((METRIC_LOG_DIR_KEY, logs), (CHECKPOINT_DIR_KEY, ckpt)):
+            if value is not None:
+                warnings.append(f"the config has no output_dir, so {key} {value} is not made per job: concurrent "
+                                "jobs from this config will share it; add output_dir to the config")
+    else:
         for key, value in ((METRIC_LOG_DIR_KEY, logs), (CHECKPOINT_DIR_KEY, ckpt)):
             if value is not None and not _inside(value, out):
                 warnings.append(
                     f"{key} is {value}, outside this job's output_dir {out}: concurrent jobs from this config "
                     f"will share it; set {key}=${{output_dir}}/... in the config"
                 )
-    missing = [(key, path) for key in INPUT_KEYS for path in [_select(cfg, key)]
+    missing = [(key, path) for key in INPUT_KEYS for path in [_select(cfg, key, cwd)]
                if path is not None and not os.path.exists(path)]
-    return JobDirs(out, logs, ckpt, warnings, missing)
+    return JobDirs(out, logs, ckpt, warnings, missing, errors)
 
 
 def write_overlaid_config(base: str | os.PathLike | None, overlay_yaml: str, dest: str | os.PathLike) -> Path:
@@ -101,11 +117,17 @@ def write_overlaid_config(base: str | os.PathLike | None, overlay_yaml: str, des
         ValueError: the overlay is not a YAML mapping.
     """
     from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+    import yaml
 
-    overlay = OmegaConf.create(overlay_yaml)
-    if not OmegaConf.is_dict(overlay):
-        raise ValueError("the config overlay must be a YAML mapping")
-    merged = OmegaConf.merge(OmegaConf.load(base), overlay) if base is not None else overlay
+    try:
+        overlay = OmegaConf.create(overlay_yaml)
+        if not OmegaConf.is_dict(overlay):
+            raise ValueError("the config overlay must be a YAML mapping")
+        merged = OmegaConf.merge(OmegaConf.load(base), overlay) if base is not None else overlay
+    except (yaml.YAMLError, OmegaConfBaseException, UnicodeDecodeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"the cell body cannot be used as a config ({first})") from None
     dest = Path(dest)
     OmegaConf.save(merged, dest, resolve=False)
     return dest

@@ -8,6 +8,8 @@ lists, follows and stops it through the same records.
 
 from __future__ import annotations
 
+import fcntl
+import math
 import os
 import shutil
 import signal
@@ -180,6 +182,8 @@ class Job:
         Returns:
             The final status (``stopped`` unless the job had already ended).
         """
+        if isinstance(grace_s, bool) or not isinstance(grace_s, (int, float)) or not 0 <= grace_s < math.inf:
+            raise ValueError(f"grace_s={grace_s!r}: give the seconds between SIGTERM and SIGKILL, a number >= 0")
         self.refresh()
         if self._record.status != RUNNING:
             return self._record.status
@@ -315,23 +319,31 @@ def launch(
         JobStartError: the supervisor could not start the job.
     """
     caller_env = dict(os.environ if env is None else env)
-    cwd = os.getcwd() if cwd is None else os.fspath(cwd)
+    cwd = os.path.abspath(os.getcwd() if cwd is None else os.fspath(cwd))
+    if name is not None and not isinstance(name, str):
+        raise PlanError(f"name={name!r}: the job name must be a string")
     if dry_run is None:
         dry_run = dry_run_requested(caller_env)
     tokens = split_args(args)
     job_id = new_job_id()
-    root = jobstore.jobs_root(caller_env)
-    d = Path(tempfile.mkdtemp(prefix="tune_magic_dry_run_")) if dry_run else jobstore.reserve(job_id, root)
-    try:
-        if config_overlay is not None:
+    if dry_run:
+        # nothing is registered; a temporary folder only holds a cell body's config for the preview
+        d = Path(tempfile.mkdtemp(prefix="tune_magic_dry_run_")) if config_overlay is not None else None
+        if d is not None:
             tokens = _apply_overlay(tokens, config_overlay, cwd, d / "config.yaml")
-        result = _plan_and_start(tokens, job_id, d, name=name, gpus=gpus, cwd=cwd, force=force,
-                                 env=caller_env, dry_run=dry_run)
-    except BaseException:
-        if not dry_run:
+        return _plan(tokens, job_id, gpus=gpus, cwd=cwd, env=caller_env, busy={})
+    root = jobstore.jobs_root(caller_env)
+    # one launch at a time checks for clashes and registers, so two cannot both take a directory or GPU
+    with open(root / ".launch.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        d = jobstore.reserve(job_id, root)
+        try:
+            if config_overlay is not None:
+                tokens = _apply_overlay(tokens, config_overlay, cwd, d / "config.yaml")
+            return _start(tokens, job_id, d, name=name, gpus=gpus, cwd=cwd, force=force, env=caller_env)
+        except BaseException:
             shutil.rmtree(d, ignore_errors=True)  # nothing registered, nothing left behind
-        raise
-    return result
+            raise
 
 
 def _apply_overlay(tokens: list[str], overlay: str, cwd: str, dest: Path) -> list[str]:
@@ -345,31 +357,43 @@ def _apply_overlay(tokens: list[str], overlay: str, cwd: str, dest: Path) -> lis
     return tokens
 
 
-def _plan_and_start(tokens: list[str], job_id: str, d: Path, *, name, gpus, cwd, force, env, dry_run) -> "Job | LaunchPlan":
-    running = [] if dry_run else _running(jobstore.list_records())
-    busy = _busy_gpus(running)
+def _plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, busy: dict[int, str]) -> LaunchPlan:
     if isinstance(gpus, str) and gpus.strip() == "auto":
         probe = build_plan(tokens, env=env, cwd=cwd)
         nproc = probe.nproc_per_node or "1"
         n = int(nproc) if nproc.isdigit() else 1
         gpus = gpu_mod.pick_free(n, busy, env)
-    plan = build_plan(tokens, env=env, cwd=cwd, gpus=gpus, job_id=job_id)
-    if dry_run:
-        return plan
+    return build_plan(tokens, env=env, cwd=cwd, gpus=gpus, job_id=job_id)
+
+
+def _same_or_nested(a: str, b: str) -> bool:
+    a, b = Path(os.path.realpath(a)), Path(os.path.realpath(b))
+    return a == b or a in b.parents or b in a.parents
+
+
+def _start(tokens: list[str], job_id: str, d: Path, *, name, gpus, cwd, force, env) -> "Job":
+    running = _running(jobstore.list_records(d.parent))
+    busy = _busy_gpus(running)
+    plan = _plan(tokens, job_id, gpus=gpus, cwd=cwd, env=env, busy=busy)
     if plan.gpus:
         gpu_mod.check_gpus(plan.gpus, busy, force=force, env=env)
-    dirs = resolve_dirs(plan)
+    dirs = resolve_dirs(plan, cwd=cwd)
+    if dirs.errors:
+        raise PlanError(dirs.errors[0] + "; nothing was started")
     if dirs.missing_inputs:
         key, path = dirs.missing_inputs[0]
         shipped = Path(plan.config).is_relative_to(catalog.shipped_root())
         assets = " (the shipped configs use the tiny assets: run tune-magic assets, or tune_magic.make_assets())" if shipped else ""
         raise PlanError(f"{key} {path} does not exist, so every rank would fail at start-up; create it{assets} "
                         f"or override {key}=...")
-    if dirs.output_dir and not force:
+    if not force:
+        mine = [x for x in (dirs.output_dir, dirs.metric_log_dir, dirs.checkpoint_dir) if x]
         for job in running:
-            if job.output_dir == dirs.output_dir:
+            theirs = [x for x in (job.output_dir, job.record.metric_log_dir, job.record.checkpoint_dir) if x]
+            clash = next(((m, t) for m in mine for t in theirs if _same_or_nested(m, t)), None)
+            if clash:
                 raise PlanError(
-                    f"output_dir {dirs.output_dir} is used by running job {job.id}; choose another output_dir=..., "
+                    f"{clash[0]} would share {clash[1]} with running job {job.id}; choose another output_dir=..., "
                     "stop that job, or pass --force / force=True"
                 )
     for message in dirs.warnings:
@@ -396,9 +420,10 @@ def _plan_and_start(tokens: list[str], job_id: str, d: Path, *, name, gpus, cwd,
     jobstore.update(d, supervisor=ProcessRef(sup.pid, ctime))
     job = Job(d)
     deadline = time.monotonic() + START_TIMEOUT_S
-    while job.refresh().record.agent is None and job.record.status == RUNNING:
-        if sup.poll() is not None and job.refresh().record.status == RUNNING:
-            raise JobStartError(f"the supervisor of job {job_id} exited with {sup.returncode}; see {d / jobstore.SUPERVISOR_LOG}")
+    while job.refresh().record.agent is None:
+        if job.record.status != RUNNING or sup.poll() is not None:
+            why = job.record.error or f"the supervisor exited with {sup.poll()}"
+            raise JobStartError(f"job {job_id} did not start: {why}; see {d / jobstore.SUPERVISOR_LOG}")
         if time.monotonic() > deadline:
             raise JobStartError(f"job {job_id} did not start within {START_TIMEOUT_S} s; see {d / jobstore.SUPERVISOR_LOG}")
         time.sleep(0.005)
@@ -432,7 +457,15 @@ def remove(job_id: str) -> None:
         PlanError: the job is still running (stop it first).
         JobNotFound: no such job.
     """
-    job = get_job(job_id)
+    check_job_id(job_id)
+    d = jobstore.job_dir(job_id)
+    try:
+        job = Job(d).refresh()
+    except jobstore.CorruptRecord:
+        if not d.is_dir():
+            raise JobNotFound(f"no job {job_id!r}; tune-magic jobs lists the jobs") from None
+        shutil.rmtree(d)  # an unreadable record: nothing can be signalled or followed through it
+        return
     if job.status == RUNNING:
         raise PlanError(f"job {job_id} is running; stop it first (tune-magic stop {job_id})")
     shutil.rmtree(job.dir)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import tempfile
 from contextlib import contextmanager
@@ -97,7 +98,7 @@ class JobRecord:
 
     @classmethod
     def from_dict(cls, data: Any) -> "JobRecord":
-        """Validate and build a record.
+        """Validate and build a record: every field must have its type (times finite numbers).
 
         Raises:
             CorruptRecord: not a mapping, a required field missing, a field of the wrong type,
@@ -105,30 +106,81 @@ class JobRecord:
         """
         if not isinstance(data, dict):
             raise CorruptRecord("record is not a JSON object")
-        known = {f.name for f in fields(cls)}
-        kwargs = {k: v for k, v in data.items() if k in known}
-        for required, kind in (("id", str), ("name", str), ("cwd", str), ("log_path", str), ("argv", list),
-                               ("env", dict), ("started_at", (int, float))):
-            if not isinstance(kwargs.get(required), kind) or isinstance(kwargs.get(required), bool):
-                raise CorruptRecord(f"field {required!r} missing or not {getattr(kind, '__name__', 'a number')}")
-        if not all(isinstance(a, str) for a in kwargs["argv"]) or not kwargs["argv"]:
+        kwargs = {k: v for k, v in data.items() if k in _FIELD_TYPES}
+        for name, (kinds, required) in _FIELD_TYPES.items():
+            if name not in kwargs:
+                if required:
+                    raise CorruptRecord(f"field {name!r} is missing")
+                continue
+            value = kwargs[name]
+            if value is None and type(None) in kinds:
+                continue
+            if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+                raise CorruptRecord(f"field {name!r} has the wrong type ({type(value).__name__})")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise CorruptRecord(f"field {name!r} is not a finite number")
+        if not kwargs["argv"] or not all(isinstance(a, str) for a in kwargs["argv"]):
             raise CorruptRecord("argv must be a non-empty list of strings")
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in kwargs["env"].items()):
+            raise CorruptRecord("env must map strings to strings")
         if kwargs.get("status", RUNNING) not in STATES:
             raise CorruptRecord(f"unknown status {kwargs.get('status')!r}")
-        try:
-            for key in ("supervisor", "agent"):
-                if kwargs.get(key) is not None:
-                    kwargs[key] = ProcessRef(**kwargs[key])
-            kwargs["workers"] = [ProcessRef(**w) for w in kwargs.get("workers") or []]
-        except TypeError as exc:
-            raise CorruptRecord(f"bad process reference: {exc}") from None
+        for key in ("gpus", "warnings"):
+            if kwargs.get(key) is not None and not all(isinstance(x, int if key == "gpus" else str)
+                                                       for x in kwargs[key]):
+                raise CorruptRecord(f"field {key!r} has items of the wrong type")
+        for key in ("supervisor", "agent"):
+            if kwargs.get(key) is not None:
+                kwargs[key] = _process_ref(kwargs[key])
+        kwargs["workers"] = [_process_ref(w) for w in kwargs.get("workers") or []]
         return cls(**kwargs)
 
 
+def _process_ref(data: Any) -> ProcessRef:
+    if not isinstance(data, dict):
+        raise CorruptRecord("a process reference is not an object")
+    pid, ctime, rank = data.get("pid"), data.get("create_time"), data.get("rank")
+    if (not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0
+            or not isinstance(ctime, (int, float)) or isinstance(ctime, bool) or not math.isfinite(ctime)
+            or not (rank is None or (isinstance(rank, int) and not isinstance(rank, bool)))):
+        raise CorruptRecord(f"bad process reference {data!r}")
+    return ProcessRef(pid, float(ctime), rank)
+
+
+_NUM = (int, float)
+_OPT_STR = (str, type(None))
+# field -> (allowed types, required)
+_FIELD_TYPES: dict[str, tuple[tuple, bool]] = {
+    "id": ((str,), True), "name": ((str,), True), "argv": ((list,), True), "env": ((dict,), True),
+    "cwd": ((str,), True), "log_path": ((str,), True), "started_at": (_NUM, True),
+    "status": ((str,), False), "output_dir": (_OPT_STR, False), "metric_log_dir": (_OPT_STR, False),
+    "checkpoint_dir": (_OPT_STR, False), "gpus": ((list, type(None)), False), "distributed": ((bool,), False),
+    "nproc_per_node": (_OPT_STR, False), "rendezvous": (_OPT_STR, False), "rendezvous_endpoint": (_OPT_STR, False),
+    "supervisor": ((dict, type(None)), False), "agent": ((dict, type(None)), False), "workers": ((list,), False),
+    "ended_at": ((int, float, type(None)), False), "returncode": ((int, type(None)), False),
+    "error": (_OPT_STR, False), "stop_requested": ((bool,), False), "warnings": ((list,), False),
+    "recipe": (_OPT_STR, False), "config": (_OPT_STR, False), "schema": ((int,), False),
+}
+
+
+class StateDirError(ValueError):
+    """``$TUNE_MAGIC_HOME`` cannot hold job records (not a directory, not writable)."""
+
+
 def jobs_root(env=None) -> Path:
-    """Return ``$TUNE_MAGIC_HOME/jobs``, created with mode 0700."""
+    """Return ``$TUNE_MAGIC_HOME/jobs``, created with mode 0700.
+
+    Raises:
+        StateDirError: it cannot be created or is not a writable directory.
+    """
     root = home(env) / "jobs"
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StateDirError(f"cannot use {root} for job records ({exc.strerror or exc}); point TUNE_MAGIC_HOME "
+                            "at a writable directory") from None
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise StateDirError(f"{root} is not writable; point TUNE_MAGIC_HOME at a writable directory")
     return root
 
 
@@ -178,7 +230,7 @@ def _write(d: Path, record: JobRecord) -> None:
 
 
 def read(d: Path) -> JobRecord:
-    """Read and validate the record in job directory ``d``.
+    """Read and validate the record in job directory ``d``; its id must be the directory's name.
 
     Raises:
         CorruptRecord: missing, not JSON, or invalid.
@@ -189,7 +241,10 @@ def read(d: Path) -> JobRecord:
         raise CorruptRecord(f"no record in {d}") from None
     except (OSError, ValueError) as exc:
         raise CorruptRecord(f"unreadable record in {d}: {exc}") from None
-    return JobRecord.from_dict(data)
+    record = JobRecord.from_dict(data)
+    if record.id != d.name:
+        raise CorruptRecord(f"record in {d} names another job id ({record.id!r})")
+    return record
 
 
 @contextmanager
@@ -213,14 +268,19 @@ def update(d: Path, **changes: Any) -> JobRecord:
     return record
 
 
-def list_records(root: Path | None = None) -> list[JobRecord]:
-    """Return every valid record, oldest first; corrupt or half-created ones are skipped."""
+def list_records(root: Path | None = None, skipped: list[Path] | None = None) -> list[JobRecord]:
+    """Return every valid record, oldest first.
+
+    Corrupt or half-created job directories are skipped (appended to ``skipped`` when given);
+    ``tune-magic rm ID`` removes them.
+    """
     root = root or jobs_root()
     out = []
     for d in root.iterdir():
-        if d.is_dir():
+        if d.is_dir() and not d.name.startswith("."):
             try:
                 out.append(read(d))
             except CorruptRecord:
-                continue
+                if skipped is not None:
+                    skipped.append(d)
     return sorted(out, key=lambda r: (r.started_at, r.id))

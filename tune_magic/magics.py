@@ -18,6 +18,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from .cellbody import expand_fields, parse_cell_body
 from .command import PlanError
+from .jobstore import StateDirError
 
 _OWN_VALUE = {"--name", "--gpus"}
 _OWN_SWITCH = {"--force", "--wait", "--dry-run", "-h", "--help"}
@@ -37,6 +38,13 @@ def _split_own(tokens: list[str]) -> tuple[list[str], list[str]]:
         else:
             break
     return tokens[:i], tokens[i:]
+
+
+def _split_line(line: str) -> list[str]:
+    try:
+        return shlex.split(line)
+    except ValueError as exc:
+        raise UsageError(f"cannot split the line ({exc}); close every quote") from None
 
 
 @magics_class
@@ -63,18 +71,19 @@ class TuneMagics(Magics):
         """
         from .jobctl import launch
 
-        try:
-            tokens = shlex.split(line)
-        except ValueError as exc:
-            raise UsageError(f"cannot split the line ({exc}); close every quote") from None
+        tokens = _split_line(line)
         try:
             tokens = [expand_fields(t, self.shell.user_ns) for t in tokens]
             own, rest = _split_own(tokens)
+            misplaced = [t for t in rest if t.split("=", 1)[0] in _OWN_VALUE | _OWN_SWITCH]
+            if misplaced:
+                raise PlanError(f"{misplaced[0]} is an option of %%tune_run itself: put it first, before the "
+                                "torchrun options and the recipe")
             ns = self.tune_run.parser.parse_args(own)
             body = parse_cell_body(cell)
             result = launch(rest + body.overrides, name=ns.name, gpus=ns.gpus, force=ns.force, cwd=os.getcwd(),
                             dry_run=True if ns.dry_run else None, config_overlay=body.config_yaml)
-        except (PlanError, LookupError) as exc:
+        except (PlanError, LookupError, StateDirError) as exc:
             raise UsageError(str(exc)) from None
         if not hasattr(result, "id"):  # a LaunchPlan: dry run
             print(result.command_line())
@@ -117,7 +126,7 @@ class TuneMagics(Magics):
         from .jobctl import get_job
         from .views import JobCard
 
-        ns = self.tune_logs.parser.parse_args(shlex.split(line))
+        ns = self.tune_logs.parser.parse_args(_split_line(line))
         try:
             job = get_job(ns.job)
         except (PlanError, LookupError) as exc:
@@ -134,9 +143,11 @@ class TuneMagics(Magics):
         """Stop a job (SIGTERM to torchrun, then SIGKILL to what is left), or every running job."""
         from .jobctl import get_job, jobs
 
-        ns = self.tune_stop.parser.parse_args(shlex.split(line))
+        ns = self.tune_stop.parser.parse_args(_split_line(line))
         if bool(ns.job) == ns.all:
-            raise UsageError("give a job id or --all")
+            raise UsageError("give a job id or --all, not both" if ns.all else "give a job id or --all")
+        if not 0 <= ns.grace < float("inf"):
+            raise UsageError(f"--grace {ns.grace}: give the seconds between SIGTERM and SIGKILL, a number >= 0")
         try:
             targets = [j for j in jobs() if j.status == "running"] if ns.all else [get_job(ns.job)]
         except (PlanError, LookupError) as exc:

@@ -23,6 +23,20 @@ class TorchrunOption:
     dest: str
     spellings: tuple[str, ...]
     takes_value: bool
+    type: object = None
+    choices: tuple | None = None
+
+    def check(self, value: str) -> str | None:
+        """Return why torchrun's parser would reject ``value`` for this option, or ``None``."""
+        if self.type not in (None, str):
+            try:
+                self.type(value)
+            except (TypeError, ValueError):
+                name = getattr(self.type, "__name__", "the right type")
+                return f"{self.display} {value!r} is not {'an ' if name[0] in 'aeiou' else 'a '}{name}"
+        if self.choices is not None and value not in self.choices:
+            return f"{self.display} {value!r} is not one of {', '.join(map(str, self.choices))}"
+        return None
 
     @property
     def env_var(self) -> str:
@@ -47,26 +61,28 @@ def options() -> dict[str, TorchrunOption]:
     for action in get_args_parser()._actions:
         if not action.option_strings or action.dest == "help":
             continue
-        opt = TorchrunOption(action.dest, tuple(action.option_strings), action.nargs != 0)
+        opt = TorchrunOption(action.dest, tuple(action.option_strings), action.nargs != 0, action.type,
+                             tuple(action.choices) if action.choices is not None else None)
         for spelling in action.option_strings:
             table[spelling] = opt
     return table
 
 
 def lookup(token: str) -> TorchrunOption | None:
-    """Find the option a token names, as torchrun's parser would.
+    """Find the option a token names exactly (``--nproc-per-node``, ``--nproc_per_node``, ``-r``).
 
-    Accepts exact spellings and unambiguous prefixes of long options (argparse's ``allow_abbrev``,
-    which torchrun keeps on). ``token`` is the part before any ``=``.
+    ``token`` is the part before any ``=``. Abbreviations are not resolved here: argparse's
+    handling of them differs between Python versions (3.11 calls ``--nproc`` ambiguous between the
+    two spellings of one option), so :func:`abbreviation_of` is used to name the full spelling.
 
     Returns:
-        The option, or ``None`` if the token names no torchrun option (or an ambiguous prefix).
+        The option, or ``None``.
     """
-    table = options()
-    if token in table:
-        return table[token]
-    if token.startswith("--") and len(token) > 2:
-        hits = {opt for spelling, opt in table.items() if spelling.startswith(token)}
-        if len(hits) == 1:
-            return hits.pop()
-    return None
+    return options().get(token)
+
+
+def abbreviation_of(token: str) -> list[str]:
+    """Return the long spellings that ``token`` abbreviates (``--nproc`` -> both nproc spellings)."""
+    if not token.startswith("--") or len(token) <= 2:
+        return []
+    return sorted(s for s in options() if s.startswith("--") and s.startswith(token))

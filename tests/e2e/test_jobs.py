@@ -214,7 +214,7 @@ def test_bad_input_starts_and_signals_nothing(fake_gpus, cleanup_jobs, tmp_path)
         (lambda: J.get_job(".."), PlanError, "not valid"),
         (lambda: J.get_job("20990101-000000-abcdef"), J.JobNotFound, "no job"),
         (lambda: J.launch(toy_args(nproc=None), gpus="7"), PlanError, "GPU 7 does not exist"),
-        (lambda: J.launch(toy_args(f"output_dir={tmp_path}/shared")), PlanError, "is used by running job"),
+        (lambda: J.launch(toy_args(f"output_dir={tmp_path}/shared")), PlanError, "would share .* with running job"),
         (lambda: J.launch("--nnodes 2 " + toy_args()), PlanError, "endpoint"),
     ]
     for call, exc, words in cases:
@@ -250,3 +250,41 @@ def test_cli_run_wait_jobs_stop_rm(tmp_path):
     assert cli("rm", "--finished").returncode == 0
     assert cli("jobs", "--json").stdout.strip() in ("[]",) or all(
         j["status"] == "running" for j in __import__("json").loads(cli("jobs", "--json").stdout))
+
+
+def test_simultaneous_launches_cannot_both_take_one_output_dir(tmp_path, cleanup_jobs):
+    import threading
+
+    results, barrier = [], threading.Barrier(2)
+
+    def go():
+        barrier.wait()
+        try:
+            results.append(J.launch(toy_args("steps=1000", "step_s=0.1", f"output_dir={tmp_path}/race")))
+        except PlanError as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=go) for _ in range(2)]
+    [t.start() for t in threads]
+    [t.join(120) for t in threads]
+    jobs = [r for r in results if isinstance(r, J.Job)]
+    cleanup_jobs += jobs
+    errors = [r for r in results if isinstance(r, PlanError)]
+    assert len(jobs) == 1 and len(errors) == 1 and "would share" in str(errors[0])
+    # the same directory through a symlink, and a directory inside it, clash too
+    (tmp_path / "link").symlink_to(tmp_path)
+    with pytest.raises(PlanError, match="would share"):
+        J.launch(toy_args(f"output_dir={tmp_path}/link/race"))
+    with pytest.raises(PlanError, match="would share"):
+        J.launch(toy_args(f"output_dir={jobs[0].output_dir}/inner"))
+    assert jobs[0].stop(grace_s=5) == "stopped"
+
+
+def test_supervisor_dying_at_start_is_a_start_error(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    # a broken environment: every Python started with it exits at once
+    (site / "sitecustomize.py").write_text("import os\nos._exit(3)\n")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    with pytest.raises(J.JobStartError, match="did not start"):
+        J.launch(toy_args("steps=2"), env=env)

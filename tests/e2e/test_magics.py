@@ -143,6 +143,12 @@ def test_bad_input_is_a_usage_error(ip):
         ip.run_cell_magic("tune_run", "--nnodes 2 " + toy_args(), "# x\n")
     with pytest.raises(UsageError, match="missing --config"):
         ip.run_line_magic("tune_run", "lora_finetune")
+    with pytest.raises(UsageError, match="--gpus is an option of %%tune_run itself: put it first"):
+        ip.run_line_magic("tune_run", "lora_finetune --config tiny/lora --gpus 0")
+    with pytest.raises(UsageError, match="close every quote"):
+        ip.run_line_magic("tune_logs", '"x')
+    with pytest.raises(UsageError, match="--grace"):
+        ip.run_line_magic("tune_stop", "--grace -1 20990101-000000-abcdef")
 
 
 def test_dry_run_env_makes_every_launch_a_dry_run(ip, monkeypatch):
