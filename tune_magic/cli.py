@@ -306,12 +306,15 @@ def _usage() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``tune-magic``. Returns the exit status (0 ok, 2 bad input)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
+    if argv and argv[0] in ("-h", "--help"):
         print(_usage())
-        return 0 if argv else EXIT_USAGE
+        return 0
+    if not argv:
+        print(f"{_usage()}\ntune-magic: error: give a command", file=sys.stderr)
+        return EXIT_USAGE
     name, rest = argv[0], argv[1:]
     if name not in _COMMANDS:
-        print(f"tune-magic: unknown command {name!r}\n{_usage()}", file=sys.stderr)
+        print(f"{_usage()}\ntune-magic: error: unknown command {name!r}", file=sys.stderr)
         return EXIT_USAGE
     try:
         return _COMMANDS[name][0](rest)

@@ -66,7 +66,7 @@ class TuneMagics(Magics):
 
         The cell body is either a YAML config (merged over --config when both are given, saved in
         the job's directory) or key=value override lines; # comments are allowed. {name} in the line
-        expands from the notebook namespace; ${...} is left for OmegaConf. Without an endpoint of
+        and in override lines expands from the notebook namespace; ${...} is left for OmegaConf. Without an endpoint of
         your own, torchrun gets --standalone (an OS-chosen port), so jobs side by side never collide.
         """
         from .jobctl import launch
@@ -81,7 +81,8 @@ class TuneMagics(Magics):
                                 "torchrun options and the recipe")
             ns = self.tune_run.parser.parse_args(own)
             body = parse_cell_body(cell)
-            result = launch(rest + body.overrides, name=ns.name, gpus=ns.gpus, force=ns.force, cwd=os.getcwd(),
+            overrides = [expand_fields(t, self.shell.user_ns) for t in body.overrides]
+            result = launch(rest + overrides, name=ns.name, gpus=ns.gpus, force=ns.force, cwd=os.getcwd(),
                             dry_run=True if ns.dry_run else None, config_overlay=body.config_yaml)
         except (PlanError, LookupError, StateDirError) as exc:
             raise UsageError(str(exc)) from None

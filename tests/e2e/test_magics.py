@@ -128,6 +128,11 @@ def test_var_expansion_keeps_omegaconf_and_undefined_names_fail(ip):
     assert "steps=7" in plan.argv and "note=${oc.env:HOME}" in plan.argv
     with pytest.raises(UsageError, match="'undefined_thing' is not defined"):
         ip.run_cell_magic("tune_run", toy_args("steps={undefined_thing}"), "# none\n")
+    # override lines in the body expand too (a literal {n_steps} would reach the recipe and fail there)
+    plan = ip.run_cell_magic("tune_run", "--dry-run " + toy_args(), "steps={n_steps}\nnote=${oc.env:HOME}\n")
+    assert "steps=7" in plan.argv and "note=${oc.env:HOME}" in plan.argv
+    with pytest.raises(UsageError, match="'undefined_in_body' is not defined"):
+        ip.run_cell_magic("tune_run", toy_args(), "steps={undefined_in_body}\n")
     assert record_ids() == before  # a dry run registers nothing; an error starts nothing
 
 
