@@ -36,6 +36,8 @@ DRY_RUN_ENV = "TUNE_MAGIC_DRY_RUN"
 #: Seconds launch() waits for the supervisor to record the job's pid.
 START_TIMEOUT_S = 30.0
 _CREATE_TIME_TOLERANCE_S = 0.05
+#: Seconds between checks that a running job's supervisor is still alive (see Job.refresh).
+LIVENESS_CHECK_S = 1.0
 
 
 class JobNotFound(LookupError):
@@ -78,23 +80,36 @@ class Job:
     def __init__(self, directory: Path, record: JobRecord | None = None):
         self.dir = Path(directory)
         self._record = record or jobstore.read(self.dir)
+        self._stamp: tuple | None = None  # identity of the record file last read
+        self._checked = 0.0  # monotonic time of the last liveness check
 
     # -- state --------------------------------------------------------------------------------
     def refresh(self) -> "Job":
-        """Re-read the record; settle a job whose supervisor vanished without recording an exit."""
-        self._record = jobstore.read(self.dir)
+        """Re-read the record if it changed; settle a job whose supervisor vanished without
+        recording an exit (checked at most every :data:`LIVENESS_CHECK_S` seconds).
+
+        Cheap when nothing changed (one ``stat``), so views can call it several times a second.
+        """
+        stamp = jobstore.stamp(self.dir)
+        if stamp is None or stamp != self._stamp:
+            self._record = jobstore.read(self.dir)
+            self._stamp = stamp
         r = self._record
-        if r.status == RUNNING and r.supervisor is not None and _alive(r.supervisor) is None:
-            time.sleep(0.05)  # the supervisor may be writing its final record right now
-            self._record = r = jobstore.read(self.dir)
-            if r.status == RUNNING and _alive(r.agent) is None and _alive(r.supervisor) is None:
-                with jobstore.locked(self.dir) as rec:
-                    if rec.status == RUNNING:
-                        rec.status = STOPPED if rec.stop_requested else FAILED
-                        rec.ended_at = rec.ended_at or time.time()
-                        if rec.status == FAILED:
-                            rec.error = rec.error or "the job's supervisor exited without recording an exit code"
-                self._record = jobstore.read(self.dir)
+        now = time.monotonic()
+        if r.status == RUNNING and r.supervisor is not None and now - self._checked >= LIVENESS_CHECK_S:
+            self._checked = now
+            if _alive(r.supervisor) is None:
+                time.sleep(0.05)  # the supervisor may be writing its final record right now
+                self._record = r = jobstore.read(self.dir)
+                if r.status == RUNNING and _alive(r.agent) is None:
+                    with jobstore.locked(self.dir) as rec:
+                        if rec.status == RUNNING:
+                            rec.status = STOPPED if rec.stop_requested else FAILED
+                            rec.ended_at = rec.ended_at or time.time()
+                            if rec.status == FAILED:
+                                rec.error = rec.error or "the job's supervisor exited without recording an exit code"
+                    self._record = jobstore.read(self.dir)
+                self._stamp = None
         return self
 
     @property

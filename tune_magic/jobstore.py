@@ -229,6 +229,16 @@ def _write(d: Path, record: JobRecord) -> None:
         raise
 
 
+def stamp(d: Path) -> tuple | None:
+    """Return an identity of ``d``'s record file that changes with every write (inode, mtime,
+    size), or ``None`` if it cannot be read. Lets readers skip re-parsing an unchanged record."""
+    try:
+        st = os.stat(d / RECORD)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
 def read(d: Path) -> JobRecord:
     """Read and validate the record in job directory ``d``; its id must be the directory's name.
 

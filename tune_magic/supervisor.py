@@ -26,6 +26,8 @@ from .failure import describe_failure
 from .jobstore import FAILED, STOPPED, SUCCEEDED, ProcessRef
 
 POLL_S = 0.2
+#: Seconds between looks for worker processes once they have been found.
+DISCOVERY_SLOW_S = 5.0
 #: Bytes from the end of the log read to explain a failure.
 FAILURE_TAIL_BYTES = 256 * 1024
 
@@ -88,9 +90,15 @@ def supervise(job_dir: Path) -> int:
     agent = psutil.Process(child.pid)
     jobstore.update(job_dir, agent=ProcessRef(child.pid, agent.create_time()))
     known: tuple = ()
+    next_look = 0.0
+    expected = int(record.nproc_per_node) if (record.nproc_per_node or "").isdigit() else 1
     while child.poll() is None:
-        if record.distributed:
+        # look for workers often until all are known, then rarely (restarts): every look reads
+        # /proc of each child, which steals CPU from the job on a small machine
+        if record.distributed and time.monotonic() >= next_look:
             workers, endpoint = discover_workers(agent)
+            complete = len(workers) >= expected and endpoint is not None
+            next_look = time.monotonic() + (DISCOVERY_SLOW_S if complete else 0.0)
             key = (tuple((w.pid, w.rank) for w in workers), endpoint)
             if workers and key != known:
                 known = key

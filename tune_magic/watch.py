@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from .follow import JobMetricsFollower
@@ -101,15 +101,20 @@ class JobWatcher:
         tail_lines: log lines kept in snapshots.
         max_points: most points of the loss curve handed to a chart (older ones thinned; the full
             series stays on disk).
+        max_interval_s: while nothing changes the poll interval backs off (x1.5 a poll) up to this,
+            so idle jobs cost almost nothing; any change brings it back to ``interval_s``.
     """
 
     def __init__(self, job: Job, sink: Callable[[JobSnapshot], None] | None = None, *,
-                 interval_s: float = 0.25, tail_lines: int = 20, max_points: int = 2000):
+                 interval_s: float = 0.25, tail_lines: int = 20, max_points: int = 2000,
+                 max_interval_s: float = 1.0):
         self.job = job
         self.sink = sink
         self.interval_s = interval_s
         self.tail_lines = tail_lines
         self.max_points = max_points
+        self.max_interval_s = max(max_interval_s, interval_s)
+        self.changed = False  # whether the last poll found something new
         r = job.record
         self.follower = JobMetricsFollower(r.log_path, log_dir=r.metric_log_dir, started_after=r.started_at - 1,
                                            max_lines=max(tail_lines, 1), cwd=r.cwd)
@@ -142,9 +147,12 @@ class JobWatcher:
             step=last.step if last else None, loss=last.value if last else None,
             error=r.error, returncode=r.returncode,
         )
-        changed = self._last is None or snap != self._last
+        last = self._last
+        # elapsed time moves on every poll; "changed" means the job wrote something or changed state
+        self.changed = last is None or replace(snap, elapsed_s=0.0) != replace(last, elapsed_s=0.0)
+        ticked = last is None or int(snap.elapsed_s) != int(last.elapsed_s)
         self._last = snap
-        if changed and self.sink is not None:
+        if (self.changed or ticked) and self.sink is not None:
             self.sink(snap)
         return snap
 
@@ -154,6 +162,7 @@ class JobWatcher:
         return self._finished
 
     def _run(self) -> None:
+        delay = self.interval_s
         while not self._stop.is_set():
             try:
                 self.poll_once()
@@ -161,7 +170,9 @@ class JobWatcher:
                 pass
             if self._finished:
                 return
-            self._stop.wait(self.interval_s)
+            # elapsed time changes every poll; "changed" means the job wrote or changed state
+            delay = self.interval_s if self.changed else min(delay * 1.5, self.max_interval_s)
+            self._stop.wait(delay)
 
     def start(self) -> "JobWatcher":
         """Start the daemon thread ``tune_magic-watch-<job id>``; return self."""
