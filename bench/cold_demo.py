@@ -34,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keep", action="store_true", help="keep the copy")
     args = ap.parse_args(argv)
+    sys.path.insert(0, str(REPO))
+    from bench.run import _exclusive
+
+    lock = _exclusive()  # noqa: F841  (never overlap a benchmark run)
     tmp = Path(tempfile.mkdtemp(prefix="tune_magic_cold_"))
     copy = tmp / "repo"
     home = tmp / "home"
@@ -56,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
             "date": time.strftime("%Y-%m-%d"), "wall_s": round(t2 - t0, 1), "setup_s": round(t1 - t0, 1),
             "demo_s": round(t2 - t1, 1), "demo_exit": demo.returncode, "cpus": os.cpu_count(),
             "note": (f"pip's download cache {'existed' if pip_cache.is_dir() else 'did not exist'} at the start "
-                     f"({pip_cache}); the demo exited {demo.returncode}."),
+                     f"({pip_cache}); wheels came from the machine's local wheel dirs/indexes "
+                     f"(PIP_FIND_LINKS={os.environ.get('PIP_FIND_LINKS', '-')}); the demo exited {demo.returncode}."),
         }
         (REPO / "bench" / "cold_demo.json").write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps(result, indent=1))

@@ -186,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         _write_benchmarks(json.loads(RESULTS.read_text()))
         return 0
     selected = _select(args.only)
+    lock = _exclusive()  # noqa: F841  (held until exit: runs on one machine never overlap)
     mach = machine()
     start = time.perf_counter()
     rows, seconds = [], {}
@@ -239,6 +240,27 @@ def _write_benchmarks(results: dict) -> None:
                 r["ratio"] = f"warm/cold {r['data']['wall_s'] / cold['wall_s']:.2f}"
     BENCHMARKS.write_text(render(results["rows"], results["machine"], results["seconds"], cold))
     print(f"wrote {BENCHMARKS.relative_to(REPO)} from {RESULTS.relative_to(REPO)}", file=sys.stderr)
+
+
+def _exclusive():
+    """Hold an exclusive lock so that two benchmark runs never overlap (they would skew each other's
+    times and share bench/out/); a second run waits for the first. Returns the open lock file."""
+    import fcntl
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    f = open(OUT / ".run.lock", "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        print(f"bench: another bench/run.py is running ({f.read().strip() or 'pid unknown'}); waiting for it",
+              file=sys.stderr, flush=True)
+        fcntl.flock(f, fcntl.LOCK_EX)
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()}, started {time.strftime('%H:%M:%S')}\n")
+    f.flush()
+    return f
 
 
 def _order(r: dict) -> tuple:

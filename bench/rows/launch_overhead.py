@@ -12,7 +12,9 @@ taken per pair. Both must train every step (the DiskLogger file has one line per
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
+import time
 from pathlib import Path
 from time import perf_counter
 
@@ -43,14 +45,31 @@ def run(quick: bool) -> list[dict]:
     tune_magic.build_plan(args, job_id=new_job_id(), cwd=REPO)
     first_plan_s = perf_counter() - t
     a_s, b_s, ratios, jobs, ids = [], [], [], [], []
+    cpu: dict[str, list[float]] = {"A": [], "B": []}
+    fixed: dict[str, list[float]] = {"launch": [], "end": []}
+
+    def children_cpu() -> float:
+        """CPU seconds of this process's reaped children and their reaped descendants."""
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
 
     def via_tune_magic() -> float:
+        c0 = children_cpu()
         t = perf_counter()
         job = tune_magic.launch(args, cwd=REPO)
+        fixed["launch"].append(perf_counter() - t)  # the agent starts this much later than with Popen
         jobs.append(job)
         ids.append(job.id)
         status = job.wait(timeout=900)
         wall = perf_counter() - t
+        fixed["end"].append(time.time() - job.record.ended_at)  # supervisor's recorded end -> wait() returns
+        # the supervisor is this process's child: reap it now, so its CPU and that of the job it
+        # waited for (torchrun agent + workers) count for this run
+        try:
+            os.waitpid(job.record.supervisor.pid, 0)
+        except ChildProcessError:
+            pass  # reaped already (subprocess reaps abandoned children on a later Popen)
+        cpu["A"].append(children_cpu() - c0)
         if status != "succeeded" or _metric_lines(job.output_dir) != steps:
             raise RuntimeError(f"tune_magic run {job.id}: {status}, {_metric_lines(job.output_dir)} metric lines; "
                                f"error {job.error}")
@@ -62,10 +81,12 @@ def run(quick: bool) -> list[dict]:
         plan = tune_magic.build_plan(args, job_id=job_id, cwd=REPO)
         logfile = home / f"direct_{job_id}.log"
         with open(logfile, "wb") as out:
+            c0 = children_cpu()
             t = perf_counter()
             proc = subprocess.run(plan.argv, env={**os.environ, **plan.env}, cwd=REPO, stdin=subprocess.DEVNULL,
                                   stdout=out, stderr=subprocess.STDOUT, timeout=900)
             wall = perf_counter() - t
+            cpu["B"].append(children_cpu() - c0)
         if proc.returncode != 0 or _metric_lines(resolve_dirs(plan).output_dir) != steps:
             raise RuntimeError(f"direct run {job_id}: exit {proc.returncode}; see {logfile}")
         return wall
@@ -84,11 +105,27 @@ def run(quick: bool) -> list[dict]:
     finally:
         stop_all(jobs)
     left = leftovers(ids)
+    cpu_ratios = [a / b for a, b in zip(cpu["A"], cpu["B"])]
     med_r = median(ratios)
     met = med_r is not None and med_r <= GOAL
     note = (f"{steps} steps per run. Not timed: the first plan in the process ({first_plan_s:.2f} s, it imports torch "
             f"for torchrun's flags; row 1 reports first-launch time). Supervisor-recorded job time (ended_at − started_at) median "
-            f"{median([j.ended_at - j.started_at for j in jobs]):.2f} s. Leftover processes: {len(left)}.")
+            f"{median([j.ended_at - j.started_at for j in jobs]):.2f} s. CPU time of everything each run started "
+            f"(getrusage of reaped children: supervisor + torchrun agent + workers vs agent + workers): A median "
+            f"{median(cpu['A']):.2f} s, B {median(cpu['B']):.2f} s, per-pair CPU ratio median {median(cpu_ratios):.4f} "
+            f"(spread {min(cpu_ratios):.4f}–{max(cpu_ratios):.4f}). Leftover processes: {len(left)}.")
+    f_launch, f_end = median(fixed["launch"]), median(fixed["end"])
+    f_total = f_launch + f_end + 0.025  # + the supervisor's mean delay noticing the agent's exit (≤ 0.05 s)
+    note += (f" Fixed costs measured per run: `launch()` returns (and the torchrun agent has started) after "
+             f"{f_launch:.3f} s median, where `Popen` takes milliseconds; from the supervisor recording the end to "
+             f"`wait()` returning {f_end:.3f} s median; with ~0.025 s for the supervisor to notice the exit, about "
+             f"{f_total:.2f} s in all, {100 * f_total / median(b_s):.1f}% of the direct run's median: the expected "
+             f"ratio is about {1 + f_total / median(b_s):.3f}.")
+    if met and len(ratios) > 1:
+        note += (f" Per-pair ratios spread {min(ratios):.3f}–{max(ratios):.3f}: the job's own run-to-run noise on this "
+                 "2-core machine is wider than the 3% goal, so the median meets the goal but the run cannot resolve "
+                 "an overhead of a few percent; tune_magic's fixed costs are about 0.1–0.3 s (supervisor start, "
+                 "end detection), i.e. 1–3% of a ~10 s job.")
     if not met:
         ordered = sorted(ratios)
         q1, q3 = ordered[len(ordered) // 4], ordered[(3 * len(ordered)) // 4]
@@ -110,7 +147,8 @@ def run(quick: bool) -> list[dict]:
         how=f"LoRA `tiny/lora`, 2 processes, {steps} steps, {pairs} alternated A/B pair(s)",
         spread_text=f"ratios {spread(ratios, unit='', digits=4)}; A {spread(a_s, digits=2)}; B {spread(b_s, digits=2)}",
         note=note,
-        data={"steps": steps, "tune_magic_s": a_s, "direct_s": b_s, "ratios": ratios, "leftovers": left},
+        data={"steps": steps, "tune_magic_s": a_s, "direct_s": b_s, "ratios": ratios, "cpu_s": cpu,
+              "cpu_ratios": cpu_ratios, "fixed_s": fixed, "leftovers": left},
     )]
 
 
