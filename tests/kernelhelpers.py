@@ -91,7 +91,11 @@ class IOPubCounter:
     """Counts every IOPub message a kernel broadcasts (all cells, and between cells), with sizes."""
 
     def __init__(self, kernel: Kernel):
-        self.kc = kernel.km.client()
+        import zmq
+
+        # its own zmq context: stopping this listener must never touch the test's main client
+        self._context = zmq.Context()
+        self.kc = kernel.km.client(context=self._context)
         self.kc.start_channels(shell=False, stdin=False, hb=False, control=False)
         self.events: list[tuple[float, int, str]] = []  # (time, bytes, msg_type)
         self._stop = threading.Event()
@@ -111,6 +115,7 @@ class IOPubCounter:
         self._stop.set()
         self._thread.join(5)
         self.kc.stop_channels()
+        self._context.destroy(linger=0)
 
     def worst_window(self, start: float, end: float, window_s: float = 3.0) -> tuple[float, float]:
         """Highest (messages/s, bytes/s) averaged over any ``window_s`` window in [start, end]."""

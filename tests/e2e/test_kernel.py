@@ -112,10 +112,10 @@ def test_300k_lines_stay_within_iopub_limits(kernel):
         time.sleep(0.5)
     time.sleep(0.5)
     end = time.monotonic()
-    counter.stop()
     log_lines = sum(1 for _ in open(job.log_path, "rb"))
     assert log_lines >= 300_000
     tail = kernel.value(f"{card}.log_tail.value")
+    counter.stop()
     assert "toy recipe done" in tail
     assert len(tail) < 20_000  # a bounded tail, not the log
     updates = [e for e in counter.events if start <= e[0] <= end and e[2] == "comm_msg"]
