@@ -169,7 +169,26 @@ class Job:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {self.id} still running after {timeout} s")
             time.sleep(poll_s)
+        self._settle_supervisor()
         return self._record.status
+
+    def _settle_supervisor(self, timeout: float = 5.0) -> None:
+        """Let an ended job's supervisor finish exiting (it writes the final record, then exits),
+        and reap it if this process started it, so neither it nor a zombie is left behind."""
+        ref = self._record.supervisor
+        supervisor = _alive(ref)
+        if supervisor is not None:
+            try:
+                supervisor.wait(timeout)  # psutil reaps it when it is our child
+            except (psutil.Error, psutil.TimeoutExpired):
+                pass
+        elif ref is not None:  # exited already: if it is our zombie child, reap it
+            try:
+                proc = psutil.Process(ref.pid)
+                if proc.ppid() == os.getpid() and abs(proc.create_time() - ref.create_time) <= _CREATE_TIME_TOLERANCE_S:
+                    os.waitpid(ref.pid, os.WNOHANG)
+            except (psutil.Error, ChildProcessError):
+                pass
 
     def _processes(self) -> list[psutil.Process]:
         r = self._record
@@ -229,9 +248,7 @@ class Job:
             if _alive(self._record.supervisor) is None:
                 jobstore.update(self.dir, status=STOPPED, ended_at=time.time())
             time.sleep(0.05)
-        supervisor = _alive(self._record.supervisor)
-        if supervisor is not None:  # it has recorded the exit; let it finish so nothing is left
-            psutil.wait_procs([supervisor], timeout=5)
+        self._settle_supervisor()  # it has recorded the exit; let it finish so nothing is left
         return self.status
 
     def metric_points(self) -> list:

@@ -166,7 +166,9 @@ def test_rank1_crash_is_failed_with_rank_and_message(cleanup_jobs):
     assert job.wait(TIMEOUT) == "failed"
     assert job.returncode != 0
     assert job.error == "rank 1: RuntimeError: rank one blew up on purpose"
-    assert_no_orphans(job)
+    assert_no_orphans(job)  # regression: the supervisor was still exiting when wait() returned
+    zombies = [p.pid for p in psutil.Process().children() if p.status() == psutil.STATUS_ZOMBIE]
+    assert job.record.supervisor.pid not in zombies  # regression: ended supervisors stayed zombies
 
 
 LAUNCHER = """
