@@ -15,14 +15,19 @@ __version__ = "0.1.0"
 _API = {
     "build_plan": "command",
     "LaunchPlan": "command",
-    "PlanError": "command",
+    "PlanError": "errors",
+    "TuneMagicError": "errors",
+    "UserError": "errors",
+    "JobStartError": "errors",
+    "StateDirError": "errors",
+    "Status": "status",
     "home": "paths",
     "make_assets": "assets",
     "launch": "jobctl",
     "jobs": "jobctl",
     "get_job": "jobctl",
     "Job": "jobctl",
-    "JobNotFound": "jobctl",
+    "JobNotFound": "errors",
     "Panel": "panel",
 }
 

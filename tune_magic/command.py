@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from . import catalog
+from .errors import PlanError
 from .paths import HOME_ENV, home
 from .torchrun_options import TorchrunOption, lookup
 
@@ -44,8 +45,6 @@ _JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z0-9_\-]+|\[[^\]]*\])*$")
 
 
-class PlanError(ValueError):
-    """Bad ``tune run`` input. The message says what is wrong and how to fix it."""
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from . import catalog
 from . import gpus as gpu_mod
 from . import jobstore
 from .command import LaunchPlan, PlanError, build_plan, check_job_id, resolve_config, split_args, with_config
+from .errors import JobNotFound, JobStartError
 from .configview import resolve_dirs, write_overlaid_config
 from .ids import new_job_id
 from .jobstore import FAILED, RUNNING, STOPPED, SUCCEEDED, JobRecord, ProcessRef
@@ -38,14 +39,6 @@ START_TIMEOUT_S = 30.0
 _CREATE_TIME_TOLERANCE_S = 0.05
 #: Seconds between checks that a running job's supervisor is still alive (see Job.refresh).
 LIVENESS_CHECK_S = 1.0
-
-
-class JobNotFound(LookupError):
-    """No job with that id in the registry."""
-
-
-class JobStartError(RuntimeError):
-    """The supervisor did not start the job."""
 
 
 def dry_run_requested(env: Mapping[str, str] | None = None) -> bool:

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator
 
+from .errors import StateDirError
 from .paths import home
 
 RECORD = "record.json"
@@ -161,10 +162,6 @@ _FIELD_TYPES: dict[str, tuple[tuple, bool]] = {
     "error": (_OPT_STR, False), "stop_requested": ((bool,), False), "warnings": ((list,), False),
     "recipe": (_OPT_STR, False), "config": (_OPT_STR, False), "schema": ((int,), False),
 }
-
-
-class StateDirError(ValueError):
-    """``$TUNE_MAGIC_HOME`` cannot hold job records (not a directory, not writable)."""
 
 
 def jobs_root(env=None) -> Path:

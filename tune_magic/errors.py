@@ -1,0 +1,44 @@
+"""tune_magic's exception tree. Imports nothing, so every module (and the supervisor) can use it.
+
+::
+
+    TuneMagicError                      anything tune_magic raises on purpose
+    ├── UserError                       a mistake the user can fix; the message names the fix
+    │   ├── PlanError (ValueError)      bad ``tune run`` input, bad options, clashes at launch
+    │   │   └── GpuError                GPU ids that do not exist, are not visible, or are busy
+    │   ├── JobNotFound (LookupError)   no job with that id
+    │   └── StateDirError (ValueError)  ``$TUNE_MAGIC_HOME`` cannot hold job records
+    └── JobStartError (RuntimeError)    the job's supervisor did not start it
+
+Each public exception keeps a builtin base as well (``PlanError`` is still a ``ValueError``,
+``JobNotFound`` a ``LookupError``), so code written against the builtins keeps working. The
+magics and the CLI turn :class:`UserError` (and only that) into ``UsageError`` / exit 2; anything
+else is a bug or a start failure and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class TuneMagicError(Exception):
+    """Base of every exception tune_magic raises on purpose."""
+
+
+class UserError(TuneMagicError):
+    """A user mistake: the message says what is wrong and how to fix it; nothing was started."""
+
+
+class PlanError(UserError, ValueError):
+    """Bad ``tune run`` input. The message says what is wrong and how to fix it."""
+
+
+class JobNotFound(UserError, LookupError):
+    """No job with that id in the registry."""
+
+
+class StateDirError(UserError, ValueError):
+    """``$TUNE_MAGIC_HOME`` cannot hold job records (not a directory, not writable, a symlink
+    where a real directory is needed, or the disk is full)."""
+
+
+class JobStartError(TuneMagicError, RuntimeError):
+    """The supervisor did not start the job (the message says why and where its log is)."""
