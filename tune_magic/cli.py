@@ -13,7 +13,7 @@ import time
 from typing import Callable, Sequence
 
 from .command import PlanError, build_plan
-from .jobstore import StateDirError
+from .errors import StateDirError
 
 EXIT_USAGE = 2
 
@@ -120,7 +120,7 @@ def _stream_log(job, out=None, poll_s: float = 0.2) -> None:
         except FileNotFoundError:
             pass
 
-    while job.status == "running":
+    while job.status.is_live:
         pump()
         time.sleep(poll_s)
     pump()
@@ -203,7 +203,7 @@ def _logs(argv: Sequence[str]) -> int:
 
 
 def _stop(argv: Sequence[str]) -> int:
-    from .jobctl import get_job, jobs
+    from .jobctl import damaged_live_jobs, get_job, jobs
 
     parser = argparse.ArgumentParser(prog="tune-magic stop", description="Stop a running job (or all).")
     parser.add_argument("job", nargs="?", help="job id")
@@ -212,7 +212,7 @@ def _stop(argv: Sequence[str]) -> int:
     ns = parser.parse_args(argv)
     if bool(ns.job) == ns.all:
         raise CliError("give a job id or --all, not both" if ns.all else "give a job id or --all")
-    targets = [j for j in jobs() if j.record.status == "running"] if ns.all else [get_job(ns.job)]
+    targets = ([j for j in jobs() if j.record.state.is_live] + damaged_live_jobs()) if ns.all else [get_job(ns.job)]
     for job in targets:
         print(f"{job.id} {job.stop(grace_s=ns.grace)}")
     return 0
@@ -234,7 +234,7 @@ def _rm(argv: Sequence[str]) -> int:
     ns = parser.parse_args(argv)
     if bool(ns.job) == ns.finished:
         raise CliError("give a job id or --finished")
-    ids = [j.id for j in jobs() if j.record.status != "running"] if ns.finished else [ns.job]
+    ids = [j.id for j in jobs() if not j.record.state.is_live] if ns.finished else [ns.job]
     for job_id in ids:
         remove(job_id)
         print(f"removed {job_id}")

@@ -154,7 +154,7 @@ def run_demo(out: Path | None = None, notebook: Path | None = None) -> int:
         print("\ntune-magic demo: interrupted", file=sys.stderr)
     finally:
         for job in ours():  # a failed or interrupted run leaves nothing running
-            if job.status == "running":
+            if job.status.is_live:
                 print(f"stopping job {job.id}: {job.stop(grace_s=5)}", file=sys.stderr)
     wall = time.monotonic() - start
     listed = ours()

@@ -1,44 +1,57 @@
 """Background jobs: launch a plan, list, follow and stop jobs. Knows nothing of IPython.
 
-A launch writes a record under ``$TUNE_MAGIC_HOME/jobs/<id>/`` and starts a supervisor
-(:mod:`tune_magic.supervisor`) in a new session; the supervisor starts the job and records its
-exit. So a job outlives the process that launched it, and any later process (a new kernel, the CLI)
-lists, follows and stops it through the same records.
+A launch registers a record under ``$TUNE_MAGIC_HOME/jobs/<id>/`` and hands it to a scheduler
+(:mod:`tune_magic.schedulers`: ``local`` runs it on this machine under a supervisor process). So a
+job outlives the process that launched it, and any later process (a new kernel, the CLI) lists,
+follows and stops it through the same records. :class:`Job` never asks which scheduler it has.
+
+Registration is atomic: the job's directory is prepared under a hidden staging name and renamed
+into place with its record in one step, under the launch lock, after the clash checks. A launcher
+killed at any moment leaves either nothing, a staging directory that the next listing removes, or
+a registered job whose status becomes true at the next look (``failed``: "the launch was
+interrupted") — never a directory without a record or a running record without a process.
 """
 
 from __future__ import annotations
 
-import fcntl
+import errno
 import math
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import psutil
 
 from . import catalog
 from . import gpus as gpu_mod
 from . import jobstore
-from .command import LaunchPlan, PlanError, build_plan, check_job_id, resolve_config, split_args, with_config
-from .errors import JobNotFound, JobStartError
+from . import schedulers
+from .command import LaunchPlan, build_plan, check_job_id, resolve_config, split_args, with_config
 from .configview import resolve_dirs, write_overlaid_config
+from .errors import JobNotFound, JobStartError, PlanError, StateDirError, UserError
 from .ids import new_job_id
-from .jobstore import FAILED, RUNNING, STOPPED, SUCCEEDED, JobRecord, ProcessRef
+from .jobstore import JobRecord, ProcessRef
+from .schedulers.base import SchedulerOptions, check_scheduler_name, default_scheduler
+from .schedulers.local.procs import alive as _alive
+from .status import Status
 
 #: Environment variable: when "1", every launch is a dry run that returns the LaunchPlan.
 DRY_RUN_ENV = "TUNE_MAGIC_DRY_RUN"
-#: Seconds launch() waits for the supervisor to record the job's pid.
-START_TIMEOUT_S = 30.0
-_CREATE_TIME_TOLERANCE_S = 0.05
-#: Seconds between checks that a running job's supervisor is still alive (see Job.refresh).
+#: Seconds between asking the scheduler what became of a live job (see Job.refresh).
 LIVENESS_CHECK_S = 1.0
+#: Seconds a staging directory without a live launcher is kept before a listing removes it.
+STAGING_GRACE_S = 2.0
+#: Test hook: the launch step at which the launching process SIGKILLs itself (fault tests).
+TEST_KILL_ENV = "TUNE_MAGIC_TEST_KILL_LAUNCHER_AT"
+#: The launch steps, in order, that TEST_KILL_ENV can name.
+LAUNCH_STEPS = ("staging", "planned", "staged", "registered", "submitted")
+
+RUNNING, SUCCEEDED, FAILED, STOPPED = Status.RUNNING, Status.SUCCEEDED, Status.FAILED, Status.STOPPED
 
 
 def dry_run_requested(env: Mapping[str, str] | None = None) -> bool:
@@ -47,62 +60,80 @@ def dry_run_requested(env: Mapping[str, str] | None = None) -> bool:
     return value.strip().lower() in ("1", "true", "yes", "on")
 
 
-def _alive(ref: ProcessRef | None) -> psutil.Process | None:
-    """Return the process if ``ref``'s pid is alive and is the same process (create-time match)."""
-    if ref is None:
-        return None
-    try:
-        proc = psutil.Process(ref.pid)
-        if abs(proc.create_time() - ref.create_time) > _CREATE_TIME_TOLERANCE_S:
-            return None  # the pid was recycled: never signal a stranger
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return proc
-    except psutil.Error:
-        return None
+def _launch_step(step: str) -> None:
+    if os.environ.get(TEST_KILL_ENV) == step:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class Job:
     """A background job, backed by its record on disk.
 
     Attributes are read from the record; call :meth:`refresh` (or a method that does) to see
-    changes made by the supervisor. Status is ``running``, ``succeeded`` (exit 0), ``failed``
-    (non-zero exit) or ``stopped`` (stopped by the user).
+    changes. Status (:class:`tune_magic.Status`, a ``str``): ``pending`` (queued by a scheduler),
+    ``running``, ``unknown`` (nothing of it runs and no exit code is known: "outcome unknown"),
+    ``succeeded`` (exit 0), ``failed`` (non-zero exit) or ``stopped`` (stopped by a user).
+
+    ``damaged`` is True for a job whose ``record.json`` cannot be read: what is known comes from
+    its small process file, so it can still be stopped (its supervisor rewrites the record).
     """
 
     def __init__(self, directory: Path, record: JobRecord | None = None):
         self.dir = Path(directory)
-        self._record = record or jobstore.read(self.dir)
+        self.damaged = False
+        if record is None:
+            try:
+                record = jobstore.read(self.dir)
+            except jobstore.CorruptRecord:
+                record = _damaged_record(self.dir)
+                self.damaged = True
+        self._record = record
         self._stamp: tuple | None = None  # identity of the record file last read
-        self._checked = 0.0  # monotonic time of the last liveness check
+        self._checked = 0.0  # monotonic time of the last look at the scheduler
 
     # -- state --------------------------------------------------------------------------------
-    def refresh(self) -> "Job":
-        """Re-read the record if it changed; settle a job whose supervisor vanished without
-        recording an exit (checked at most every :data:`LIVENESS_CHECK_S` seconds).
+    @property
+    def scheduler(self) -> str:
+        """Where the job runs: ``"local"`` or ``"slurm"``."""
+        return self._record.scheduler
 
-        Cheap when nothing changed (one ``stat``), so views can call it several times a second.
+    def _sched(self):
+        return schedulers.get(self._record.scheduler)
+
+    def refresh(self) -> "Job":
+        """Re-read the record if it changed; ask the scheduler what became of a live job (at most
+        every :data:`LIVENESS_CHECK_S` seconds) and record what it settles.
+
+        Reading never needs a write: when the registry cannot be written (read-only, full), the
+        settled status is shown anyway. Cheap when nothing changed (one ``stat``).
         """
         stamp = jobstore.stamp(self.dir)
         if stamp is None or stamp != self._stamp:
-            self._record = jobstore.read(self.dir)
+            try:
+                self._record = jobstore.read(self.dir)
+                self.damaged = False
+            except jobstore.CorruptRecord:
+                if not self.damaged:
+                    self._record = _damaged_record(self.dir, self._record)
+                    self.damaged = True
             self._stamp = stamp
         r = self._record
         now = time.monotonic()
-        if r.status == RUNNING and r.supervisor is not None and now - self._checked >= LIVENESS_CHECK_S:
+        if (not r.state.is_terminal) and now - self._checked >= LIVENESS_CHECK_S:
             self._checked = now
-            if _alive(r.supervisor) is None:
-                time.sleep(0.05)  # the supervisor may be writing its final record right now
-                self._record = r = jobstore.read(self.dir)
-                if r.status == RUNNING and _alive(r.agent) is None:
-                    with jobstore.locked(self.dir) as rec:
-                        if rec.status == RUNNING:
-                            rec.status = STOPPED if rec.stop_requested else FAILED
-                            rec.ended_at = rec.ended_at or time.time()
-                            if rec.status == FAILED:
-                                rec.error = rec.error or "the job's supervisor exited without recording an exit code"
-                    self._record = jobstore.read(self.dir)
-                self._stamp = None
+            changes = self._sched().describe(self.dir, r) if not self.damaged else {}
+            persist = changes.pop("_persist", True)
+            if changes:
+                if persist and not self.damaged:
+                    try:
+                        self._record = jobstore.update(self.dir, **changes)
+                        self._stamp = jobstore.stamp(self.dir)
+                        return self
+                    except (OSError, jobstore.CorruptRecord, StateDirError):
+                        pass  # read-only or full: show it anyway
+                shown = JobRecord.from_dict(r.to_dict())
+                for key, value in changes.items():
+                    shown.set_status(value) if key == "status" else setattr(shown, key, value)
+                self._record = shown
         return self
 
     @property
@@ -112,7 +143,8 @@ class Job:
 
     id = property(lambda self: self._record.id, doc="Unique job id (str).")
     name = property(lambda self: self._record.name, doc="Free-text name (str; need not be unique).")
-    returncode = property(lambda self: self.refresh()._record.returncode, doc="Exit code (int) once ended, else None.")
+    returncode = property(lambda self: self.refresh()._record.returncode,
+                          doc="Exit code (int; negative: killed by that signal) once ended, else None.")
     error = property(lambda self: self.refresh()._record.error,
                      doc="For a failed job: the failing rank and its error line (str), else None.")
     output_dir = property(lambda self: self._record.output_dir, doc="Resolved output_dir (str) or None.")
@@ -123,13 +155,14 @@ class Job:
     ended_at = property(lambda self: self.refresh()._record.ended_at, doc="Unix time (s) of the end, or None.")
 
     @property
-    def status(self) -> str:
-        """``running``, ``succeeded``, ``failed`` or ``stopped`` (re-read from disk)."""
-        return self.refresh()._record.status
+    def status(self) -> Status:
+        """The job's :class:`~tune_magic.Status` (re-read from disk; compares equal to its string)."""
+        return self.refresh()._record.state
 
     @property
     def pid(self) -> int | None:
-        """Pid of the torchrun agent (or of the one recipe process)."""
+        """Pid of the torchrun agent (or of the one recipe process); ``None`` where the job has no
+        local process (a SLURM job) or before it started."""
         agent = self._record.agent
         return agent.pid if agent else None
 
@@ -143,7 +176,7 @@ class Job:
     def elapsed_s(self) -> float:
         """Seconds since launch, or the job's whole duration once it ended."""
         r = self._record
-        return (r.ended_at or time.time()) - r.started_at
+        return max(0.0, (r.ended_at or time.time()) - r.started_at)
 
     def __repr__(self) -> str:
         # no status: a notebook's Out[] keeps this text while the job moves on (the card is live)
@@ -151,19 +184,20 @@ class Job:
         return f"<Job {r.id} {r.name!r}>"
 
     # -- actions --------------------------------------------------------------------------------
-    def wait(self, timeout: float | None = None, poll_s: float = 0.1) -> str:
-        """Block until the job ends; return its final status.
+    def wait(self, timeout: float | None = None, poll_s: float = 0.1) -> Status:
+        """Block while the job is pending or running; return the status it then has (terminal,
+        or ``unknown`` when nothing of it runs and no exit code exists).
 
         Raises:
-            TimeoutError: still running after ``timeout`` seconds.
+            TimeoutError: still pending or running after ``timeout`` seconds.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self.status == RUNNING:
+        while self.status.is_live:
             if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job {self.id} still running after {timeout} s")
+                raise TimeoutError(f"job {self.id} still {self._record.status} after {timeout} s")
             time.sleep(poll_s)
         self._settle_supervisor()
-        return self._record.status
+        return self._record.state
 
     def _settle_supervisor(self, timeout: float = 5.0) -> None:
         """Let an ended job's supervisor finish exiting (it writes the final record, then exits),
@@ -178,71 +212,43 @@ class Job:
         elif ref is not None:  # exited already: if it is our zombie child, reap it
             try:
                 proc = psutil.Process(ref.pid)
-                if proc.ppid() == os.getpid() and abs(proc.create_time() - ref.create_time) <= _CREATE_TIME_TOLERANCE_S:
+                if proc.ppid() == os.getpid() and abs(proc.create_time() - ref.create_time) <= 0.05:
                     os.waitpid(ref.pid, os.WNOHANG)
             except (psutil.Error, ChildProcessError):
                 pass
 
-    def _processes(self) -> list[psutil.Process]:
-        r = self._record
-        procs = [p for p in (_alive(r.agent), *(_alive(w) for w in r.workers)) if p is not None]
-        agent = _alive(r.agent)
-        if agent is not None:
-            try:
-                procs += agent.children(recursive=True)  # workers not yet recorded
-            except psutil.Error:
-                pass
-        seen, out = set(), []
-        for p in procs:
-            if p.pid not in seen:
-                seen.add(p.pid)
-                out.append(p)
-        return out
+    def stop(self, grace_s: float = 10.0) -> Status:
+        """Stop the job: every process of it still alive gets SIGTERM (through the torchrun agent,
+        which forwards it to the workers), and after ``grace_s`` seconds SIGKILL; a queued job is
+        cancelled. Works whatever the recorded status (a finished job's orphans are killed too),
+        on a damaged record, and on a full disk.
 
-    def stop(self, grace_s: float = 10.0) -> str:
-        """Stop the job: SIGTERM to the torchrun agent (it forwards to the workers), wait up to
-        ``grace_s`` seconds, then SIGKILL the agent and every worker still alive.
-
-        Only processes whose pid and create-time match the record are signalled. Stopping a job
-        that already ended changes nothing.
+        Only processes whose pid and create-time match what was recorded are signalled.
 
         Returns:
-            The final status (``stopped`` unless the job had already ended).
+            The status afterwards (``stopped`` unless the job had already ended).
+
+        Raises:
+            ValueError: ``grace_s`` is not a number of seconds >= 0.
         """
         if isinstance(grace_s, bool) or not isinstance(grace_s, (int, float)) or not 0 <= grace_s < math.inf:
             raise ValueError(f"grace_s={grace_s!r}: give the seconds between SIGTERM and SIGKILL, a number >= 0")
         self.refresh()
-        if self._record.status != RUNNING:
-            return self._record.status
-        jobstore.update(self.dir, stop_requested=True)
-        if self._record.agent is None:  # launched a moment ago: wait for the supervisor's record
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while self.refresh()._record.agent is None and self._record.status == RUNNING:
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.02)
-        procs = self._processes()
-        agent = _alive(self._record.agent)
-        if agent is not None:
-            try:
-                agent.send_signal(signal.SIGTERM)
-            except psutil.Error:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=grace_s)
-        for p in alive + self._processes():  # workers live in their own sessions: kill each one
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(self._processes(), timeout=5)
-        # the supervisor records the exit; if it is gone, record it here
-        deadline = time.monotonic() + 10
-        while self.status == RUNNING and time.monotonic() < deadline:
-            if _alive(self._record.supervisor) is None:
-                jobstore.update(self.dir, status=STOPPED, ended_at=time.time())
-            time.sleep(0.05)
-        self._settle_supervisor()  # it has recorded the exit; let it finish so nothing is left
-        return self.status
+        sched = self._sched()
+        sched.cancel(self.dir, None if self.damaged else self._record, float(grace_s))
+        self._checked = 0.0
+        self._stamp = None
+        self.refresh()
+        if not self._record.state.is_terminal and not self.damaged:
+            extra = sched.settle_after_cancel(self.dir, self._record)
+            if extra:
+                try:
+                    self._record = jobstore.update(self.dir, **extra)
+                except (OSError, jobstore.CorruptRecord, StateDirError):
+                    for key, value in extra.items():
+                        self._record.set_status(value) if key == "status" else setattr(self._record, key, value)
+        self._settle_supervisor()
+        return self._record.state
 
     def metric_points(self) -> list:
         """Read the job's logs to their current end; return its merged metric points
@@ -257,7 +263,7 @@ class Job:
         r = self._record
         with JobMetricsFollower(r.log_path, log_dir=r.metric_log_dir, started_after=r.started_at - 1,
                                 max_lines=1, cwd=r.cwd) as follower:
-            follower.finish() if self.status != RUNNING else follower.poll()
+            follower.finish() if not self.status.is_live else follower.poll()
             return follower.points()
 
     def metrics(self) -> list[dict]:
@@ -280,7 +286,7 @@ class Job:
     def tail(self, n: int = 20) -> list[str]:
         """Return the last ``n`` lines of the job's log (a progress bar's redraws collapsed to the
         latest one, as a terminal would show it)."""
-        from .supervisor import read_tail
+        from .schedulers.local.supervisor import read_tail
 
         text = read_tail(self.log_path, max(64 * 1024, 512 * n))
         lines = [line.rsplit("\r", 1)[-1] if "\r" in line.rstrip("\r") else line.rstrip("\r")
@@ -290,20 +296,76 @@ class Job:
         return lines[-n:] if n > 0 else []
 
 
+def _damaged_record(d: Path, last: JobRecord | None = None) -> JobRecord:
+    """A stand-in record for a job whose record.json cannot be read: what procs.json knows."""
+    if last is not None:
+        return last
+    side = jobstore.read_procs(d)
+    try:
+        started = os.lstat(d).st_mtime
+    except OSError:
+        started = time.time()
+    return JobRecord(id=d.name, name="(damaged record)", argv=["?"], env={}, cwd="/",
+                     log_path=str(d / jobstore.OUTPUT_LOG), started_at=started,
+                     supervisor=side.get("supervisor"), agent=side.get("agent"), workers=side.get("workers", []),
+                     status=Status.RUNNING.value)
+
+
 # ---------------------------------------------------------------------------------------------
 
 
-def _running(records: Iterable[JobRecord]) -> list[Job]:
+def _live_jobs(records: Iterable[JobRecord]) -> list[Job]:
     out = []
     for r in records:
-        job = Job(jobstore.job_dir(r.id), r)
-        if r.status == RUNNING and job.refresh().record.status == RUNNING:
-            out.append(job)
+        if r.state.is_live:
+            job = Job(jobstore.job_dir(r.id), r)
+            if job.refresh().record.state.is_live:
+                out.append(job)
     return out
 
 
 def _busy_gpus(running: list[Job]) -> dict[int, str]:
     return {g: j.id for j in running for g in (j.gpus or [])}
+
+
+def scheduler_options(*, scheduler: str | None = None, nodes: Any = None, gpus_per_node: Any = None,
+                      cpus_per_node: Any = None, partition: str | None = None, time_limit: str | None = None,
+                      account: str | None = None, sbatch: Sequence[str] | None = None,
+                      env: Mapping[str, str] | None = None) -> SchedulerOptions:
+    """Validate a launch's own scheduler options; return them as :class:`SchedulerOptions`.
+
+    Raises:
+        PlanError: an unknown scheduler, a count that is not a positive integer, a value of the
+            wrong type.
+    """
+    env = os.environ if env is None else env
+    name = check_scheduler_name(scheduler if scheduler is not None else default_scheduler(env),
+                                "--scheduler" if scheduler is not None else "TUNE_MAGIC_SCHEDULER")
+
+    def count(value: Any, flag: str) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value.strip())
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PlanError(f"{flag} {value!r} must be a positive integer, e.g. {flag} 2")
+        return value
+
+    def text(value: Any, flag: str) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip() or any(c.isspace() or ord(c) < 32 for c in value):
+            raise PlanError(f"{flag} {value!r} must be one word, e.g. {flag} gpu")
+        return value
+
+    if sbatch is not None and (isinstance(sbatch, str) or not all(isinstance(s, str) for s in sbatch)):
+        raise PlanError("sbatch options are a list of strings, each one option as sbatch takes it, e.g. "
+                        "['--qos=high']")
+    return SchedulerOptions(
+        scheduler=name, nodes=count(nodes, "--nodes"), gpus_per_node=count(gpus_per_node, "--gpus-per-node"),
+        cpus_per_node=count(cpus_per_node, "--cpus-per-node"), partition=text(partition, "--partition"),
+        time_limit=text(time_limit, "--time"), account=text(account, "--account"), sbatch=tuple(sbatch or ()),
+    )
 
 
 def launch(
@@ -316,6 +378,14 @@ def launch(
     env: Mapping[str, str] | None = None,
     dry_run: bool | None = None,
     config_overlay: str | None = None,
+    scheduler: str | None = None,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    cpus_per_node: int | None = None,
+    partition: str | None = None,
+    time_limit: str | None = None,
+    account: str | None = None,
+    sbatch: Sequence[str] | None = None,
 ) -> "Job | LaunchPlan":
     """Launch a ``tune run``-style job in the background and return at once.
 
@@ -334,41 +404,150 @@ def launch(
         config_overlay: YAML text of a config mapping (a ``%%tune_run`` cell body). Merged over
             ``--config`` when one is given, else used as the config; the result is saved as
             ``config.yaml`` in the job's directory and launched with ``--config`` pointing at it.
+        scheduler: where the job runs: ``"local"`` (default, or ``$TUNE_MAGIC_SCHEDULER``) or
+            ``"slurm"``.
+        nodes, gpus_per_node, cpus_per_node, partition, time_limit, account, sbatch: the SLURM
+            scheduler's options (``--nodes``, ``--gpus-per-node``, ``--cpus-per-node``,
+            ``--partition``, ``--time``, ``--account``, extra sbatch options); refused by ``local``.
 
     Returns:
-        The running :class:`Job` (or the plan, for a dry run).
+        The :class:`Job` (or the plan, for a dry run).
 
     Raises:
         PlanError: bad arguments, unknown or busy GPUs, an ``output_dir`` used by a running job.
             Nothing has been started.
-        JobStartError: the supervisor could not start the job.
+        StateDirError: ``$TUNE_MAGIC_HOME`` cannot take the job (read-only, full disk).
+        JobStartError: the scheduler could not start the job (its record says why).
     """
     caller_env = dict(os.environ if env is None else env)
     cwd = os.path.abspath(os.getcwd() if cwd is None else os.fspath(cwd))
     if name is not None and not isinstance(name, str):
         raise PlanError(f"name={name!r}: the job name must be a string")
+    options = scheduler_options(scheduler=scheduler, nodes=nodes, gpus_per_node=gpus_per_node,
+                                cpus_per_node=cpus_per_node, partition=partition, time_limit=time_limit,
+                                account=account, sbatch=sbatch, env=caller_env)
+    sched = schedulers.get(options.scheduler)
     if dry_run is None:
         dry_run = dry_run_requested(caller_env)
     tokens = split_args(args)
     job_id = new_job_id()
     if dry_run:
         # nothing is registered; a temporary folder only holds a cell body's config for the preview
-        d = Path(tempfile.mkdtemp(prefix="tune_magic_dry_run_")) if config_overlay is not None else None
-        if d is not None:
+        if config_overlay is not None:
+            d = Path(tempfile.mkdtemp(prefix="tune_magic_dry_run_"))
             tokens = _apply_overlay(tokens, config_overlay, cwd, d / "config.yaml")
-        return _plan(tokens, job_id, gpus=gpus, cwd=cwd, env=caller_env, busy={})
-    root = jobstore.jobs_root(caller_env)
-    # one launch at a time checks for clashes and registers, so two cannot both take a directory or GPU
-    with open(root / ".launch.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        d = jobstore.reserve(job_id, root)
+        plan = _plan(tokens, job_id, gpus=gpus, cwd=cwd, env=caller_env, busy={})
+        sched.prepare(plan, options, caller_env)
+        return plan
+    root = jobs_root_for_launch(caller_env)
+    _collect_staging(root)
+    stage = jobstore.staging_dir(job_id, root)
+    final = root / job_id
+    lock_fd: int | None = None
+    try:
         try:
+            stage.mkdir(mode=0o700)
+            _launch_step("staging")
+            # held from now until the supervisor inherits it: a registered job always has a live
+            # holder (launcher or supervisor) until its supervisor exits
+            lock_fd = jobstore.open_nofollow(stage / jobstore.SUPERVISOR_LOCK, os.O_RDWR | os.O_CREAT)
+            import fcntl
+
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            if config_overlay is not None:  # the job reads it at its final place, once registered
+                tokens = _apply_overlay(tokens, config_overlay, cwd, stage / "config.yaml")
+            plan, dirs = _checked_plan(tokens, job_id, gpus=gpus, cwd=cwd, env=caller_env, root=root)
             if config_overlay is not None:
-                tokens = _apply_overlay(tokens, config_overlay, cwd, d / "config.yaml")
-            return _start(tokens, job_id, d, name=name, gpus=gpus, cwd=cwd, force=force, env=caller_env)
-        except BaseException:
-            shutil.rmtree(d, ignore_errors=True)  # nothing registered, nothing left behind
+                plan = _replace_config(plan, str(final / "config.yaml"))
+            sched.prepare(plan, options, caller_env)
+            _launch_step("planned")
+            record = JobRecord(
+                id=job_id, name=name or plan.recipe_name or Path(plan.recipe).stem, argv=plan.argv, env=plan.env,
+                cwd=cwd, log_path=str(final / jobstore.OUTPUT_LOG), started_at=time.time(),
+                output_dir=dirs.output_dir, metric_log_dir=dirs.metric_log_dir, checkpoint_dir=dirs.checkpoint_dir,
+                gpus=plan.gpus, distributed=plan.distributed, nproc_per_node=plan.nproc_per_node,
+                rendezvous=plan.rendezvous, rendezvous_endpoint=plan.endpoint, warnings=dirs.warnings,
+                recipe=plan.recipe, config=plan.config, scheduler=sched.name,
+                status=getattr(sched, "initial_status", Status.RUNNING).value,
+            )
+            jobstore.write_record(stage, record)
+            os.close(jobstore.open_nofollow(stage / jobstore.LOCK, os.O_WRONLY | os.O_CREAT))
+            _launch_step("staged")
+            # one launch at a time checks for clashes and registers, so two cannot both take a directory or GPU
+            with jobstore.flocked(root / jobstore.LAUNCH_LOCK):
+                _check_clashes(plan, dirs, _live_jobs(jobstore.list_records(root)), force=force, env=caller_env)
+                os.rename(stage, final)
+            _launch_step("registered")
+            if plan.output_dir and dirs.output_dir:
+                _make_private_dir(Path(dirs.output_dir))
+        except OSError as exc:
+            raise _state_error(exc, root) from None
+        try:
+            sched.submit(final, record, options, caller_env, lock_fd)
+        except UserError:
+            jobstore.remove_tree(final)  # the engine refused it as described: nothing runs, nothing listed
             raise
+        _launch_step("submitted")
+        return Job(final)
+    except BaseException:
+        if stage.exists():
+            shutil.rmtree(stage, ignore_errors=True)  # nothing registered, nothing left behind
+        raise
+    finally:
+        if lock_fd is not None:
+            os.close(lock_fd)
+
+
+def jobs_root_for_launch(env: Mapping[str, str]) -> Path:
+    """The registry, created and writable, for a launch (see :func:`jobstore.jobs_root`)."""
+    return jobstore.jobs_root(env)
+
+
+def _state_error(exc: OSError, root: Path) -> StateDirError:
+    """Turn a registry write failure at launch into one paragraph naming the fix."""
+    where = root.parent
+    if jobstore.disk_full(exc):
+        return StateDirError(f"the disk holding TUNE_MAGIC_HOME ({where}) is full ({exc.strerror}); nothing was "
+                             "started. Free some space there, or point TUNE_MAGIC_HOME at a disk with room")
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return StateDirError(f"TUNE_MAGIC_HOME ({where}) is not writable ({exc.strerror}); nothing was started. "
+                             "Point TUNE_MAGIC_HOME at a writable directory to launch jobs (listing works read-only)")
+    if exc.errno == errno.ELOOP:
+        return StateDirError(f"a symbolic link was planted inside the job registry {root} ({exc.filename}); "
+                             "tune_magic never follows links there. Remove it and launch again")
+    return StateDirError(f"cannot register the job under {root} ({exc.strerror or exc}); nothing was started")
+
+
+def _make_private_dir(path: Path) -> None:
+    """Create the per-job output_dir the plan added, mode 0700 (it will hold the resolved config
+    with every override, and the checkpoints)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    os.chmod(path, 0o700)
+
+
+def _collect_staging(root: Path) -> None:
+    """Remove staging directories of launches that died before registering (best effort)."""
+    try:
+        entries = [e for e in os.scandir(root) if e.name.startswith(jobstore.STAGING_PREFIX)]
+    except OSError:
+        return
+    now = time.time()
+    for e in entries:
+        d = Path(e.path)
+        try:
+            if jobstore.lock_is_held(d / jobstore.SUPERVISOR_LOCK):
+                continue
+            if now - os.lstat(d).st_mtime < STAGING_GRACE_S:
+                continue  # a launcher between mkdir and taking its lock
+            if not e.is_dir(follow_symlinks=False):
+                continue
+            shutil.rmtree(d, ignore_errors=True)
+        except OSError:
+            continue
 
 
 def _apply_overlay(tokens: list[str], overlay: str, cwd: str, dest: Path) -> list[str]:
@@ -391,17 +570,12 @@ def _plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, busy: dict[int
     return build_plan(tokens, env=env, cwd=cwd, gpus=gpus, job_id=job_id)
 
 
-def _same_or_nested(a: str, b: str) -> bool:
-    a, b = Path(os.path.realpath(a)), Path(os.path.realpath(b))
-    return a == b or a in b.parents or b in a.parents
-
-
-def _start(tokens: list[str], job_id: str, d: Path, *, name, gpus, cwd, force, env) -> "Job":
-    running = _running(jobstore.list_records(d.parent))
-    busy = _busy_gpus(running)
-    plan = _plan(tokens, job_id, gpus=gpus, cwd=cwd, env=env, busy=busy)
+def _checked_plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, root: Path):
+    """Build the plan and check it against this machine (GPUs exist, inputs exist, dirs resolve)."""
+    running = _live_jobs(jobstore.list_records(root))
+    plan = _plan(tokens, job_id, gpus=gpus, cwd=cwd, env=env, busy=_busy_gpus(running))
     if plan.gpus:
-        gpu_mod.check_gpus(plan.gpus, busy, force=force, env=env)
+        gpu_mod.check_gpus(plan.gpus, {}, force=True, env=env)  # existence; business is checked under the lock
     dirs = resolve_dirs(plan, cwd=cwd)
     if dirs.errors:
         raise PlanError(dirs.errors[0] + "; nothing was started")
@@ -411,86 +585,114 @@ def _start(tokens: list[str], job_id: str, d: Path, *, name, gpus, cwd, force, e
         assets = " (the shipped configs use the tiny assets: run tune-magic assets, or tune_magic.make_assets())" if shipped else ""
         raise PlanError(f"{key} {path} does not exist, so every rank would fail at start-up; create it{assets} "
                         f"or override {key}=...")
-    if not force:
-        mine = [x for x in (dirs.output_dir, dirs.metric_log_dir, dirs.checkpoint_dir) if x]
-        for job in running:
-            theirs = [x for x in (job.output_dir, job.record.metric_log_dir, job.record.checkpoint_dir) if x]
-            clash = next(((m, t) for m in mine for t in theirs if _same_or_nested(m, t)), None)
-            if clash:
-                raise PlanError(
-                    f"{clash[0]} would share {clash[1]} with running job {job.id}; choose another output_dir=..., "
-                    "stop that job, or pass --force / force=True"
-                )
     for message in dirs.warnings:
-        warnings.warn(message, stacklevel=3)
-
-    record = JobRecord(
-        id=job_id, name=name or plan.recipe_name or Path(plan.recipe).stem, argv=plan.argv, env=plan.env,
-        cwd=cwd, log_path=str(d / jobstore.OUTPUT_LOG), started_at=time.time(), output_dir=dirs.output_dir,
-        metric_log_dir=dirs.metric_log_dir, checkpoint_dir=dirs.checkpoint_dir, gpus=plan.gpus,
-        distributed=plan.distributed, nproc_per_node=plan.nproc_per_node, rendezvous=plan.rendezvous,
-        rendezvous_endpoint=plan.endpoint, warnings=dirs.warnings, recipe=plan.recipe, config=plan.config,
-    )
-    jobstore.create(record, d.parent)
-    with open(d / jobstore.SUPERVISOR_LOG, "ab") as slog:
-        # start_new_session: Jupyter's interrupt/restart signal the kernel's process group, not this one.
-        sup = subprocess.Popen(
-            [sys.executable, "-m", "tune_magic.supervisor", str(d)], cwd=cwd, env=env,
-            stdin=subprocess.DEVNULL, stdout=slog, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
-        )
-    try:
-        ctime = psutil.Process(sup.pid).create_time()
-    except psutil.Error:
-        ctime = time.time()
-    jobstore.update(d, supervisor=ProcessRef(sup.pid, ctime))
-    job = Job(d)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while job.refresh().record.agent is None:
-        if job.record.status != RUNNING or sup.poll() is not None:
-            why = job.record.error or f"the supervisor exited with {sup.poll()}"
-            raise JobStartError(f"job {job_id} did not start: {why}; see {d / jobstore.SUPERVISOR_LOG}")
-        if time.monotonic() > deadline:
-            raise JobStartError(f"job {job_id} did not start within {START_TIMEOUT_S} s; see {d / jobstore.SUPERVISOR_LOG}")
-        time.sleep(0.005)
-    return job
+        warnings.warn(message, stacklevel=4)
+    return plan, dirs
 
 
-def jobs() -> list[Job]:
-    """Return every job in the registry (running and finished), oldest first; corrupt records skipped."""
-    return [Job(jobstore.job_dir(r.id), r).refresh() for r in jobstore.list_records()]
+def _replace_config(plan: LaunchPlan, config_at: str) -> LaunchPlan:
+    """The plan with its config file moved to ``config_at`` (same content, final place)."""
+    from dataclasses import replace
+
+    staged = plan.config
+    return replace(plan, config=config_at, argv=[config_at if a == staged else a for a in plan.argv])
+
+
+def _same_or_nested(a: str, b: str) -> bool:
+    a, b = Path(os.path.realpath(a)), Path(os.path.realpath(b))
+    return a == b or a in b.parents or b in a.parents
+
+
+def _check_clashes(plan: LaunchPlan, dirs, running: list[Job], *, force: bool, env) -> None:
+    """Refuse a GPU or a directory that a live job uses (unless ``force``). Called under the launch
+    lock, so two launches racing for the same GPU or ``output_dir``: exactly one is refused."""
+    if plan.gpus:
+        gpu_mod.check_gpus(plan.gpus, _busy_gpus(running), force=force, env=env)
+    if force:
+        return
+    mine = [x for x in (dirs.output_dir, dirs.metric_log_dir, dirs.checkpoint_dir) if x]
+    for job in running:
+        theirs = [x for x in (job.output_dir, job.record.metric_log_dir, job.record.checkpoint_dir) if x]
+        clash = next(((m, t) for m in mine for t in theirs if _same_or_nested(m, t)), None)
+        if clash:
+            raise PlanError(
+                f"{clash[0]} would share {clash[1]} with {job.record.status} job {job.id}; choose another "
+                "output_dir=..., stop that job, or pass --force / force=True"
+            )
+
+
+def jobs(skipped: list | None = None) -> list[Job]:
+    """Return every job in the registry (live and finished), oldest first. Never writes except to
+    record what it learns (best effort); works on a read-only registry.
+
+    Args:
+        skipped: when given, damaged records are appended to it (:class:`tune_magic.jobstore.Skipped`:
+            path and a one-line reason) instead of being reported with :func:`warnings.warn`.
+    """
+    root = jobstore.jobs_root(create=False)
+    _collect_staging(root)
+    records, bad = jobstore.list_records_checked(root)
+    if skipped is not None:
+        skipped.extend(bad)
+    else:
+        for s in bad:
+            warnings.warn(f"skipped job directory {s.path}: {s.reason}", RuntimeWarning, stacklevel=2)
+    return [Job(jobstore.job_dir(r.id, root), r).refresh() for r in records]
+
+
+def damaged_live_jobs() -> list[Job]:
+    """Jobs whose record cannot be read but whose processes still run (``stop --all`` stops them)."""
+    root = jobstore.jobs_root(create=False)
+    _, bad = jobstore.list_records_checked(root)
+    out = []
+    for s in bad:
+        try:
+            jobstore.check_job_dir(s.path)
+        except (OSError, StateDirError):
+            continue
+        job = Job(s.path)
+        if job.damaged and job._sched().has_live_parts(job.dir, None):
+            out.append(job)
+    return out
 
 
 def get_job(job_id: str) -> Job:
-    """Return the job with this id.
+    """Return the job with this id (also one whose record is damaged but whose processes live).
 
     Raises:
         PlanError: the id is malformed (``/``, ``..``).
         JobNotFound: no such job.
+        StateDirError: its directory is a symbolic link.
     """
     check_job_id(job_id)
     d = jobstore.job_dir(job_id)
-    try:
-        return Job(d).refresh()
-    except jobstore.CorruptRecord:
-        raise JobNotFound(f"no job {job_id!r}; tune-magic jobs lists the jobs") from None
+    if not os.path.lexists(d):
+        raise JobNotFound(f"no job {job_id!r}; tune-magic jobs lists the jobs")
+    jobstore.check_job_dir(d)
+    job = Job(d)
+    if job.damaged and not job._sched().has_live_parts(d, None):
+        raise JobNotFound(f"job {job_id!r} has a damaged record and nothing of it runs; tune-magic rm {job_id} "
+                          "removes it")
+    return job.refresh()
 
 
 def remove(job_id: str) -> None:
     """Delete a finished job's record and log (its output_dir is kept).
 
     Raises:
-        PlanError: the job is still running (stop it first).
+        PlanError: the job is pending or running, or a process of it still lives (stop it first).
         JobNotFound: no such job.
+        StateDirError: its directory is a symbolic link (the link is never followed).
     """
     check_job_id(job_id)
     d = jobstore.job_dir(job_id)
-    try:
-        job = Job(d).refresh()
-    except jobstore.CorruptRecord:
-        if not d.is_dir():
-            raise JobNotFound(f"no job {job_id!r}; tune-magic jobs lists the jobs") from None
-        shutil.rmtree(d)  # an unreadable record: nothing can be signalled or followed through it
-        return
-    if job.status == RUNNING:
-        raise PlanError(f"job {job_id} is running; stop it first (tune-magic stop {job_id})")
-    shutil.rmtree(job.dir)
+    if not os.path.lexists(d):
+        raise JobNotFound(f"no job {job_id!r}; tune-magic jobs lists the jobs")
+    jobstore.check_job_dir(d)
+    job = Job(d)
+    if not job.damaged:
+        job.refresh()
+    if (not job.damaged and job.record.state.is_live) or job._sched().has_live_parts(d, None if job.damaged else job.record):
+        raise PlanError(f"job {job_id} is {'running' if job.damaged else job.record.status} (a process of it still "
+                        f"lives); stop it first (tune-magic stop {job_id})")
+    jobstore.remove_tree(d)

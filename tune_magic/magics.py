@@ -18,7 +18,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from .cellbody import expand_fields, parse_cell_body
 from .command import PlanError
-from .jobstore import StateDirError
+from .errors import StateDirError
 
 _OWN_VALUE = {"--name", "--gpus"}
 _OWN_SWITCH = {"--force", "--wait", "--dry-run", "-h", "--help"}
@@ -142,7 +142,7 @@ class TuneMagics(Magics):
     @line_magic("tune_stop")
     def tune_stop(self, line: str):
         """Stop a job (SIGTERM to torchrun, then SIGKILL to what is left), or every running job."""
-        from .jobctl import get_job, jobs
+        from .jobctl import damaged_live_jobs, get_job, jobs
 
         ns = self.tune_stop.parser.parse_args(_split_line(line))
         if bool(ns.job) == ns.all:
@@ -150,7 +150,7 @@ class TuneMagics(Magics):
         if not 0 <= ns.grace < float("inf"):
             raise UsageError(f"--grace {ns.grace}: give the seconds between SIGTERM and SIGKILL, a number >= 0")
         try:
-            targets = [j for j in jobs() if j.status == "running"] if ns.all else [get_job(ns.job)]
+            targets = ([j for j in jobs() if j.status.is_live] + damaged_live_jobs()) if ns.all else [get_job(ns.job)]
         except (PlanError, LookupError) as exc:
             raise UsageError(str(exc)) from None
         for job in targets:

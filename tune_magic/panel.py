@@ -19,7 +19,6 @@ from .cellbody import parse_cell_body
 from .command import PlanError, build_plan
 from .gpus import gpu_ids
 from .jobctl import Job, jobs, launch
-from .jobstore import RUNNING
 from .views import JobsTable
 from .watch import JobWatcher
 
@@ -109,7 +108,7 @@ class Panel(widgets.VBox):
     # -- form -----------------------------------------------------------------------------------
     def refresh_gpus(self) -> None:
         """List this machine's GPUs (nvidia-smi, never CUDA), marking those used by running jobs."""
-        busy = {g: j.id for j in jobs() if j.record.status == RUNNING for g in (j.gpus or [])}
+        busy = {g: j.id for j in jobs() if j.record.state.is_live for g in (j.gpus or [])}
         self.gpus.options = [(f"{g} (busy: {busy[g]})" if g in busy else str(g), g) for g in gpu_ids()]
 
     def _on_recipe(self, change) -> None:

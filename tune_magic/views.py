@@ -16,14 +16,14 @@ from typing import Iterable
 import ipywidgets as widgets
 
 from .jobctl import Job, jobs
-from .jobstore import FAILED, RUNNING
-from .jobstore import STOPPED
+from .status import Status
 from .watch import JobSnapshot, JobWatcher, progress_summary
 
 #: Longest log line shown in a card, in characters (the full line stays on disk).
 MAX_LINE_CHARS = 400
 
-_STATUS_COLOURS = {"running": "#1f77b4", "succeeded": "#2ca02c", "failed": "#d62728", "stopped": "#7f7f7f"}
+_STATUS_COLOURS = {"pending": "#ff7f0e", "running": "#1f77b4", "unknown": "#8c564b", "succeeded": "#2ca02c",
+                   "failed": "#d62728", "stopped": "#7f7f7f"}
 
 
 def _fmt_elapsed(seconds: float) -> str:
@@ -115,15 +115,15 @@ class JobCard(widgets.VBox):
         # the tail is already bounded (tail_lines), so show all of it: newest lines last, in view
         self.log_tail.value = ("<pre class='tm-log' style='font-size:11px;overflow-x:auto;margin:0'>"
                                + html.escape("\n".join(lines)) + "</pre>")
-        if snap.status == FAILED:
+        if snap.status == Status.FAILED:
             self.error.value = (f"<div class='tm-error' style='color:#d62728'><b>failed</b>: "
                                 f"{html.escape(snap.error or 'exit code %s' % snap.returncode)}</div>")
             self.error.layout.display = None
-        elif snap.status == STOPPED:
+        elif snap.status == Status.STOPPED:
             at = "" if snap.step is None else f" at step {snap.step}"
             self.error.value = f"<div class='tm-stopped' style='color:#7f7f7f'><b>stopped</b> by the user{at}</div>"
             self.error.layout.display = None
-        running = snap.status == RUNNING
+        running = Status(snap.status).is_live
         self.stop_button.disabled = not running
         self.stop_button.layout.display = None if running else "none"
 
@@ -165,7 +165,7 @@ class JobsTable(widgets.VBox):
         for job in self.jobs:
             snap = JobWatcher(job, tail_lines=1).poll_once()
             self.summaries[job.id] = snap
-            button = widgets.Button(description="Stop", button_style="danger", disabled=snap.status != RUNNING,
+            button = widgets.Button(description="Stop", button_style="danger", disabled=not Status(snap.status).is_live,
                                     layout=widgets.Layout(width="70px"))
             button.on_click(lambda _b, job=job, b=button: self._stop(job, b))
             row = {

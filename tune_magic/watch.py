@@ -16,7 +16,6 @@ from typing import Callable
 
 from .follow import JobMetricsFollower
 from .jobctl import Job
-from .jobstore import RUNNING
 
 #: Metric plotted by the views.
 LOSS = "loss"
@@ -131,7 +130,7 @@ class JobWatcher:
 
     def _poll(self) -> JobSnapshot:
         status = self.job.status
-        if status != RUNNING and not self._finished:
+        if not status.is_live and not self._finished:
             self.follower.finish()
             self._finished = True
         else:

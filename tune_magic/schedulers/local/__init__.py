@@ -1,0 +1,185 @@
+"""The local scheduler: each job is a process tree on this machine, owned by a supervisor.
+
+``submit`` starts :mod:`.supervisor` in a new session (so Jupyter's interrupt and restart never
+reach the job); the supervisor starts the command through :mod:`.exitwrap` and records its end.
+``describe`` settles a job whose supervisor is gone from the exit file the wrapper left, or calls
+it ``unknown`` when nothing of it remains and no exit code exists. ``cancel`` signals every
+process of the job, found by session (:mod:`.procs`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from ... import jobstore
+from ...errors import JobStartError, PlanError
+from ...jobstore import FAILED, RUNNING, STOPPED, SUCCEEDED, UNKNOWN, JobRecord
+from ...status import Status
+from ..base import Scheduler, SchedulerOptions
+from . import procs
+
+#: Seconds launch() waits for the supervisor to record the job's first process.
+START_TIMEOUT_S = 30.0
+#: Seconds stop() waits for the supervisor to record the end after the processes are gone.
+RECORD_TIMEOUT_S = 10.0
+
+_SLURM_ONLY = ("SLURM options: add --scheduler slurm; for several nodes without SLURM run torchrun's "
+               "--nnodes N --rdzv-endpoint HOST:PORT on every node")
+_OPTION_FLAGS = {"nodes": "--nodes", "gpus_per_node": "--gpus-per-node", "cpus_per_node": "--cpus-per-node",
+                 "partition": "--partition", "time_limit": "--time", "account": "--account", "sbatch": "--sbatch"}
+
+
+def exit_text(code: int | None) -> str:
+    """``"exited with code N"``, or ``"killed by SIGKILL"`` for a negative code."""
+    import signal
+
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class LocalScheduler(Scheduler):
+    """Jobs as local process trees (see the module docstring)."""
+
+    name = "local"
+    initial_status = Status.RUNNING
+
+    # -- launching ----------------------------------------------------------------------------
+    def prepare(self, plan, options: SchedulerOptions, env: Mapping[str, str]) -> dict[str, Any]:
+        given = options.given()
+        if given:
+            flags = ", ".join(_OPTION_FLAGS.get(k, k) for k in given)
+            raise PlanError(f"{flags}: {_SLURM_ONLY}")
+        return {}
+
+    def submit(self, job_dir: Path, record: JobRecord, options: SchedulerOptions, env: Mapping[str, str],
+               lock_fd: int | None) -> None:
+        argv = [sys.executable, "-m", "tune_magic.schedulers.local.supervisor", str(job_dir)]
+        if lock_fd is not None:
+            argv += ["--lock-fd", str(lock_fd)]
+        fd = jobstore.open_nofollow(job_dir / jobstore.SUPERVISOR_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            # start_new_session: Jupyter's interrupt/restart signal the kernel's process group, not this one
+            sup = subprocess.Popen(argv, cwd=record.cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=fd,
+                                   stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                                   pass_fds=(lock_fd,) if lock_fd is not None else ())
+        finally:
+            os.close(fd)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        log = job_dir / jobstore.SUPERVISOR_LOG
+        while True:
+            try:
+                rec = jobstore.read(job_dir)
+            except jobstore.CorruptRecord:
+                rec = None
+            if rec is not None and (rec.agent is not None or rec.state.is_terminal):
+                if rec.agent is None and rec.status == FAILED:
+                    raise JobStartError(f"job {record.id} did not start: {rec.error}; see {log}")
+                return
+            code = sup.poll()
+            if code is not None:
+                why = (rec.error if rec is not None and rec.error else None) or f"the supervisor exited with {code}"
+                raise JobStartError(f"job {record.id} did not start: {why}; see {log}")
+            if time.monotonic() > deadline:
+                raise JobStartError(f"job {record.id} did not start within {START_TIMEOUT_S:.0f} s; see {log}")
+            time.sleep(0.005)
+
+    # -- following ----------------------------------------------------------------------------
+    @staticmethod
+    def _refs(job_dir: Path, record: JobRecord | None):
+        """(supervisor, agent, workers) from the record and procs.json together."""
+        side = jobstore.read_procs(job_dir)
+        sup = side.get("supervisor") or (record.supervisor if record else None)
+        agent = side.get("agent") or (record.agent if record else None)
+        workers = {w.pid: w for w in side.get("workers", [])}
+        for w in (record.workers if record else []):
+            workers.setdefault(w.pid, w)
+        return sup, agent, list(workers.values())
+
+    def supervisor_alive(self, job_dir: Path, record: JobRecord | None) -> bool:
+        """Whether the job's supervisor (or a launcher about to start it) is alive."""
+        held = jobstore.lock_is_held(job_dir / jobstore.SUPERVISOR_LOCK)
+        if held is not None:
+            return held
+        sup, _, _ = self._refs(job_dir, record)  # records written before the lock existed
+        return procs.alive(sup) is not None
+
+    def describe(self, job_dir: Path, record: JobRecord) -> dict[str, Any]:
+        """Settle from the exit file or a vanished supervisor. The returned dict has the fields to
+        change, and ``"_persist": False`` when the supervisor is alive and will write them itself
+        (a reader then only shows them, e.g. while a full disk delays the supervisor's write)."""
+        state = record.state
+        if state.is_terminal or state is Status.PENDING:
+            return {}
+        supervised = self.supervisor_alive(job_dir, record)
+        exit_info = jobstore.read_exit_code(job_dir)
+        stop = jobstore.stop_was_requested(job_dir, record)
+        if exit_info is not None:
+            code = exit_info.returncode
+            status = STOPPED if stop else SUCCEEDED if code == 0 else FAILED
+            changes: dict[str, Any] = {"status": status, "returncode": code,
+                                       "ended_at": record.ended_at or exit_info.ended_at}
+            if status == FAILED and not record.error:
+                changes["error"] = self.failure_reason(record, code)
+            if supervised:
+                changes["_persist"] = False
+            return changes
+        if supervised:
+            return {}
+        _, agent, workers = self._refs(job_dir, record)
+        if procs.job_processes(agent, workers):
+            return {"status": RUNNING} if state is Status.UNKNOWN else {}  # runs on without its supervisor
+        if stop:
+            return {"status": STOPPED, "ended_at": record.ended_at or time.time()}
+        if agent is None:
+            return {"status": FAILED, "ended_at": time.time(),
+                    "error": "the launch was interrupted before the job started (the launching process died)"}
+        if state is Status.RUNNING:
+            return {"status": UNKNOWN}
+        return {}
+
+    @staticmethod
+    def failure_reason(record: JobRecord, code: int | None) -> str:
+        """The failure line from the job's log (see :mod:`tune_magic.failure`), else the exit code."""
+        from .supervisor import FAILURE_TAIL_BYTES, failure_line, read_tail
+
+        return failure_line(read_tail(record.log_path, FAILURE_TAIL_BYTES)) or exit_text(code)
+
+    # -- stopping -----------------------------------------------------------------------------
+    def cancel(self, job_dir: Path, record: JobRecord | None, grace_s: float) -> None:
+        live = record is None or record.state.is_live
+        if live:
+            jobstore.mark_stop_requested(job_dir)  # never raises: the signals matter more
+        _, agent, workers = self._refs(job_dir, record)
+        if agent is None and live and self.supervisor_alive(job_dir, record):
+            deadline = time.monotonic() + START_TIMEOUT_S  # launched a moment ago: wait for its first pid
+            while agent is None and time.monotonic() < deadline and self.supervisor_alive(job_dir, record):
+                time.sleep(0.02)
+                _, agent, workers = self._refs(job_dir, None)
+        procs.kill_job(agent, workers, grace_s)
+        # the supervisor records the end and exits; give it the time to
+        deadline = time.monotonic() + RECORD_TIMEOUT_S
+        while self.supervisor_alive(job_dir, record) and time.monotonic() < deadline:
+            try:
+                if jobstore.read(job_dir).state.is_terminal:
+                    break
+            except jobstore.CorruptRecord:
+                pass
+            time.sleep(0.05)
+        # workers that started while we killed (a launch racing the stop)
+        _, agent, workers = self._refs(job_dir, None)
+        procs.kill_job(agent, workers, 0.0)
+
+    def has_live_parts(self, job_dir: Path, record: JobRecord | None) -> bool:
+        if self.supervisor_alive(job_dir, record):
+            return True
+        _, agent, workers = self._refs(job_dir, record)
+        return bool(procs.job_processes(agent, workers))

@@ -1,0 +1,382 @@
+"""The small process that owns one local job: ``python -m tune_magic.schedulers.local.supervisor JOB_DIR``.
+
+It starts the job's command through :mod:`.exitwrap` (which records the exit code even if this
+process is killed), records the agent's and the workers' pids and create-times and the real
+rendezvous endpoint (from a worker's environment: torchrun itself only logs ``localhost:0``), and,
+once the command ended, kills whatever of the job outlived it (orphaned workers of a killed agent, a
+rank's leftover children) and writes the exit code, end time, final status and failure reason.
+
+It also keeps the registry true while the job runs: if ``record.json`` is damaged it is rewritten
+from what this process knows; if the job's whole directory is deleted (a /tmp cleaner, ``rm -rf
+~/.cache``) it is recreated within :data:`REGISTRY_CHECK_S` seconds with the record, the pids and a
+log that continues from that moment. The final write is retried until it succeeds (a full disk).
+
+It holds an ``flock`` on ``supervisor.lock`` for its whole life (inherited from the launcher, so
+there is no moment where a registered job has neither): readers tell "supervisor alive" from it.
+Because it runs in its own session, the job survives the notebook kernel being interrupted,
+restarted or killed. Keep imports light: this starts on every launch.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from ... import jobstore
+from ...jobstore import FAILED, STOPPED, SUCCEEDED, CorruptRecord, JobRecord, ProcessRef
+from . import procs
+
+#: Seconds between polls of the job.
+POLL_S = 0.2
+#: Seconds between looks for worker processes once they have all been found.
+DISCOVERY_SLOW_S = 5.0
+#: Seconds between checks that the job's directory and record are intact.
+REGISTRY_CHECK_S = 1.0
+#: Bytes from the end of the log read to explain a failure.
+FAILURE_TAIL_BYTES = 256 * 1024
+#: Seconds orphans of an ended agent get between SIGTERM and SIGKILL.
+ORPHAN_GRACE_S = 3.0
+#: Longest pause between retries of the final record write, in seconds.
+MAX_RETRY_S = 5.0
+#: Most bytes copied per poll from a deleted log into its recreated file.
+COPY_BYTES = 4 << 20
+
+EXITWRAP = Path(__file__).with_name("exitwrap.py")
+
+
+def discover_workers(agent: psutil.Process) -> tuple[list[ProcessRef], str | None]:
+    """Return the agent's rank processes and the rendezvous endpoint they were given.
+
+    Workers are the agent's direct children with torchrun's ``RANK`` and ``TORCHELASTIC_RUN_ID``
+    in their environment (a rank's own children inherit both, so descendants are not ranks); the
+    endpoint is a worker's ``MASTER_ADDR:MASTER_PORT``.
+    """
+    workers, endpoint = [], None
+    try:
+        children = agent.children(recursive=False)
+    except psutil.Error:
+        return [], None
+    for child in children:
+        try:
+            environ = child.environ()
+            if "RANK" not in environ or "TORCHELASTIC_RUN_ID" not in environ:
+                continue
+            workers.append(ProcessRef(child.pid, child.create_time(), int(environ["RANK"])))
+            if endpoint is None and environ.get("MASTER_PORT"):
+                endpoint = f"{environ.get('MASTER_ADDR', 'localhost')}:{environ['MASTER_PORT']}"
+        except (psutil.Error, ValueError):
+            continue
+    return sorted(workers, key=lambda w: (w.rank, w.pid)), endpoint
+
+
+def read_tail(path: str | os.PathLike, nbytes: int) -> str:
+    """Return the last ``nbytes`` of a file as text (invalid UTF-8 replaced; '' if missing)."""
+    try:
+        fd = jobstore.open_nofollow(Path(path), os.O_RDONLY)
+    except OSError:
+        return ""
+    with os.fdopen(fd, "rb") as f:
+        try:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - nbytes))
+            return f.read(nbytes).decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+
+
+def failure_line(log_text: str) -> str | None:
+    """The one-line failure reason of a log (see :mod:`tune_magic.failure`), or ``None``."""
+    from ...failure import describe_failure
+
+    reason = describe_failure(log_text)
+    return getattr(reason, "line", reason)
+
+
+class Supervisor:
+    """One job's supervisor (see the module docstring). ``run()`` returns the job's exit code."""
+
+    def __init__(self, job_dir: Path, lock_fd: int | None = None):
+        self.dir = job_dir
+        self.lock_fd = lock_fd
+        self.record: JobRecord = jobstore.read(job_dir)  # the last good record: rewritten from if damaged
+        self.me = procs.ref_of(psutil.Process())
+        self.agent: ProcessRef | None = None
+        self.workers: list[ProcessRef] = []
+        self.endpoint: str | None = None
+        self._log_fd: int | None = None  # a read handle on the log: the job writes through its own
+        self._copy_from: int | None = None  # offset in the old log to copy from after a deletion
+        self._copy_to: int | None = None  # write handle of the recreated log
+        self._next_check = 0.0
+
+    # -- the record ----------------------------------------------------------------------------
+    def _update(self, **changes) -> None:
+        """Set fields in the record (and in memory); on failure keep them for the next write."""
+        for key, value in changes.items():
+            if key == "status":
+                self.record.set_status(value)
+            else:
+                setattr(self.record, key, value)
+        try:
+            with jobstore.locked(self.dir) as rec:
+                for key, value in changes.items():
+                    if key == "status":
+                        rec.set_status(value)
+                    else:
+                        setattr(rec, key, value)
+                self._mine(rec)
+                self.record = rec
+        except (OSError, CorruptRecord, jobstore.StateDirError):
+            pass  # the next registry check repairs it; the final write retries
+
+    def _mine(self, rec: JobRecord) -> None:
+        """Put what this process knows into ``rec`` (it may have been rewritten by a reader)."""
+        rec.supervisor = self.me
+        if self.agent is not None:
+            rec.agent = self.agent
+        if self.workers:
+            seen = {w.pid for w in rec.workers}
+            rec.workers = rec.workers + [w for w in self.workers if w.pid not in seen]
+        if self.endpoint and (rec.rendezvous != "user" or not rec.rendezvous_endpoint):
+            rec.rendezvous_endpoint = self.endpoint
+
+    def _write_procs(self) -> None:
+        try:
+            jobstore.write_procs(self.dir, supervisor=self.me, agent=self.agent, workers=self.workers)
+        except OSError:
+            pass
+
+    def check_registry(self) -> None:
+        """Recreate a deleted job directory, rewrite a damaged record. Cheap when all is well."""
+        try:
+            st = os.lstat(self.dir)
+            gone = not stat.S_ISDIR(st.st_mode)
+        except FileNotFoundError:
+            gone = True
+        except OSError:
+            return
+        if gone:
+            self._recreate()
+            return
+        try:
+            self.record = jobstore.read(self.dir)
+        except CorruptRecord:
+            self._mine(self.record)
+            try:
+                jobstore.write_record(self.dir, self.record)
+            except OSError:
+                pass
+
+    def _recreate(self) -> None:
+        now = time.time()
+        try:
+            os.makedirs(self.dir, mode=0o700, exist_ok=True)
+            self._mine(self.record)
+            self.record.log_lost_at = now
+            jobstore.write_record(self.dir, self.record)
+        except OSError:
+            return  # try again at the next check
+        self._write_procs()
+        try:  # a fresh lock file: readers must see this supervisor alive again
+            fd = jobstore.open_nofollow(self.dir / jobstore.SUPERVISOR_LOCK, os.O_RDWR | os.O_CREAT)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if self.lock_fd is not None:
+                os.close(self.lock_fd)
+            self.lock_fd = fd
+        except OSError:
+            pass
+        try:
+            out = jobstore.open_nofollow(Path(self.record.log_path), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            stamp = time.strftime("%H:%M:%S", time.localtime(now))
+            os.write(out, (f"[tune_magic] the job's directory was deleted and recreated at {stamp}; "
+                           "the log before this moment is gone\n").encode())
+            if self._copy_to is not None:
+                os.close(self._copy_to)
+            self._copy_to = out
+            if self._log_fd is not None:
+                self._copy_from = os.fstat(self._log_fd).st_size
+        except OSError:
+            pass
+
+    def _copy_log(self) -> None:
+        """After a recreation: append what the job wrote to its (deleted) log to the new one."""
+        if self._copy_to is None or self._log_fd is None or self._copy_from is None:
+            return
+        try:
+            data = os.pread(self._log_fd, COPY_BYTES, self._copy_from)
+            if data:
+                os.write(self._copy_to, data)
+                self._copy_from += len(data)
+        except OSError:
+            pass
+
+    # -- running ------------------------------------------------------------------------------
+    def run(self) -> int:
+        rec = self.record
+        if rec.state.is_terminal:  # settled by a reader before we got here: never run it twice
+            return rec.returncode or 0
+        self._update(supervisor=self.me)
+        self._write_procs()
+        log = Path(rec.log_path)
+        out = jobstore.open_nofollow(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        self._log_fd = jobstore.open_nofollow(log, os.O_RDONLY)
+        try:
+            wrapper = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(EXITWRAP), str(self.dir / jobstore.EXIT_CODE), "--", *rec.argv],
+                cwd=rec.cwd, env={**os.environ, **rec.env}, stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT, close_fds=True,
+            )
+        except OSError as exc:
+            self._final(127, f"could not start {rec.argv[0]}: {exc}")
+            return 127
+        finally:
+            os.close(out)
+        try:
+            wrapper_ref = procs.ref_of(psutil.Process(wrapper.pid))
+        except psutil.Error:
+            wrapper_ref = ProcessRef(wrapper.pid, time.time())
+        self._find_agent(wrapper, wrapper_ref)
+        known: tuple = ()
+        next_look = 0.0
+        expected = int(rec.nproc_per_node) if (rec.nproc_per_node or "").isdigit() else 1
+        while wrapper.poll() is None:
+            now = time.monotonic()
+            if rec.distributed and now >= next_look and self.agent is not None:
+                agent = procs.alive(self.agent)
+                if agent is not None:
+                    workers, endpoint = discover_workers(agent)
+                    complete = len(workers) >= expected and endpoint is not None
+                    # look often until all are known, then rarely (an elastic restart): every look
+                    # reads /proc of each child, which steals CPU from the job on a small machine
+                    next_look = now + (DISCOVERY_SLOW_S if complete else 0.0)
+                    key = (tuple((w.pid, w.rank) for w in workers), endpoint)
+                    if workers and key != known:
+                        known = key
+                        seen = {w.pid for w in self.workers}
+                        self.workers += [w for w in workers if w.pid not in seen]
+                        self.endpoint = endpoint or self.endpoint
+                        self._write_procs()
+                        self._update()
+            if now >= self._next_check:
+                self._next_check = now + REGISTRY_CHECK_S
+                self.check_registry()
+            self._copy_log()
+            try:
+                wrapper.wait(timeout=POLL_S)
+            except subprocess.TimeoutExpired:
+                pass
+        code = wrapper.returncode
+        exit_info = jobstore.read_exit_code(self.dir)
+        if exit_info is not None:
+            code = exit_info.returncode
+        elif code is not None and code > 128:  # the wrapper re-raised a signal it could not
+            code = 128 - code
+        # whatever outlived the command (a killed agent's workers, a rank's children) goes now
+        procs.kill_job(self.agent, self.workers, ORPHAN_GRACE_S)
+        self.check_registry()
+        self._copy_log()
+        error = None
+        if code != 0:
+            error = failure_line(read_tail(self.record.log_path, FAILURE_TAIL_BYTES)) or _exit_text(code)
+        self._final(code, error)
+        return code
+
+    def _find_agent(self, wrapper: subprocess.Popen, wrapper_ref: ProcessRef) -> None:
+        """Record the wrapper's child (the agent) as soon as it exists."""
+        deadline = time.monotonic() + 10.0
+        try:
+            parent = psutil.Process(wrapper.pid)
+        except psutil.Error:
+            parent = None
+        while time.monotonic() < deadline:
+            try:
+                kids = parent.children() if parent is not None else []
+            except psutil.Error:
+                kids = []
+            if kids:
+                try:
+                    self.agent = procs.ref_of(kids[0])
+                except psutil.Error:
+                    self.agent = None
+                if self.agent is not None:
+                    break
+            if wrapper.poll() is not None:
+                break
+            time.sleep(0.002)
+        if self.agent is None:  # it ended before we saw it: the wrapper stands in (launch() waits on it)
+            self.agent = wrapper_ref
+        self._write_procs()
+        self._update()
+
+    def _final(self, code: int, error: str | None) -> None:
+        """Write the end into the record, retrying until it succeeds (a full disk frees up)."""
+        delay = 0.1
+        stopped = jobstore.stop_was_requested(self.dir, self.record)
+        status = STOPPED if stopped else SUCCEEDED if code == 0 else FAILED
+        ended = time.time()
+        while True:
+            try:
+                try:
+                    with jobstore.locked(self.dir) as rec:
+                        self._apply_end(rec, code, status, error, ended)
+                        self.record = rec
+                except CorruptRecord:
+                    self._apply_end(self.record, code, status, error, ended)
+                    jobstore.write_record(self.dir, self.record)
+                return
+            except FileNotFoundError:
+                self._recreate()
+            except (OSError, jobstore.StateDirError):
+                pass
+            time.sleep(delay)
+            delay = min(delay * 2, MAX_RETRY_S)
+
+    def _apply_end(self, rec: JobRecord, code: int, status, error: str | None, ended: float) -> None:
+        self._mine(rec)
+        if rec.state.is_terminal:
+            return
+        if jobstore.stop_was_requested(self.dir, rec):
+            status = STOPPED
+        rec.set_status(status)
+        rec.returncode = code
+        rec.ended_at = ended
+        if status == FAILED:
+            rec.error = rec.error or error or _exit_text(code)
+
+
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: ``python -m tune_magic.schedulers.local.supervisor JOB_DIR [--lock-fd N]``."""
+    argv = sys.argv[1:] if argv is None else argv
+    job_dir = Path(argv[0])
+    lock_fd = int(argv[argv.index("--lock-fd") + 1]) if "--lock-fd" in argv else None
+    # interrupts of a terminal or kernel never reach this session; a SIGTERM meant for it (e.g. a
+    # shutdown) reaches the job through the wrapper, which ends normally and gets recorded
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        return Supervisor(job_dir, lock_fd).run()
+    except Exception as exc:  # never leave a record saying "running" for a job nobody watches
+        try:
+            jobstore.update(job_dir, status=FAILED, ended_at=time.time(), error=f"supervisor error: {exc!r}")
+        finally:
+            raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
