@@ -76,7 +76,8 @@ def test_every_field_is_validated_and_bad_records_can_be_removed(tmp_path, monke
     skipped = []
     assert [r.id for r in jobstore.list_records(root, skipped)] == ["good"]
     assert skipped == [bad]
-    assert [j.id for j in J.jobs()] == ["good"]
+    with pytest.warns(RuntimeWarning, match=r"skipped job directory .*bad: "):
+        assert [j.id for j in J.jobs()] == ["good"]
     J.remove("bad")  # an unreadable record can still be removed
     assert not bad.exists()
 
@@ -97,3 +98,94 @@ def test_stop_checks_grace_before_signalling_anything(tmp_path, monkeypatch):
         with pytest.raises(ValueError, match="grace_s"):
             J.Job(d).stop(grace_s=grace)
     assert jobstore.read(d).stop_requested is False
+
+
+def test_schema_1_record_loads_and_is_written_as_schema_2(tmp_path):
+    old = rec("old").to_dict()
+    for key in ("scheduler", "log_lost_at"):
+        old.pop(key)
+    old["schema"] = 1
+    d = tmp_path / "old"
+    d.mkdir()
+    (d / jobstore.RECORD).write_text(json.dumps(old))
+    back = jobstore.read(d)
+    assert (back.scheduler, back.status, back.schema) == ("local", "running", 2)
+    jobstore.update(d, error="x")
+    assert json.loads((d / jobstore.RECORD).read_text())["schema"] == 2
+
+
+def test_update_goes_through_the_transition_rule(tmp_path):
+    d = jobstore.create(rec(), tmp_path)
+    jobstore.update(d, status="succeeded", returncode=0)
+    jobstore.update(d, status="failed", returncode=1)  # a later writer racing to record an end loses
+    back = jobstore.read(d)
+    assert (back.status, back.returncode) == ("succeeded", 1)
+
+
+@pytest.mark.parametrize("content,why", [
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"id": "bad", "name": "n", "argv": ["x"], "env": {}, "cwd": "/", "log_path": "/x", "started_at": 1'
+     + "0" * 400 + "}", "not a finite number"),
+    (b"\xff\xfe\x00binary", "not UTF-8"),
+])
+def test_pathological_records_are_skipped_with_a_reason(tmp_path, content, why):
+    jobstore.create(rec("good"), tmp_path)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    path = bad / jobstore.RECORD
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    records, skipped = jobstore.list_records_checked(tmp_path)
+    assert [r.id for r in records] == ["good"]
+    assert [s.path for s in skipped] == [bad] and why in skipped[0].reason
+
+
+def test_listing_a_missing_registry_writes_nothing(tmp_path):
+    root = jobstore.jobs_root({"TUNE_MAGIC_HOME": str(tmp_path / "nothing")}, create=False)
+    assert jobstore.list_records(root) == []
+    assert not (tmp_path / "nothing").exists()
+
+
+def test_job_dir_that_is_a_symlink_is_refused_and_never_followed(tmp_path):
+    real = tmp_path / "elsewhere"
+    real.mkdir()
+    (real / jobstore.RECORD).write_text(json.dumps(rec("evil").to_dict()))
+    root = tmp_path / "jobs"
+    root.mkdir()
+    (root / "evil").symlink_to(real)
+    records, skipped = jobstore.list_records_checked(root)
+    assert records == [] and "symbolic link" in skipped[0].reason
+    with pytest.raises(jobstore.StateDirError, match="symbolic link"):
+        jobstore.remove_tree(root / "evil")
+    assert (real / jobstore.RECORD).exists()
+
+
+def test_planted_lock_symlink_never_creates_a_file_outside(tmp_path):
+    d = jobstore.create(rec("j"), tmp_path)
+    outside = tmp_path / "outside" / "victim"
+    outside.parent.mkdir()
+    (d / jobstore.LOCK).symlink_to(outside)
+    jobstore.update(d, error="boom")  # the link is replaced by a real lock file, never followed
+    assert not outside.exists()
+    assert not (d / jobstore.LOCK).is_symlink() and jobstore.read(d).error == "boom"
+
+
+def test_procs_file_round_trip_and_damage(tmp_path):
+    d = jobstore.create(rec("p"), tmp_path)
+    assert jobstore.read_procs(d) == {}
+    jobstore.write_procs(d, supervisor=ProcessRef(5, 1.0))
+    jobstore.write_procs(d, agent=ProcessRef(6, 2.0), workers=[ProcessRef(7, 3.0, 0)])
+    assert jobstore.read_procs(d) == {"supervisor": ProcessRef(5, 1.0), "agent": ProcessRef(6, 2.0),
+                                      "workers": [ProcessRef(7, 3.0, 0)]}
+    (d / jobstore.PROCS).write_text('{"agent": {"pid": -1')
+    assert jobstore.read_procs(d) == {}
+
+
+@pytest.mark.parametrize("content,expected", [
+    (b" " * 128, None), (b'{"returncode": 0, "ended_at": 5.0}' + b" " * 90, jobstore.ExitInfo(0, 5.0)),
+    (b'{"returncode": -9, "ended_at": 7.5}', jobstore.ExitInfo(-9, 7.5)), (b'{"returncode": "x"}', None),
+    (b"garbage", None),
+])
+def test_exit_code_file(tmp_path, content, expected):
+    d = jobstore.create(rec("e"), tmp_path)
+    (d / jobstore.EXIT_CODE).write_bytes(content)
+    assert jobstore.read_exit_code(d) == expected

@@ -171,7 +171,7 @@ def _jobs(argv: Sequence[str]) -> int:
         print(json.dumps([_job_json(j) for j in listed], indent=2))
         return 0
     rows = [("ID", "NAME", "STATUS", "ELAPSED", "ENDPOINT", "OUTPUT_DIR")]
-    rows += [(j.id, j.name, j.record.status, f"{j.elapsed_s:.0f}s", j.record.rendezvous_endpoint or "-",
+    rows += [(j.id, j.name, j.record.state.label, f"{j.elapsed_s:.0f}s", j.record.rendezvous_endpoint or "-",
               j.output_dir or "-") for j in listed]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:

@@ -313,8 +313,15 @@ def read_json(path: Path, limit: int = MAX_RECORD_BYTES) -> Any:
 
 @contextmanager
 def flocked(path: Path, exclusive: bool = True) -> Iterator[int]:
-    """Hold an ``flock`` on ``path`` (created 0600 if missing, never through a link)."""
-    fd = open_nofollow(path, os.O_RDWR | os.O_CREAT)
+    """Hold an ``flock`` on ``path`` (created 0600 if missing, never through a link: a link planted
+    there is removed — the link itself, never its target — and a real lock file made instead)."""
+    try:
+        fd = open_nofollow(path, os.O_RDWR | os.O_CREAT)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP or not os.path.islink(path):
+            raise
+        os.unlink(path)
+        fd = open_nofollow(path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         yield fd

@@ -4,13 +4,16 @@ It writes the same log lines as torchtune 0.6.1's recipes (the DiskLogger file a
 description ``{epoch}|{step}|Loss: {loss}``) so the job machinery can be tested fast, and it can
 crash on purpose on one rank. Config keys (YAML via --config, then key=value overrides):
 output_dir, steps, step_s (seconds per step), crash_rank, crash_message, lines_per_step, start_loss,
-and write_times_file (optional, default off: a file to which rank 0 appends ``step,time.time()``
+ignore_sigterm (each rank ignores SIGTERM, as a hung rank would), spawn_sleep (each rank starts a
+``sleep`` child in its own session, as DataLoader workers are), and write_times_file (optional, default off: a file to which rank 0 appends ``step,time.time()``
 right after each DiskLogger write and the crashing rank appends ``crash,time.time()`` right before
 it raises; the benchmarks time metric and failure latency from it).
 Each step's loss is start_loss / step, so tests know the values without parsing them back.
 """
 
 import os
+import signal
+import subprocess
 import sys
 import time
 
@@ -28,6 +31,10 @@ def main(argv):
     times = cfg.get("write_times_file")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
+    if cfg.get("ignore_sigterm"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if cfg.get("spawn_sleep"):
+        subprocess.Popen(["sleep", "600"])  # stays in this rank's session, like a DataLoader worker
     if world > 1:
         import torch.distributed as dist
 

@@ -92,9 +92,13 @@ def main(argv):
             break
     code = os.waitstatus_to_exitcode(status)
     _write(fd, path, code)
-    if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
+    if code < 0:  # end the way the job did, so the supervisor's wait sees the same signal
+        try:
+            if -code not in (signal.SIGKILL, signal.SIGSTOP):
+                signal.signal(-code, signal.SIG_DFL)
+            os.kill(os.getpid(), -code)
+        except (OSError, ValueError):
+            pass
         return 128 - code
     return code
 
