@@ -160,19 +160,34 @@ def _job_arg(parser: argparse.ArgumentParser, argv: Sequence[str]):
     return ns, get_job(ns.job)
 
 
+def _listed(command: str) -> list:
+    """Every job; each damaged record is reported as one line on stderr and skipped."""
+    from .jobctl import jobs
+
+    skipped: list = []
+    listed = jobs(skipped=skipped)
+    for s in skipped:
+        print(f"tune-magic {command}: skipped {s.path}: {s.reason}", file=sys.stderr)
+    return listed
+
+
 def _jobs(argv: Sequence[str]) -> int:
     from .jobctl import jobs
 
     parser = argparse.ArgumentParser(prog="tune-magic jobs", description="List jobs, running and finished.")
     parser.add_argument("--json", action="store_true", help="print a JSON list of job records")
     ns = parser.parse_args(argv)
-    listed = jobs()
+    listed = _listed("jobs")
     if ns.json:
         print(json.dumps([_job_json(j) for j in listed], indent=2))
         return 0
-    rows = [("ID", "NAME", "STATUS", "ELAPSED", "ENDPOINT", "OUTPUT_DIR")]
-    rows += [(j.id, j.name, j.record.state.label, f"{j.elapsed_s:.0f}s", j.record.rendezvous_endpoint or "-",
-              j.output_dir or "-") for j in listed]
+    rows = [("ID", "NAME", "STATUS", "STEP", "LOSS", "ELAPSED", "ENDPOINT", "OUTPUT_DIR", "REASON")]
+    for j in listed:
+        s = j.summary()  # the small summary file, never the log
+        rows.append((j.id, j.name, j.record.state.label, "-" if s.step is None else str(s.step),
+                     "-" if s.loss is None else f"{s.loss:.4g}", f"{j.elapsed_s:.0f}s",
+                     j.record.rendezvous_endpoint or "-", j.output_dir or "-",
+                     (j.record.error or "-") if j.record.status == "failed" else ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
@@ -212,7 +227,7 @@ def _stop(argv: Sequence[str]) -> int:
     ns = parser.parse_args(argv)
     if bool(ns.job) == ns.all:
         raise CliError("give a job id or --all, not both" if ns.all else "give a job id or --all")
-    targets = ([j for j in jobs() if j.record.state.is_live] + damaged_live_jobs()) if ns.all else [get_job(ns.job)]
+    targets = ([j for j in _listed("stop") if j.record.state.is_live] + damaged_live_jobs()) if ns.all else [get_job(ns.job)]
     for job in targets:
         print(f"{job.id} {job.stop(grace_s=ns.grace)}")
     return 0
@@ -234,7 +249,7 @@ def _rm(argv: Sequence[str]) -> int:
     ns = parser.parse_args(argv)
     if bool(ns.job) == ns.finished:
         raise CliError("give a job id or --finished")
-    ids = [j.id for j in jobs() if not j.record.state.is_live] if ns.finished else [ns.job]
+    ids = [j.id for j in _listed("rm") if not j.record.state.is_live] if ns.finished else [ns.job]
     for job_id in ids:
         remove(job_id)
         print(f"removed {job_id}")

@@ -51,14 +51,10 @@ def print_plans() -> int:
 
 
 def final_loss(job) -> tuple[int | None, float | None]:
-    """(step, loss) of the job's last logged loss, or ``(None, None)``."""
-    if hasattr(job, "metrics"):
-        losses = [p for p in job.metrics() if p["name"] == "loss"]
-        return (losses[-1]["step"], losses[-1]["value"]) if losses else (None, None)
-    from .watch import JobWatcher
-
-    snap = JobWatcher(job, tail_lines=1).poll_once()
-    return snap.step, snap.loss
+    """(step, loss) of the job's last logged loss, or ``(None, None)``, from its summary (never
+    the whole log)."""
+    s = job.summary()
+    return s.step, s.loss
 
 
 def summary(jobs: Sequence) -> str:
@@ -67,7 +63,7 @@ def summary(jobs: Sequence) -> str:
     for job in jobs:
         step, loss = final_loss(job)
         endpoint = job.rendezvous_endpoint
-        rows.append((job.name, job.id, job.status, "-" if step is None else str(step),
+        rows.append((job.name, job.id, job.status.label, "-" if step is None else str(step),
                      "-" if loss is None else f"{loss:.4f}",
                      endpoint.rsplit(":", 1)[-1] if endpoint else "-", f"{job.elapsed_s:.1f} s"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

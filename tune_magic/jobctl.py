@@ -250,6 +250,18 @@ class Job:
         self._settle_supervisor()
         return self._record.state
 
+    def summary(self):
+        """Return the job's :class:`tune_magic.summary.Summary`: last step and loss, epoch,
+        progress text, last metric values, whether it is saving a checkpoint, the failure reason.
+        Reads the small summary file, never the whole log (at most the bytes it gained since)."""
+        from .summary import Summary, current_summary
+
+        r = self.refresh()._record
+        if self.damaged:
+            return Summary()
+        kept = not r.state.is_terminal and self._sched().keeps_summary(self.dir, r)
+        return current_summary(self.dir, r, kept=kept, final=not r.state.is_live)
+
     def metric_points(self) -> list:
         """Read the job's logs to their current end; return its merged metric points
         (:class:`tune_magic.logparse.MetricPoint`, sorted by step then name).

@@ -153,26 +153,29 @@ class JobCard(widgets.VBox):
 
 class JobsTable(widgets.VBox):
     """All jobs (including those started by earlier kernels): id, name, status, step, last loss,
-    elapsed, and a Stop button per running job. ``rows`` maps job id -> that row's widgets."""
+    elapsed, and a Stop button per live job. ``rows`` maps job id -> that row's widgets.
+
+    Rows are filled from each job's summary (:meth:`Job.summary`), never from its whole log."""
 
     COLUMNS = ("id", "name", "status", "step", "loss", "elapsed", "")
 
     def __init__(self, listed: Iterable[Job] | None = None):
         self.jobs = list(jobs() if listed is None else listed)
         self.rows: dict[str, dict[str, widgets.Widget]] = {}
-        self.summaries: dict[str, JobSnapshot] = {}
+        self.summaries: dict[str, tuple] = {}
         cells = [widgets.HTML(f"<b>{c}</b>") for c in self.COLUMNS]
         for job in self.jobs:
-            snap = JobWatcher(job, tail_lines=1).poll_once()
-            self.summaries[job.id] = snap
-            button = widgets.Button(description="Stop", button_style="danger", disabled=not Status(snap.status).is_live,
+            s = job.summary()
+            state = job.record.state
+            self.summaries[job.id] = (job.name, state.label, s.step, s.loss, job.elapsed_s)
+            button = widgets.Button(description="Stop", button_style="danger", disabled=not state.is_live,
                                     layout=widgets.Layout(width="70px"))
             button.on_click(lambda _b, job=job, b=button: self._stop(job, b))
             row = {
-                "id": widgets.HTML(f"<code>{job.id}</code>"), "name": widgets.HTML(html.escape(snap.name)),
-                "status": widgets.HTML(snap.status), "step": widgets.HTML("" if snap.step is None else str(snap.step)),
-                "loss": widgets.HTML("" if snap.loss is None else f"{snap.loss:.5g}"),
-                "elapsed": widgets.HTML(_fmt_elapsed(snap.elapsed_s)), "stop": button,
+                "id": widgets.HTML(f"<code>{job.id}</code>"), "name": widgets.HTML(html.escape(job.name)),
+                "status": widgets.HTML(state.label), "step": widgets.HTML("" if s.step is None else str(s.step)),
+                "loss": widgets.HTML("" if s.loss is None else f"{s.loss:.5g}"),
+                "elapsed": widgets.HTML(_fmt_elapsed(job.elapsed_s)), "stop": button,
             }
             self.rows[job.id] = row
             cells += list(row.values())
@@ -192,9 +195,9 @@ class JobsTable(widgets.VBox):
     def text(self) -> str:
         """The table as plain text."""
         rows = [self.COLUMNS[:-1]]
-        for job_id, s in self.summaries.items():
-            rows.append((job_id, s.name, s.status, "" if s.step is None else str(s.step),
-                         "" if s.loss is None else f"{s.loss:.5g}", _fmt_elapsed(s.elapsed_s)))
+        for job_id, (name, status, step, loss, elapsed) in self.summaries.items():
+            rows.append((job_id, name, status, "" if step is None else str(step),
+                         "" if loss is None else f"{loss:.5g}", _fmt_elapsed(elapsed)))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 

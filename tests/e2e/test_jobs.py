@@ -290,3 +290,20 @@ def test_supervisor_dying_at_start_is_a_start_error(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(site)}
     with pytest.raises(J.JobStartError, match="did not start"):
         J.launch(toy_args("steps=2"), env=env)
+
+
+def test_supervisor_keeps_the_summary_current(cleanup_jobs):
+    from tune_magic.summary import read_summary
+
+    job = J.launch(toy_args("steps=25", "step_s=0.2"))
+    cleanup_jobs.append(job)
+    deadline = time.monotonic() + 60
+    while (read_summary(job.dir) is None or (read_summary(job.dir).step or 0) < 3):
+        assert time.monotonic() < deadline and job.status == "running", job.tail(10)
+        time.sleep(0.1)
+    live = read_summary(job.dir)
+    assert job.status == "running" and live.loss == 10.0 / live.step  # the stand-in's loss is 10/step
+    assert job.wait(TIMEOUT) == "succeeded"
+    final = job.summary()
+    assert (final.step, final.loss, final.epoch) == (25, 10.0 / 25, 1)
+    assert read_summary(job.dir).log_offset == os.path.getsize(job.log_path)

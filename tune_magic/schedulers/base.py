@@ -120,6 +120,11 @@ class Scheduler(ABC):
     def has_live_parts(self, job_dir: Path, record: "JobRecord | None") -> bool:
         """Whether anything of the job may still run (``record`` is ``None`` when it is damaged)."""
 
+    def keeps_summary(self, job_dir: Path, record: "JobRecord") -> bool:
+        """Whether a process of this scheduler keeps the job's summary current (else the first
+        reader catches it up from its offsets)."""
+        return False
+
     def settle_after_cancel(self, job_dir: Path, record: "JobRecord") -> dict[str, Any]:
         """Fields to record when ``cancel`` ended a job that nobody else will record."""
         return {}

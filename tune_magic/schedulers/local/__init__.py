@@ -104,6 +104,10 @@ class LocalScheduler(Scheduler):
             workers.setdefault(w.pid, w)
         return sup, agent, list(workers.values())
 
+    def keeps_summary(self, job_dir: Path, record: JobRecord) -> bool:
+        """A live supervisor keeps the job's summary current (readers read it as is)."""
+        return self.supervisor_alive(job_dir, record)
+
     def supervisor_alive(self, job_dir: Path, record: JobRecord | None) -> bool:
         """Whether the job's supervisor (or a launcher about to start it) is alive."""
         held = jobstore.lock_is_held(job_dir / jobstore.SUPERVISOR_LOCK)

@@ -31,6 +31,7 @@ from pathlib import Path
 import psutil
 
 from ... import jobstore
+from ...summary import SummaryTracker, write_summary
 from ...jobstore import FAILED, STOPPED, SUCCEEDED, CorruptRecord, JobRecord, ProcessRef
 from . import procs
 
@@ -40,6 +41,8 @@ POLL_S = 0.2
 DISCOVERY_SLOW_S = 5.0
 #: Seconds between checks that the job's directory and record are intact.
 REGISTRY_CHECK_S = 1.0
+#: Seconds between updates of the job's summary (summary.json: last step and loss, progress).
+SUMMARY_S = 1.0
 #: Bytes from the end of the log read to explain a failure.
 FAILURE_TAIL_BYTES = 256 * 1024
 #: Seconds orphans of an ended agent get between SIGTERM and SIGKILL.
@@ -115,6 +118,8 @@ class Supervisor:
         self._copy_from: int | None = None  # offset in the old log to copy from after a deletion
         self._copy_to: int | None = None  # write handle of the recreated log
         self._next_check = 0.0
+        self._next_summary = 0.0
+        self.tracker = SummaryTracker(self.record)
 
     # -- the record ----------------------------------------------------------------------------
     def _update(self, **changes) -> None:
@@ -268,6 +273,10 @@ class Supervisor:
                 self._next_check = now + REGISTRY_CHECK_S
                 self.check_registry()
             self._copy_log()
+            if now >= self._next_summary:
+                self._next_summary = now + SUMMARY_S
+                if self.tracker.advance():
+                    write_summary(self.dir, self.tracker.summary)
             try:
                 wrapper.wait(timeout=POLL_S)
             except subprocess.TimeoutExpired:
@@ -283,8 +292,13 @@ class Supervisor:
         self.check_registry()
         self._copy_log()
         error = None
-        if code != 0:
+        if code != 0 and not jobstore.stop_was_requested(self.dir, self.record):
             error = failure_line(read_tail(self.record.log_path, FAILURE_TAIL_BYTES)) or _exit_text(code)
+        # the summary first: a reader that sees the end in the record finds the final summary too
+        self.tracker.record.error = self.record.error or error
+        while self.tracker.advance(final=True):
+            pass
+        write_summary(self.dir, self.tracker.summary)
         self._final(code, error)
         return code
 

@@ -1,0 +1,148 @@
+"""Per-job summaries: the values listings show, kept by reading only what the logs gained."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+import tune_magic.jobctl as J
+from tune_magic import jobstore, summary as S
+from tune_magic.jobstore import JobRecord
+
+
+def make_job(root: Path, job_id: str, *, status="succeeded", steps=5, bar=True, ended=True) -> JobRecord:
+    d = root / job_id
+    d.mkdir(parents=True)
+    metric_dir = root.parent / "runs" / job_id / "logs"
+    metric_dir.mkdir(parents=True)
+    metric_file = metric_dir / "log_1.txt"
+    metric_file.write_text("".join(f"Step {i} | loss:{10 / i} lr:0.001 tokens_per_second_per_gpu:{100 + i} \n"
+                                   for i in range(1, steps + 1)))
+    log = d / jobstore.OUTPUT_LOG
+    parts = [f"INFO:torchtune.utils._logging:Writing logs to {metric_file}\n"]
+    if bar:
+        parts += [f"\r1|{i}|Loss: {10 / i}: {i * 100 // steps}%|###| {i}/{steps} [00:0{i}<00:00, 1.0it/s]"
+                  for i in range(1, steps + 1)]
+    parts.append("\ndone\n")
+    log.write_text("".join(parts))
+    rec = JobRecord(id=job_id, name="n", argv=["python", "x.py"], env={}, cwd=str(root), log_path=str(log),
+                    started_at=time.time() - 60, status=status, metric_log_dir=str(metric_dir),
+                    ended_at=time.time() if ended else None, returncode=0 if status == "succeeded" else None)
+    jobstore.write_record(d, rec)
+    return rec
+
+
+def test_tracker_reads_step_loss_epoch_metrics_and_progress(tmp_path):
+    rec = make_job(tmp_path / "jobs", "a", steps=5)
+    t = S.SummaryTracker(rec)
+    assert t.advance(final=True)
+    s = t.summary
+    assert (s.step, s.loss, s.epoch) == (5, 2.0, 1)
+    assert s.metrics == {"loss": 2.0, "lr": 0.001, "tokens_per_second_per_gpu": 105.0}
+    assert s.progress.startswith("1|5|Loss: 2.0: 100%")
+    assert s.log_offset == os.path.getsize(rec.log_path) and s.metrics_path.endswith("log_1.txt")
+    assert not t.advance(final=True)  # nothing new: nothing read, nothing changed
+
+
+def test_resume_from_the_file_reads_only_new_bytes(tmp_path):
+    rec = make_job(tmp_path / "jobs", "b", steps=3)
+    t = S.SummaryTracker(rec)
+    t.advance()
+    d = Path(rec.log_path).parent
+    assert S.write_summary(d, t.summary)
+    offset = t.summary.metrics_offset
+    with open(t.summary.metrics_path, "a") as f:
+        f.write("Step 4 | loss:0.5 lr:0.001 tokens_per_second_per_gpu:9 \nStep 5 | loss:0.25")  # 5 unfinished
+    again = S.SummaryTracker(rec, S.read_summary(d))
+    assert again.summary.metrics_offset == offset
+    assert again.advance()
+    assert (again.summary.step, again.summary.loss) == (4, 0.5)  # an unfinished record is not consumed
+    assert again.advance(final=True)
+    assert (again.summary.step, again.summary.loss) == (5, 0.25)
+
+
+def test_metric_file_wins_over_the_progress_bar_and_a_bar_ahead_shows(tmp_path):
+    rec = make_job(tmp_path / "jobs", "c", steps=2)
+    with open(rec.log_path, "a") as f:
+        f.write("\r1|3|Loss: 3.5: 100%|###| 3/3")
+    t = S.SummaryTracker(rec)
+    t.advance(final=True)
+    assert (t.summary.step, t.summary.loss) == (3, 3.5)  # the bar is ahead of the metric file
+    with open(t.summary.metrics_path, "a") as f:
+        f.write("Step 3 | loss:3.25 \n")
+    t.advance(final=True)
+    assert (t.summary.step, t.summary.loss) == (3, 3.25)
+
+
+def test_saving_checkpoint_until_the_next_step(tmp_path):
+    rec = make_job(tmp_path / "jobs", "d", steps=2)
+    t = S.SummaryTracker(rec)
+    t.advance()
+    assert t.summary.saving is False
+    with open(rec.log_path, "a") as f:
+        f.write("INFO:torchtune.utils._logging:Saving checkpoint. This may take some time.\n")
+    t.advance()
+    assert t.summary.saving is True
+    with open(rec.log_path, "a") as f:
+        f.write("\r2|3|Loss: 1.0: 5%|#| 1/20\n")
+    t.advance()
+    assert t.summary.saving is False and t.summary.epoch == 2
+
+
+def test_a_recreated_log_starts_over_and_keeps_what_was_known(tmp_path):
+    rec = make_job(tmp_path / "jobs", "e", steps=4)
+    t = S.SummaryTracker(rec)
+    t.advance()
+    os.unlink(rec.log_path)
+    Path(rec.log_path).write_text("[tune_magic] the log before this moment is gone\n")
+    t.advance()
+    assert t.summary.log_offset == os.path.getsize(rec.log_path) and t.summary.step == 4
+
+
+def test_damaged_summary_is_ignored(tmp_path):
+    rec = make_job(tmp_path / "jobs", "f")
+    d = Path(rec.log_path).parent
+    (d / S.SUMMARY).write_text('{"version": 1, "step": "x", "loss": 2')
+    assert S.read_summary(d) is None
+    s = S.current_summary(d, rec, kept=False, final=True)
+    assert (s.step, s.loss) == (5, 2.0)
+    assert S.read_summary(d).step == 5  # written back for the next reader
+
+
+def test_listings_open_no_log(tmp_path, monkeypatch):
+    """The listings that show step and loss read summaries: once each job has one, no log is opened."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("TUNE_MAGIC_HOME", str(home))
+    root = home / "jobs"
+    for i in range(3):
+        rec = make_job(root, f"j{i}", steps=4 + i)
+        S.write_summary(root / rec.id, S.current_summary(root / rec.id, rec, kept=False, final=True, write=False))
+    opened: list[str] = []
+    real_open, real_os_open = builtins.open, os.open
+
+    def spy_open(file, *a, **kw):
+        opened.append(str(file))
+        return real_open(file, *a, **kw)
+
+    def spy_os_open(path, *a, **kw):
+        opened.append(str(path))
+        return real_os_open(path, *a, **kw)
+
+    monkeypatch.setattr(builtins, "open", spy_open)
+    monkeypatch.setattr(os, "open", spy_os_open)
+    from tune_magic import cli, demo
+    from tune_magic.views import JobsTable
+
+    listed = J.jobs()
+    table = JobsTable(listed)
+    assert [table.summaries[f"j{i}"][2:4] for i in range(3)] == [(4, 2.5), (5, 2.0), (6, 10 / 6)]
+    assert cli.main(["jobs"]) == 0
+    text = demo.summary(listed)
+    assert "2.5000" in text
+    logs = [p for p in opened if p.endswith(".log") or "/logs/log_" in p]
+    assert logs == [], logs
