@@ -12,51 +12,38 @@ import sys
 import time
 from typing import Callable, Sequence
 
-from .command import PlanError, build_plan
-from .errors import StateDirError
+from . import launchopts
+from .errors import UserError
 
 EXIT_USAGE = 2
 
 
-class CliError(Exception):
+class CliError(UserError):
     """A user mistake on the command line: printed as one paragraph, exit 2."""
 
 
-def _split_leading(argv: Sequence[str], value_flags: set[str], switch_flags: set[str]) -> tuple[list[str], list[str]]:
-    """Split ``argv`` into (our leading options, the ``tune run`` arguments that follow).
-
-    Our own options must come first; the first token that is not one of them starts the
-    ``tune run`` part, which may itself begin with torchrun options (``--nproc_per_node``). A ``--``
-    ends our options explicitly.
-    """
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        name = token.split("=", 1)[0]
-        if token == "--":
-            return list(argv[:i]), list(argv[i + 1 :])
-        if name in value_flags:
-            i += 1 if "=" in token else 2
-        elif token in switch_flags:
-            i += 1
-        else:
-            break
-    return list(argv[:i]), list(argv[i:])
-
-
 def _cmd(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="tune-magic cmd",
-        description="Print the exact command a tune run-style line launches (nothing is started).",
-        usage="tune-magic cmd [--json] [--gpus G] [--job-id ID] [TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]",
-    )
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    parser.add_argument("--gpus", help="GPU ids for the job, e.g. 0,1 (sets CUDA_VISIBLE_DEVICES)")
-    parser.add_argument("--job-id", help="build the plan for this job id (per-job output_dir)")
-    own, rest = _split_leading(argv, {"--gpus", "--job-id"}, {"--json", "-h", "--help"})
-    ns = parser.parse_args(own)
-    plan = build_plan(rest, gpus=ns.gpus, job_id=ns.job_id)
-    print(json.dumps(plan.to_dict(), indent=2) if ns.json else plan.command_line())
+    from .jobctl import launch
+
+    usage = ("tune-magic cmd [--json] [--gpus G] [--job-id ID] [--scheduler local|slurm] [SLURM options] "
+             "[TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]")
+    own, rest = launchopts.split_own(argv, launchopts.CMD, "tune-magic cmd")
+    if own.get("help"):
+        print("Print the exact command a tune run-style line launches (nothing is started).\n")
+        print(launchopts.help_text(launchopts.CMD, usage))
+        return 0
+    sched = {k: own[k] for k in launchopts.SCHEDULER_DESTS if k in own}
+    plan = launch(rest, gpus=own.get("gpus"), dry_run=True, scheduler=own.get("scheduler"),
+                  job_id=own.get("job_id"), **sched)
+    if own.get("job_id") is None:
+        print(f"tune-magic cmd: built for the new id {plan.job_id}; tune-magic run picks its own id",
+              file=sys.stderr)
+    if own.get("json"):
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        print(plan.command_line())
+        if getattr(plan, "batch_script", None):
+            print("\n" + plan.batch_script, end="")
     return 0
 
 
@@ -129,23 +116,22 @@ def _stream_log(job, out=None, poll_s: float = 0.2) -> None:
 def _run(argv: Sequence[str]) -> int:
     from .jobctl import launch
 
-    parser = argparse.ArgumentParser(
-        prog="tune-magic run",
-        description="Launch a tune run-style job in the background and print its id.",
-        usage="tune-magic run [--name N] [--gpus G] [--force] [--wait] [TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]",
-    )
-    parser.add_argument("--name", help="free-text job name")
-    parser.add_argument("--gpus", help="GPU ids (0,1) or auto")
-    parser.add_argument("--force", action="store_true", help="share GPUs/output_dir with running jobs")
-    parser.add_argument("--wait", action="store_true", help="stream the log; exit with the job's exit code")
-    own, rest = _split_leading(argv, {"--name", "--gpus"}, {"--force", "--wait", "-h", "--help"})
-    ns = parser.parse_args(own)
-    result = launch(rest, name=ns.name, gpus=ns.gpus, force=ns.force)
+    usage = ("tune-magic run [--name N] [--gpus G] [--force] [--wait] [--scheduler local|slurm] [SLURM options] "
+             "[TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]")
+    allowed = tuple(f for f in launchopts.RUN if f != "--dry-run")
+    own, rest = launchopts.split_own(argv, allowed, "tune-magic run")
+    if own.get("help"):
+        print("Launch a tune run-style job in the background and print its id.\n")
+        print(launchopts.help_text(allowed, usage))
+        return 0
+    sched = {k: own[k] for k in launchopts.SCHEDULER_DESTS if k in own}
+    result = launch(rest, name=own.get("name"), gpus=own.get("gpus"), force=bool(own.get("force")),
+                    scheduler=own.get("scheduler"), **sched)
     if not hasattr(result, "id"):  # TUNE_MAGIC_DRY_RUN=1: a plan, nothing started
         print(result.command_line())
         return 0
     print(result.id, flush=True)
-    if ns.wait:
+    if own.get("wait"):
         _stream_log(result)
         code = result.returncode
         return 1 if code is None else (code if 0 <= code < 256 else 128 + abs(code))
@@ -333,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return _COMMANDS[name][0](rest)
-    except (PlanError, CliError, LookupError, StateDirError) as exc:
+    except UserError as exc:  # a user's mistake: one paragraph; anything else is a bug: its traceback
         print(f"tune-magic {name}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except SystemExit as exc:  # argparse's own usage errors already printed

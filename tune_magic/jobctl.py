@@ -398,6 +398,7 @@ def launch(
     time_limit: str | None = None,
     account: str | None = None,
     sbatch: Sequence[str] | None = None,
+    job_id: str | None = None,
 ) -> "Job | LaunchPlan":
     """Launch a ``tune run``-style job in the background and return at once.
 
@@ -421,6 +422,8 @@ def launch(
         nodes, gpus_per_node, cpus_per_node, partition, time_limit, account, sbatch: the SLURM
             scheduler's options (``--nodes``, ``--gpus-per-node``, ``--cpus-per-node``,
             ``--partition``, ``--time``, ``--account``, extra sbatch options); refused by ``local``.
+        job_id: the id a dry run's plan is built for (default: a new one, as a launch would pick);
+            a real launch always picks its own.
 
     Returns:
         The :class:`Job` (or the plan, for a dry run).
@@ -442,7 +445,9 @@ def launch(
     if dry_run is None:
         dry_run = dry_run_requested(caller_env)
     tokens = split_args(args)
-    job_id = new_job_id()
+    if job_id is not None and not dry_run:
+        raise PlanError("job_id is for dry runs only; a launch picks its own id")
+    job_id = check_job_id(job_id) if job_id is not None else new_job_id()
     if dry_run:
         # nothing is registered; a temporary folder only holds a cell body's config for the preview
         if config_overlay is not None:

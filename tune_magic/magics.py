@@ -1,7 +1,9 @@
-"""IPython magics: ``%%tune_run``, ``%tune_run``, ``%tune_jobs``, ``%tune_logs``, ``%tune_stop``.
+"""IPython magics: ``%%tune_run``, ``%tune_run``, ``%tune_jobs``, ``%tune_logs``, ``%tune_stop``, ``%tune_panel``.
 
-Thin by design: parse with ``magic_arguments``, call the public API (:func:`tune_magic.launch`,
-:func:`tune_magic.jobs`, ...), display the result. User mistakes become ``UsageError``.
+Thin by design: parse (own options with :mod:`tune_magic.launchopts`, the rest with
+``magic_arguments``), call the public API (:func:`tune_magic.launch`, :func:`tune_magic.jobs`, ...),
+display the result. User mistakes (:class:`tune_magic.UserError`) become ``UsageError``; anything
+else is a bug and keeps its traceback. ``-h``/``--help`` on every magic shows its help.
 """
 
 from __future__ import annotations
@@ -16,28 +18,9 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from . import launchopts
 from .cellbody import expand_fields, parse_cell_body
-from .command import PlanError
-from .errors import StateDirError
-
-_OWN_VALUE = {"--name", "--gpus"}
-_OWN_SWITCH = {"--force", "--wait", "--dry-run", "-h", "--help"}
-
-
-def _split_own(tokens: list[str]) -> tuple[list[str], list[str]]:
-    """Split the magic's own leading options from the ``tune run`` arguments after them."""
-    i = 0
-    while i < len(tokens):
-        name = tokens[i].split("=", 1)[0]
-        if tokens[i] == "--":
-            return tokens[:i], tokens[i + 1 :]
-        if name in _OWN_VALUE:
-            i += 1 if "=" in tokens[i] else 2
-        elif tokens[i] in _OWN_SWITCH:
-            i += 1
-        else:
-            break
-    return tokens[:i], tokens[i:]
+from .errors import UserError
 
 
 def _split_line(line: str) -> list[str]:
@@ -47,6 +30,31 @@ def _split_line(line: str) -> list[str]:
         raise UsageError(f"cannot split the line ({exc}); close every quote") from None
 
 
+def _parse(magic, line: str):
+    """Parse ``line`` with ``magic``'s magic_arguments parser (errors are UsageError)."""
+    return magic.parser.parse_args(_split_line(line))
+
+
+def _wants_help(line: str) -> bool:
+    try:
+        tokens = shlex.split(line)
+    except ValueError:
+        return False
+    return any(t in ("-h", "--help") for t in tokens)
+
+
+def empty_cell_to_line(lines: list[str]) -> list[str]:
+    """IPython input transformer: a ``%%tune_run ARGS`` cell with nothing under it becomes the
+    line magic ``%tune_run ARGS`` (IPython refuses an empty cell body before the magic runs)."""
+    if not lines:
+        return lines
+    first = lines[0].lstrip()
+    if first.startswith("%%tune_run") and (len(first) == len("%%tune_run") or first[len("%%tune_run")].isspace()) \
+            and all(not line.strip() for line in lines[1:]):
+        return [first[1:] if first.endswith("\n") else first[1:] + "\n"]
+    return lines
+
+
 @magics_class
 class TuneMagics(Magics):
     """tune_magic's magics (registered by ``%load_ext tune_magic``)."""
@@ -54,10 +62,18 @@ class TuneMagics(Magics):
     @no_var_expand
     @magic_arguments()
     @argument("--name", help="free-text job name (default: the recipe name)")
-    @argument("--gpus", help="GPU ids for this job, e.g. 0,1 (sets CUDA_VISIBLE_DEVICES for the job only), or auto")
-    @argument("--force", action="store_true", help="allow sharing a GPU or output_dir with a running job")
-    @argument("--wait", action="store_true", help="block and stream plain text until the job ends (nbconvert/papermill)")
-    @argument("--dry-run", action="store_true", help="show the command and return the LaunchPlan; start nothing")
+    @argument("--gpus", help=launchopts.OPTIONS["--gpus"].help)
+    @argument("--force", action="store_true", help=launchopts.OPTIONS["--force"].help)
+    @argument("--wait", action="store_true", help=launchopts.OPTIONS["--wait"].help)
+    @argument("--dry-run", action="store_true", help=launchopts.OPTIONS["--dry-run"].help)
+    @argument("--scheduler", help=launchopts.OPTIONS["--scheduler"].help)
+    @argument("--nodes", help=launchopts.OPTIONS["--nodes"].help)
+    @argument("--gpus-per-node", help=launchopts.OPTIONS["--gpus-per-node"].help)
+    @argument("--cpus-per-node", help=launchopts.OPTIONS["--cpus-per-node"].help)
+    @argument("--partition", help=launchopts.OPTIONS["--partition"].help)
+    @argument("--time", help=launchopts.OPTIONS["--time"].help)
+    @argument("--account", help=launchopts.OPTIONS["--account"].help)
+    @argument("--sbatch", action="append", metavar="OPT", help=launchopts.OPTIONS["--sbatch"].help)
     @argument("args", nargs=argparse.REMAINDER,
               help="[torchrun options] RECIPE [--config CONFIG] [key=value ...], the same words as `tune run`")
     @line_cell_magic("tune_run")
@@ -65,31 +81,37 @@ class TuneMagics(Magics):
         """Launch a torchtune recipe in the background and show a live card; return the Job.
 
         The cell body is either a YAML config (merged over --config when both are given, saved in
-        the job's directory) or key=value override lines; # comments are allowed. {name} in the line
-        and in override lines expands from the notebook namespace; ${...} is left for OmegaConf. Without an endpoint of
-        your own, torchrun gets --standalone (an OS-chosen port), so jobs side by side never collide.
+        the job's directory) or key=value override lines (a value may contain spaces); # comments
+        are allowed. {name} in the line and in override lines expands from the notebook namespace;
+        ${...} is left for OmegaConf. Without an endpoint of your own, torchrun gets --standalone
+        (an OS-chosen port), so jobs side by side never collide. With --scheduler slurm the job is
+        one SLURM batch job on --nodes nodes.
         """
         from .jobctl import launch
 
         tokens = _split_line(line)
         try:
             tokens = [expand_fields(t, self.shell.user_ns) for t in tokens]
-            own, rest = _split_own(tokens)
-            misplaced = [t for t in rest if t.split("=", 1)[0] in _OWN_VALUE | _OWN_SWITCH]
-            if misplaced:
-                raise PlanError(f"{misplaced[0]} is an option of %%tune_run itself: put it first, before the "
-                                "torchrun options and the recipe")
-            ns = self.tune_run.parser.parse_args(own)
+            own, rest = launchopts.split_own(tokens, launchopts.RUN, "%%tune_run")
+            if own.get("help"):
+                print(self.tune_run.__doc__)
+                return None
             body = parse_cell_body(cell)
             overrides = [expand_fields(t, self.shell.user_ns) for t in body.overrides]
-            result = launch(rest + overrides, name=ns.name, gpus=ns.gpus, force=ns.force, cwd=os.getcwd(),
-                            dry_run=True if ns.dry_run else None, config_overlay=body.config_yaml)
-        except (PlanError, LookupError, StateDirError) as exc:
+            sched = {k: own[k] for k in launchopts.SCHEDULER_DESTS if k in own}
+            result = launch(rest + overrides, name=own.get("name"), gpus=own.get("gpus"),
+                            force=bool(own.get("force")), cwd=os.getcwd(),
+                            dry_run=True if own.get("dry_run") else None, config_overlay=body.config_yaml,
+                            scheduler=own.get("scheduler"), **sched)
+        except UserError as exc:
             raise UsageError(str(exc)) from None
         if not hasattr(result, "id"):  # a LaunchPlan: dry run
             print(result.command_line())
+            script = getattr(result, "batch_script", None)
+            if script:
+                print("\n" + script)
             return result
-        if ns.wait:
+        if own.get("wait"):
             from .watch import stream_text
 
             try:
@@ -102,19 +124,28 @@ class TuneMagics(Magics):
         display(JobCard(result))
         return result
 
+    @magic_arguments()
     @line_magic("tune_jobs")
     def tune_jobs(self, line: str = ""):
         """Show all jobs (also those started by earlier kernels) with status, step, last loss, elapsed
-        time and a Stop button per running job."""
+        time and a Stop button per live job."""
+        if _wants_help(line):
+            print(self.tune_jobs.__doc__)
+            return None
+        _parse(self.tune_jobs, line)
         from .views import JobsTable
 
-        table = JobsTable()
-        display(table)
+        display(JobsTable())
         return None
 
+    @magic_arguments()
     @line_magic("tune_panel")
     def tune_panel(self, line: str = ""):
         """Show the launch panel (recipe/config pickers, command preview, Launch, jobs, loss comparison)."""
+        if _wants_help(line):
+            print(self.tune_panel.__doc__)
+            return None
+        _parse(self.tune_panel, line)
         from .panel import Panel
 
         return Panel()
@@ -124,39 +155,50 @@ class TuneMagics(Magics):
     @line_magic("tune_logs")
     def tune_logs(self, line: str):
         """Show a job's live card again (e.g. after a kernel restart)."""
+        if _wants_help(line):
+            print(self.tune_logs.__doc__)
+            return None
         from .jobctl import get_job
         from .views import JobCard
 
-        ns = self.tune_logs.parser.parse_args(_split_line(line))
+        ns = _parse(self.tune_logs, line)
         try:
             job = get_job(ns.job)
-        except (PlanError, LookupError) as exc:
+        except UserError as exc:
             raise UsageError(str(exc)) from None
         display(JobCard(job))
         return job
 
     @magic_arguments()
     @argument("job", nargs="?", help="job id")
-    @argument("--all", action="store_true", help="stop every running job")
+    @argument("--all", action="store_true", help="stop every live job (running or pending)")
     @argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL (10)")
     @line_magic("tune_stop")
     def tune_stop(self, line: str):
-        """Stop a job (SIGTERM to torchrun, then SIGKILL to what is left), or every running job."""
+        """Stop a job (SIGTERM to torchrun, then SIGKILL to what is left; a queued job is
+        cancelled), or every live job."""
+        if _wants_help(line):
+            print(self.tune_stop.__doc__)
+            return None
         from .jobctl import damaged_live_jobs, get_job, jobs
 
-        ns = self.tune_stop.parser.parse_args(_split_line(line))
+        ns = _parse(self.tune_stop, line)
         if bool(ns.job) == ns.all:
             raise UsageError("give a job id or --all, not both" if ns.all else "give a job id or --all")
         if not 0 <= ns.grace < float("inf"):
             raise UsageError(f"--grace {ns.grace}: give the seconds between SIGTERM and SIGKILL, a number >= 0")
         try:
             targets = ([j for j in jobs() if j.status.is_live] + damaged_live_jobs()) if ns.all else [get_job(ns.job)]
-        except (PlanError, LookupError) as exc:
+        except UserError as exc:
             raise UsageError(str(exc)) from None
         for job in targets:
             print(f"{job.id} {job.stop(grace_s=ns.grace)}")
 
 
 def register(ipython) -> None:
-    """Register :class:`TuneMagics` with ``ipython``."""
+    """Register :class:`TuneMagics` with ``ipython``, and the transformer that lets a
+    ``%%tune_run ARGS`` cell with an empty body run as ``%tune_run ARGS``."""
     ipython.register_magics(TuneMagics)
+    cleanup = ipython.input_transformers_cleanup
+    if not any(getattr(t, "__name__", "") == empty_cell_to_line.__name__ for t in cleanup):
+        cleanup.append(empty_cell_to_line)

@@ -307,3 +307,23 @@ def test_supervisor_keeps_the_summary_current(cleanup_jobs):
     final = job.summary()
     assert (final.step, final.loss, final.epoch) == (25, 10.0 / 25, 1)
     assert read_summary(job.dir).log_offset == os.path.getsize(job.log_path)
+
+
+def test_endpoint_with_port_0_records_the_real_address_and_workers_are_exactly_the_ranks(cleanup_jobs):
+    job = J.launch("--rdzv-endpoint localhost:0 --rdzv-backend c10d "
+                   + toy_args("steps=1000", "step_s=0.1", "spawn_sleep=true"))
+    cleanup_jobs.append(job)
+    deadline = time.monotonic() + 60
+    while len(job.refresh().record.workers) < 2 or job.record.rendezvous_endpoint == "localhost:0":
+        assert time.monotonic() < deadline, job.tail(20)
+        time.sleep(0.1)
+    ranks = {}
+    for child in psutil.Process(job.pid).children():
+        env = child.environ()
+        ranks[child.pid] = int(env["RANK"])
+        real = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+    time.sleep(1.5)  # the ranks' own children (which inherit RANK) exist now and must not be listed
+    assert {w.pid: w.rank for w in job.refresh().record.workers} == ranks
+    assert sorted(ranks.values()) == [0, 1]
+    assert job.record.rendezvous == "user" and job.rendezvous_endpoint == real and not real.endswith(":0")
+    assert job.stop(grace_s=3) == "stopped"

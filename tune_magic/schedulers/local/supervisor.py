@@ -149,8 +149,8 @@ class Supervisor:
         if self.workers:
             seen = {w.pid for w in rec.workers}
             rec.workers = rec.workers + [w for w in self.workers if w.pid not in seen]
-        if self.endpoint and (rec.rendezvous != "user" or not rec.rendezvous_endpoint):
-            rec.rendezvous_endpoint = self.endpoint
+        if self.endpoint and (rec.rendezvous != "user" or _port_unknown(rec.rendezvous_endpoint)):
+            rec.rendezvous_endpoint = self.endpoint  # what the workers really used
 
     def _write_procs(self) -> None:
         try:
@@ -363,6 +363,16 @@ class Supervisor:
         rec.ended_at = ended
         if status == FAILED:
             rec.error = rec.error or error or _exit_text(code)
+
+
+def _port_unknown(endpoint: str | None) -> bool:
+    """True for no endpoint, or one whose port is 0 or missing (the OS or torchrun picks it)."""
+    if not endpoint:
+        return True
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or "]" in port:  # "host" or "[::1]" without a port
+        return True
+    return port.strip() in ("", "0")
 
 
 def _exit_text(code: int | None) -> str:

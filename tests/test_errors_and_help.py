@@ -1,0 +1,100 @@
+"""The tool's own errors: one exception tree; only user errors become UsageError / exit 2; -h on
+every magic; a %%tune_run cell with nothing under it runs as %tune_run."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.core.error import UsageError
+
+import tune_magic
+from tune_magic import cli, errors, gpus, jobctl
+from tune_magic.magics import empty_cell_to_line
+
+from jobhelpers import toy_args
+
+
+@pytest.fixture(scope="module")
+def ip():
+    from IPython.testing.globalipapp import get_ipython, start_ipython
+
+    shell = start_ipython() or get_ipython()  # one global shell per process, whoever started it
+    shell.run_line_magic("load_ext", "tune_magic")
+    return shell
+
+
+@pytest.mark.parametrize("exc,bases", [
+    (errors.PlanError, (errors.UserError, errors.TuneMagicError, ValueError)),
+    (errors.JobNotFound, (errors.UserError, errors.TuneMagicError, LookupError)),
+    (errors.StateDirError, (errors.UserError, errors.TuneMagicError, ValueError)),
+    (errors.JobStartError, (errors.TuneMagicError, RuntimeError)),
+    (gpus.GpuError, (errors.PlanError, errors.UserError, ValueError)),
+])
+def test_each_public_exception_keeps_its_builtin_base(exc, bases):
+    assert all(b in exc.__mro__ for b in bases)
+    assert not issubclass(errors.JobStartError, errors.UserError)  # a start failure is not the user's fault
+    assert getattr(tune_magic, exc.__name__, exc) is exc
+
+
+def test_an_internal_bug_in_the_magic_keeps_its_traceback(ip, monkeypatch):
+    def broken(*a, **kw):
+        raise KeyError("internal")
+
+    monkeypatch.setattr(jobctl, "launch", broken)
+    with pytest.raises(KeyError, match="internal"):
+        ip.run_line_magic("tune_run", toy_args())
+    monkeypatch.setattr(jobctl, "get_job", broken)
+    with pytest.raises(KeyError):
+        ip.run_line_magic("tune_logs", "x")
+
+
+def test_an_internal_bug_in_the_cli_is_not_exit_2(monkeypatch):
+    def broken(*a, **kw):
+        raise KeyError("internal")
+
+    monkeypatch.setattr(jobctl, "launch", broken)
+    with pytest.raises(KeyError):
+        cli.main(["run", *toy_args().split()])
+
+
+def test_user_errors_are_usage_errors_and_exit_2(ip, capsys):
+    with pytest.raises(UsageError, match="unknown recipe"):
+        ip.run_line_magic("tune_run", "no_such_recipe --config x")
+    with pytest.raises(UsageError, match="no job"):
+        ip.run_line_magic("tune_logs", "20990101-000000-abcdef")
+    assert cli.main(["logs", "20990101-000000-abcdef"]) == 2
+    assert "no job" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("magic,line", [("tune_run", "-h"), ("tune_run", "--help"), ("tune_jobs", "-h"),
+                                        ("tune_logs", "--help"), ("tune_stop", "-h"), ("tune_panel", "--help")])
+def test_help_on_every_magic(ip, capsys, magic, line):
+    assert ip.run_line_magic(magic, line) is None
+    out = capsys.readouterr().out
+    assert f"%{magic}" in out and "::" in out
+
+
+def test_cell_magic_help(ip, capsys):
+    assert ip.run_cell_magic("tune_run", "--help", "max_steps=3\n") is None
+    assert "--scheduler" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("lines,expected", [
+    (["%%tune_run --dry-run x --config y\n"], ["%tune_run --dry-run x --config y\n"]),
+    (["%%tune_run a b\n", "\n", "   \n"], ["%tune_run a b\n"]),
+    (["  %%tune_run a"], ["%tune_run a\n"]),
+    (["%%tune_run a\n", "lr=1\n"], ["%%tune_run a\n", "lr=1\n"]),  # a body: unchanged
+    (["%%tune_runner a\n"], ["%%tune_runner a\n"]),  # another magic
+    (["print(1)\n"], ["print(1)\n"]),
+])
+def test_empty_cell_transformer(lines, expected):
+    assert empty_cell_to_line(list(lines)) == expected
+
+
+def test_empty_cell_body_runs_like_the_line_magic(ip, capsys):
+    result = ip.run_cell(f"%%tune_run --dry-run {toy_args('steps=3')}\n")
+    assert result.error_in_exec is None and result.error_before_exec is None
+    assert isinstance(result.result, tune_magic.LaunchPlan)
+    assert "steps=3" in capsys.readouterr().out
+    ip.run_line_magic("load_ext", "tune_magic")  # loading twice registers the transformer once
+    names = [getattr(t, "__name__", "") for t in ip.input_transformers_cleanup]
+    assert names.count("empty_cell_to_line") == 1
