@@ -84,7 +84,8 @@ def _load_torchtune_registry() -> ModuleType:
     """Load ``torchtune/_recipe_registry.py`` without running ``torchtune/__init__.py``.
 
     Importing the torchtune package costs ~5 s (it imports torchao and torch); the registry file
-    itself only needs ``dataclasses``. Loading it alone keeps a notebook's first ``%%tune_run`` fast.
+    itself only needs ``dataclasses``. Loading it alone keeps the tool cache's subprocess
+    (:mod:`tune_magic.toolcache`), which runs it, about as fast as torchrun's own ``import torch``.
     """
     path = _torchtune_root() / "torchtune" / "_recipe_registry.py"
     if "torchtune._recipe_registry" in sys.modules:

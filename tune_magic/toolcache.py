@@ -190,11 +190,15 @@ def compute_here() -> dict[str, Any]:
 
 
 def _child_main() -> None:
-    """Body of the subprocess: print the tables as JSON on stdout, and nothing else there."""
+    """Body of the subprocess: print the tables as JSON on stdout, and nothing else there; then exit
+    at once (status 0), skipping the interpreter's shutdown, which with torch loaded takes longer
+    than reading the tables (0.5-1 s measured on 2 cores, torch 2.13) while the caller waits."""
     out = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # anything torch prints while importing goes to stderr, not into the JSON
     json.dump(compute_here(), out)
     out.close()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @functools.lru_cache(maxsize=1)

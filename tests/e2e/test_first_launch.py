@@ -51,3 +51,28 @@ def test_fresh_process_launch_imports_neither_torch_nor_torchtune(tmp_path):
         assert got["status"] == "succeeded", (cache, got)
         assert got["seen"] == {"import": [], "build_plan": [], "launch": [], "wait": []}, cache
         assert processes_mentioning(got["id"]) == []
+
+
+MAGIC_CHILD = textwrap.dedent("""
+    import contextlib, io, json, sys
+    from IPython.testing.globalipapp import start_ipython
+    ip = start_ipython()
+    ip.run_line_magic("load_ext", "tune_magic")
+    with contextlib.redirect_stdout(io.StringIO()):  # the terminal shell prints the card's text form
+        job = ip.run_cell_magic("tune_run", sys.argv[1], "# first cell\\n")
+    heavy = sorted(m for m in %r if m in sys.modules)
+    status = job.wait(timeout=120)
+    print(json.dumps({"id": job.id, "status": str(status), "heavy": heavy,
+                      "after_wait": sorted(m for m in %r if m in sys.modules)}))
+""" % (HEAVY, HEAVY))
+
+
+def test_first_tune_run_cell_in_a_fresh_shell_imports_neither_torch_nor_torchtune(tmp_path):
+    """The notebook's path: ``%load_ext``, then a ``%%tune_run`` cell (card displayed), cache absent."""
+    proc = subprocess.run([sys.executable, "-c", MAGIC_CHILD, toy_args("steps=2")], cwd=REPO,
+                          env={**os.environ, "TUNE_MAGIC_HOME": str(tmp_path / "home")}, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (got["status"], got["heavy"], got["after_wait"]) == ("succeeded", [], [])
+    assert processes_mentioning(got["id"]) == []
