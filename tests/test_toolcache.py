@@ -369,3 +369,28 @@ def test_an_unwritable_home_recomputes_each_time_without_error(tmp_path):
         got = _probe(LORA, home, prefix)
         assert got == want
         assert list(home.iterdir()) == []  # nothing written, so the next process computes again
+
+
+def test_simultaneous_misses_compute_once(fresh_home, monkeypatch, real_tables):
+    """Two readers miss at once: the second waits on the lock and reads what the first wrote."""
+    import threading
+    import time
+
+    calls = []
+
+    def slow(*args, **kwargs):
+        calls.append(threading.current_thread().name)
+        time.sleep(0.5)  # long enough for the other thread to reach the lock
+        return json.loads(json.dumps(real_tables))
+
+    monkeypatch.setattr(toolcache, "compute_in_subprocess", slow)
+    results = {}
+    threads = [threading.Thread(target=lambda n=n: results.__setitem__(n, toolcache.load()), name=f"r{n}")
+               for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(calls) == 1, calls
+    assert results == {0: real_tables, 1: real_tables}
+    assert (fresh_home / "cache" / (toolcache.cache_path().name + ".lock")).is_file()

@@ -20,6 +20,8 @@ The readers themselves live with their users: :func:`tune_magic.torchrun_options
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import importlib.util
@@ -30,7 +32,7 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .paths import home
 
@@ -211,7 +213,9 @@ def load() -> dict[str, Any]:
     """Return torchrun's option rows and torchtune's registry rows, from the cache when it is current.
 
     On a miss the tables are computed in a subprocess and written back (if the home is writable).
-    Should the subprocess fail, they are read in this process instead (importing torch here), with a
+    Processes that miss at the same time (ten launches at once after an upgrade) take turns on a
+    lock file next to the cache, so one computes and the others read its result. Should the
+    subprocess fail, the tables are read in this process instead (importing torch here), with a
     warning: a launch is never refused because of the cache.
 
     Returns:
@@ -222,14 +226,36 @@ def load() -> dict[str, Any]:
     found = read(path, key)
     if found is not None:
         return found
-    try:
-        computed = compute_in_subprocess()
-    except RuntimeError as exc:
-        warnings.warn(f"tune_magic: {exc}; reading them in this process instead (this imports torch here)",
-                      RuntimeWarning, stacklevel=2)
-        computed = compute_here()
-    write(path, key, computed)
+    with _compute_lock(path):
+        found = read(path, key)  # written by whoever held the lock before us
+        if found is not None:
+            return found
+        try:
+            computed = compute_in_subprocess()
+        except RuntimeError as exc:
+            warnings.warn(f"tune_magic: {exc}; reading them in this process instead (this imports torch here)",
+                          RuntimeWarning, stacklevel=3)
+            computed = compute_here()
+        write(path, key, computed)
     return computed
+
+
+@contextlib.contextmanager
+def _compute_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``<cache file>.lock`` if it can be had; go on without it
+    where the home cannot be written (each process then computes on its own, as it must anyway)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_name(path.name + ".lock"), "a")
+    except OSError:
+        yield
+        return
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError:
+            pass  # a filesystem without flock: compute unlocked
+        yield
 
 
 if __name__ == "__main__":  # ``python -m tune_magic.toolcache``: print the tables (for a look by hand)
