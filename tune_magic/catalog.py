@@ -2,7 +2,8 @@
 
 This is the only module that touches torchtune's private registry (``torchtune._recipe_registry``,
 0.6.1). Everything else asks :func:`recipes` / :func:`configs` / :func:`find_recipe` /
-:func:`find_config`.
+:func:`find_config`. The registry is read through :mod:`tune_magic.toolcache` (once per torchtune
+install, in a subprocess), so a process that only builds plans never loads it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+from . import toolcache
 
 #: ``source`` of entries that come from the installed torchtune.
 TORCHTUNE = "torchtune"
@@ -80,7 +84,8 @@ def _load_torchtune_registry() -> ModuleType:
     """Load ``torchtune/_recipe_registry.py`` without running ``torchtune/__init__.py``.
 
     Importing the torchtune package costs ~5 s (it imports torchao and torch); the registry file
-    itself only needs ``dataclasses``. Loading it alone keeps a notebook's first ``%%tune_run`` fast.
+    itself only needs ``dataclasses``. Loading it alone keeps the tool cache's subprocess
+    (:mod:`tune_magic.toolcache`), which runs it, about as fast as torchrun's own ``import torch``.
     """
     path = _torchtune_root() / "torchtune" / "_recipe_registry.py"
     if "torchtune._recipe_registry" in sys.modules:
@@ -103,15 +108,34 @@ def shipped_root() -> Path:
     return Path(next(iter(spec.submodule_search_locations))).absolute()
 
 
+def live_registry_rows() -> list[dict[str, Any]] | None:
+    """Read torchtune's recipe registry as JSON-able rows (loads ``_recipe_registry.py``).
+
+    Returns:
+        One dict per recipe in ``get_all_recipes()`` order: ``name``, ``file_path`` (relative to
+        torchtune's ``recipes/`` folder), ``supports_distributed`` and ``configs`` (a list of
+        ``{"name", "file_path"}``, file paths relative to ``recipes/configs/``); ``None`` when
+        torchtune is not installed. This is what :mod:`tune_magic.toolcache` stores.
+    """
+    if importlib.util.find_spec("torchtune") is None:
+        return None
+    return [{"name": r.name, "file_path": r.file_path, "supports_distributed": bool(r.supports_distributed),
+             "configs": [{"name": c.name, "file_path": c.file_path} for c in r.configs]}
+            for r in _load_torchtune_registry().get_all_recipes()]
+
+
 @functools.lru_cache(maxsize=1)
 def _builtin() -> tuple[tuple[RecipeEntry, ...], tuple[ConfigEntry, ...]]:
-    root = _torchtune_root() / "recipes"
+    root = _torchtune_root() / "recipes"  # raises the install hint when torchtune is missing
+    rows = toolcache.tables()["registry"]
+    if rows is None:  # cached while torchtune was missing, yet the key says it is there now: a bug
+        raise RuntimeError("tune_magic's tool cache has no torchtune registry although torchtune is installed")
     recipes, configs = [], []
-    for r in _load_torchtune_registry().get_all_recipes():
-        names = tuple(c.name for c in r.configs)
-        recipes.append(RecipeEntry(r.name, root / r.file_path, TORCHTUNE, bool(r.supports_distributed), names))
-        for c in r.configs:
-            configs.append(ConfigEntry(c.name, root / "configs" / c.file_path, TORCHTUNE, r.name))
+    for r in rows:
+        names = tuple(c["name"] for c in r["configs"])
+        recipes.append(RecipeEntry(r["name"], root / r["file_path"], TORCHTUNE, bool(r["supports_distributed"]), names))
+        for c in r["configs"]:
+            configs.append(ConfigEntry(c["name"], root / "configs" / c["file_path"], TORCHTUNE, r["name"]))
     return tuple(recipes), tuple(configs)
 
 

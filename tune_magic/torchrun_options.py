@@ -1,13 +1,21 @@
 """torchrun's own option table, read from ``torch.distributed.run.get_args_parser()``.
 
 Nothing here is hard-coded: the spellings, which options take a value and the ``PET_*`` variable of
-each come from the installed torch, so a new torchrun flag is understood the day it ships.
+each come from the installed torch, so a new torchrun flag is understood the day it ships. The table
+is read through :mod:`tune_magic.toolcache` (a subprocess reads it once per torch install), so
+building a plan does not import torch into the notebook kernel.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any, Callable
+
+from . import toolcache
+
+# argparse ``type=`` callables that a cached row names and this process maps back without torch.
+_BUILTIN_TYPES: dict[str, Callable[[str], Any]] = {t.__name__: t for t in (str, int, float, complex)}
 
 
 @dataclass(frozen=True)
@@ -49,23 +57,95 @@ class TorchrunOption:
         return next((s for s in self.spellings if s.startswith("--")), self.spellings[0])
 
 
+class LiveType:
+    """Stands for an argparse ``type=`` of torchrun's that is not a builtin (torch 2.13's
+    ``comma_separated_list``): it cannot be rebuilt from a name, so calling it fetches the real
+    callable from ``get_args_parser()`` (importing torch, only when such an option is given).
+
+    Attributes:
+        dest: the option whose type this is.
+        __name__: the callable's own name, for messages.
+    """
+
+    def __init__(self, dest: str, name: str) -> None:
+        self.dest = dest
+        self.__name__ = name
+
+    def __call__(self, value: str) -> Any:
+        return _live_parser_types()[self.dest](value)
+
+    def __repr__(self) -> str:
+        return f"LiveType({self.dest!r}, {self.__name__!r})"
+
+
+@functools.lru_cache(maxsize=1)
+def _live_parser_types() -> dict[str, Callable[[str], Any]]:
+    return {a.dest: a.type for a in _live_actions() if a.type is not None}
+
+
+def _live_actions() -> list:
+    """torchrun's argparse actions with an option string, ``--help`` left out (imports torch)."""
+    from torch.distributed.run import get_args_parser  # imports torch, not CUDA
+
+    return [a for a in get_args_parser()._actions if a.option_strings and a.dest != "help"]
+
+
+def _type_name(value: object) -> str | None:
+    if value is None:
+        return None
+    name = getattr(value, "__name__", None)
+    if name in _BUILTIN_TYPES and _BUILTIN_TYPES[name] is value:
+        return name
+    return "live:" + (getattr(value, "__qualname__", None) or name or type(value).__name__)
+
+
+def _type_from_name(dest: str, name: str | None) -> object:
+    if name is None:
+        return None
+    if name in _BUILTIN_TYPES:
+        return _BUILTIN_TYPES[name]
+    return LiveType(dest, name.removeprefix("live:").rsplit(".", 1)[-1])
+
+
+def live_rows() -> list[dict[str, Any]]:
+    """Read torchrun's options from ``get_args_parser()`` as JSON-able rows (imports torch).
+
+    Returns:
+        One dict per option, in the parser's order: ``dest``, ``spellings`` (list), ``takes_value``,
+        ``type`` (``None``, a builtin's name such as ``"int"``, or ``"live:<qualname>"``) and
+        ``choices`` (list or ``None``). This is what :mod:`tune_magic.toolcache` stores.
+    """
+    rows = []
+    for action in _live_actions():
+        # JSON keeps str/int/float choices as they are (torch 2.13 has only str ones); anything
+        # else is kept as its str(), which is what :meth:`TorchrunOption.check` compares a token to
+        choices = None if action.choices is None else [
+            c if isinstance(c, (str, int, float)) else str(c) for c in action.choices]
+        rows.append({"dest": action.dest, "spellings": list(action.option_strings),
+                     "takes_value": action.nargs != 0, "type": _type_name(action.type), "choices": choices})
+    return rows
+
+
+def table_from_rows(rows: list[dict[str, Any]]) -> dict[str, TorchrunOption]:
+    """Build the spelling -> option table from :func:`live_rows`' rows (cached or fresh)."""
+    table: dict[str, TorchrunOption] = {}
+    for r in rows:
+        choices = tuple(r["choices"]) if r["choices"] is not None else None
+        opt = TorchrunOption(r["dest"], tuple(r["spellings"]), bool(r["takes_value"]),
+                             _type_from_name(r["dest"], r["type"]), choices)
+        for spelling in opt.spellings:
+            table[spelling] = opt
+    return table
+
+
 @functools.lru_cache(maxsize=1)
 def options() -> dict[str, TorchrunOption]:
     """Return torchrun's options keyed by every spelling (``--x-y``, ``--x_y``, ``-r``).
 
-    ``--help`` is left out: it is not something to launch with.
+    ``--help`` is left out: it is not something to launch with. Read through
+    :func:`tune_magic.toolcache.tables`, so this process imports no torch when the cache is current.
     """
-    from torch.distributed.run import get_args_parser  # imports torch, not CUDA
-
-    table: dict[str, TorchrunOption] = {}
-    for action in get_args_parser()._actions:
-        if not action.option_strings or action.dest == "help":
-            continue
-        opt = TorchrunOption(action.dest, tuple(action.option_strings), action.nargs != 0, action.type,
-                             tuple(action.choices) if action.choices is not None else None)
-        for spelling in action.option_strings:
-            table[spelling] = opt
-    return table
+    return table_from_rows(toolcache.tables()["torchrun"])
 
 
 def lookup(token: str) -> TorchrunOption | None:
