@@ -6,6 +6,7 @@ Subcommands call the same public API as the magics. Bad input exits 2 with one p
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -97,10 +98,39 @@ def _assets(argv: Sequence[str]) -> int:
     parser.add_argument("--force", action="store_true", help="rewrite even if the assets exist")
     ns = parser.parse_args(argv)
     from .assets import make_assets
+    from .paths import assets_dir
 
-    paths = make_assets(ns.dir, seed=ns.seed, force=ns.force)
+    try:
+        paths = make_assets(ns.dir, seed=ns.seed, force=ns.force)
+    except FileExistsError as exc:  # a non-empty directory that is not ours: never replaced
+        raise CliError(f"{exc}; give an empty or new directory: tune-magic assets DIR") from None
+    except OSError as exc:
+        target = ns.dir or assets_dir()
+        raise CliError(f"cannot write the assets to {target}: {_os_reason(exc)}; give a writable directory "
+                       "(tune-magic assets DIR) or point TUNE_MAGIC_HOME at one") from None
     print(paths.root)
     return 0
+
+
+#: errno values that are the machine's state, not a bug: reported as one paragraph, exit 2.
+_ENV_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def _os_reason(exc: OSError) -> str:
+    """``<strerror> (<ERRNO>)[ at <file>]`` for an OSError, e.g. ``Read-only file system (EROFS) at /x``."""
+    name = errno.errorcode.get(exc.errno, str(exc.errno)) if exc.errno else type(exc).__name__
+    where = f" at {exc.filename}" if exc.filename else ""
+    return f"{exc.strerror or exc} ({name}){where}"
+
+
+def _os_error_paragraph(exc: OSError) -> str:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free some space on that disk, or point TUNE_MAGIC_HOME at another disk"
+    elif exc.errno == errno.EROFS:
+        fix = "point TUNE_MAGIC_HOME at a writable directory"
+    else:
+        fix = "check the file's permissions, or point TUNE_MAGIC_HOME at a directory you own"
+    return f"{_os_reason(exc)}; {fix}"
 
 
 def _stream_log(job, out=None, poll_s: float = 0.2) -> None:
@@ -181,13 +211,16 @@ def _jobs(argv: Sequence[str]) -> int:
     if ns.json:
         print(json.dumps([_job_json(j) for j in listed], indent=2))
         return 0
+    from .textfmt import NAME_WIDTH, PATH_WIDTH, cell
+
+    # every value can hold anything a user typed or a hand-edited record holds: escape and cut (--json keeps it)
     rows = [("ID", "NAME", "STATUS", "STEP", "LOSS", "ELAPSED", "ENDPOINT", "OUTPUT_DIR", "REASON")]
     for j in listed:
         s = j.summary()  # the small summary file, never the log
-        rows.append((j.id, j.name, j.record.state.label, "-" if s.step is None else str(s.step),
+        rows.append((cell(j.id), cell(j.name), cell(j.record.state.label), "-" if s.step is None else str(s.step),
                      "-" if s.loss is None else f"{s.loss:.4g}", f"{j.elapsed_s:.0f}s",
-                     j.record.rendezvous_endpoint or "-", j.output_dir or "-",
-                     (j.record.error or "-") if j.record.status == "failed" else ""))
+                     cell(j.record.rendezvous_endpoint, NAME_WIDTH), cell(j.output_dir, PATH_WIDTH, keep="end"),
+                     cell(j.record.error, PATH_WIDTH) if j.record.status == "failed" else ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
@@ -341,6 +374,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and the like
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:  # a full disk, a read-only home, no permission: the machine's state, not a bug
+        if exc.errno not in _ENV_ERRNOS:
+            raise
+        print(f"tune-magic {name}: error: {_os_error_paragraph(exc)}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":  # pragma: no cover
