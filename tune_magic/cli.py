@@ -11,7 +11,7 @@ import json
 import os
 import sys
 import time
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from .command import PlanError, build_plan
 from .errors import StateDirError
@@ -133,27 +133,61 @@ def _os_error_paragraph(exc: OSError) -> str:
     return f"{_os_reason(exc)}; {fix}"
 
 
+#: Most bytes of a log that ``tune-magic logs`` / ``run --wait`` hold in memory at once.
+CHUNK_BYTES = 1 << 20
+
+
+def _read_from(path: str, offset: int) -> Iterator[bytes]:
+    """Yield ``path``'s bytes from ``offset`` to its current end, in chunks of at most :data:`CHUNK_BYTES`.
+
+    A missing file yields nothing (the job has not written yet, or its log was removed).
+
+    Raises:
+        CliError: the path is a directory or cannot be read.
+    """
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return
+    except IsADirectoryError:
+        raise CliError(f"the job's log {path} is a directory, not a file; nothing to print") from None
+    except PermissionError as exc:
+        raise CliError(f"cannot read the job's log: {_os_reason(exc)}") from None
+    with f:
+        f.seek(offset)
+        while chunk := f.read(CHUNK_BYTES):
+            yield chunk
+
+
+def _whole_log(job, follow: bool, poll_s: float = 0.2) -> Iterator[bytes]:
+    """Yield the job's whole log from its start in chunks of at most :data:`CHUNK_BYTES`.
+
+    With ``follow``, keep yielding what is appended (polling every ``poll_s`` seconds) until the
+    job is no longer live; the last read comes after the job was seen ended, so nothing is missed.
+    """
+    from .status import parse
+
+    offset = 0
+    while True:
+        live = follow and parse(job.status).is_live
+        for chunk in _read_from(job.log_path, offset):
+            offset += len(chunk)
+            yield chunk
+        if not live:
+            return
+        time.sleep(poll_s)
+
+
+def _write_chunks(chunks: Iterable[bytes], out=None) -> None:
+    out = out or sys.stdout.buffer
+    for chunk in chunks:
+        out.write(chunk)
+        out.flush()
+
+
 def _stream_log(job, out=None, poll_s: float = 0.2) -> None:
     """Copy the job's log to ``out`` (stdout) as it grows, until the job ends."""
-    out = out or sys.stdout.buffer
-    offset = 0
-
-    def pump() -> None:
-        nonlocal offset
-        try:
-            with open(job.log_path, "rb") as f:
-                f.seek(offset)
-                while chunk := f.read(1 << 20):
-                    offset += len(chunk)
-                    out.write(chunk)
-                    out.flush()
-        except FileNotFoundError:
-            pass
-
-    while job.status.is_live:
-        pump()
-        time.sleep(poll_s)
-    pump()
+    _write_chunks(_whole_log(job, follow=True, poll_s=poll_s), out)
 
 
 def _run(argv: Sequence[str]) -> int:
@@ -236,17 +270,22 @@ def _job_json(job) -> dict:
             "workers": [w.pid for w in r.workers]}
 
 
+#: What ``tune-magic logs`` can print instead of the whole log: ``dest -> (flag, help, source)``. A
+#: source is called as ``source(job, follow=bool)`` and yields the bytes to print in chunks of at most
+#: :data:`CHUNK_BYTES`; at most one of these flags is given. The failing rank's traceback
+#: (``--error``) plugs in here.
+_LOG_PARTS: dict[str, tuple[str, str, Callable[..., Iterator[bytes]]]] = {}
+
+
 def _logs(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="tune-magic logs", description="Print a job's log.")
     parser.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    part = parser.add_mutually_exclusive_group() if _LOG_PARTS else None  # argparse refuses an empty group
+    for dest, (flag, help_, _) in _LOG_PARTS.items():
+        part.add_argument(flag, dest=dest, action="store_true", help=help_)
     ns, job = _job_arg(parser, argv)
-    if ns.follow:
-        _stream_log(job)
-    else:
-        try:
-            sys.stdout.buffer.write(open(job.log_path, "rb").read())
-        except FileNotFoundError:
-            pass
+    source = next((src for dest, (_, _, src) in _LOG_PARTS.items() if getattr(ns, dest)), _whole_log)
+    _write_chunks(source(job, follow=ns.follow))
     return 0
 
 

@@ -15,27 +15,23 @@ PATH_WIDTH = 60
 ELLIPSIS = "…"
 
 _NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
-# Characters that do not print but change how the rest of a line shows: bidirectional overrides
-# and isolates (U+202A-U+202E, U+2066-U+2069) and marks (U+200E, U+200F, U+061C).
-_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
 def escape_char(c: str) -> str:
     """Return one character as it shows in a table: itself, or an escape.
 
-    ``\\n``, ``\\t``, ``\\r`` by name; other controls (C0, DEL, C1), line and paragraph separators
-    (U+2028, U+2029), bidirectional controls, a byte-order mark and lone surrogates (undecodable
-    bytes) as ``\\xNN`` / ``\\uNNNN``, as Python's ``repr`` writes them. Everything else, backslash
-    included, is shown as is.
+    The rule is Python's ``repr``: ``\\n``, ``\\t``, ``\\r`` by name, and every other character that
+    ``str.isprintable`` rejects (controls, DEL, C1, line and paragraph separators, bidirectional
+    overrides, zero-width and other format characters, unassigned code points, lone surrogates
+    from undecodable bytes, spaces other than U+0020) as ``\\xNN`` / ``\\uNNNN`` / ``\\UNNNNNNNN``.
+    Everything else, backslash included, is shown as is.
     """
+    if c == " " or c.isprintable():
+        return c
     if c in _NAMED:
         return _NAMED[c]
     o = ord(c)
-    if o < 0x20 or 0x7F <= o <= 0x9F:
-        return f"\\x{o:02x}"
-    if c in _BIDI or c in "\u2028\u2029\ufeff" or 0xD800 <= o <= 0xDFFF:
-        return f"\\u{o:04x}"
-    return c
+    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
 
 
 def escape(text: str) -> str:
