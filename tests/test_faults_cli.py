@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -80,8 +81,6 @@ def test_assets_refuses_a_foreign_directory_in_one_paragraph(home):
     """Not a fault, the same paragraph rule: a non-empty directory without our manifest is never replaced."""
     (home / "mine").mkdir()
     (home / "mine" / "thesis.tex").write_text("keep me")
-    import subprocess
-
     r = subprocess.run([*CLI, "assets", str(home / "mine")], capture_output=True, text=True, timeout=120)
     assert_one_paragraph(faults.ChildResult(r.returncode, r.stdout, r.stderr), "refusing to replace", "tune-magic assets DIR")
     assert (home / "mine" / "thesis.tex").read_text() == "keep me"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -18,8 +18,6 @@ def shared_dir():
     d.chmod(0o755)
     (d / "kept.txt").write_text("kept\n")
     yield d
-    import shutil
-
     shutil.rmtree(d)
 
 
