@@ -62,11 +62,19 @@ class FaultSetupError(RuntimeError):
 
 @dataclass(frozen=True)
 class ChildResult:
-    """What a child did: ``returncode`` (negative: killed by that signal), ``stdout``, ``stderr`` (text)."""
+    """What a child did: ``returncode`` (negative: killed by that signal), ``stdout``, ``stderr``.
+
+    The streams are decoded as UTF-8 exactly (``\\r`` kept, undecodable bytes as surrogates), so
+    ``stdout.encode("utf-8", "surrogateescape")`` gives back the bytes the child wrote.
+    """
 
     returncode: int
     stdout: str
     stderr: str
+
+
+def _decode(data: bytes | None) -> str:
+    return (data or b"").decode("utf-8", "surrogateescape")
 
 
 def python(snippet: str) -> list[str]:
@@ -119,7 +127,7 @@ def _nobody_prefix() -> list[str]:
 
 
 def _result(proc: subprocess.CompletedProcess) -> ChildResult:
-    return ChildResult(proc.returncode, proc.stdout, proc.stderr)
+    return ChildResult(proc.returncode, _decode(proc.stdout), _decode(proc.stderr))
 
 
 class MountNamespace:
@@ -173,7 +181,8 @@ class MountNamespace:
             subprocess.TimeoutExpired: it ran past ``timeout`` seconds (it is killed first).
         """
         return _result(subprocess.run(self.argv(argv, cwd=cwd, as_nobody=as_nobody), env=None if env is None else dict(env),
-                                      capture_output=True, text=True, timeout=timeout, input=input))
+                                      capture_output=True, timeout=timeout,
+                                      input=None if input is None else input.encode()))
 
     def python(self, snippet: str, **kwargs) -> ChildResult:
         """Run a Python snippet inside the namespace (see :meth:`run` for the keyword arguments)."""
@@ -293,7 +302,7 @@ def run_as_nobody(argv: Sequence[str], *, env: Mapping[str, str] | None = None, 
                   timeout: float = DEFAULT_TIMEOUT_S) -> ChildResult:
     """Run ``argv`` as uid/gid 65534 (``setpriv``), no namespace; paths it needs must be open to others."""
     return _result(subprocess.run(_nobody_prefix() + [str(a) for a in argv], env=None if env is None else dict(env),
-                                  cwd=cwd, capture_output=True, text=True, timeout=timeout))
+                                  cwd=cwd, capture_output=True, timeout=timeout))
 
 
 def mount_lines_mentioning(path: str | os.PathLike) -> list[str]:

@@ -72,3 +72,18 @@ def test_any_text_gives_one_printable_line_of_bounded_length(text, width, keep):
 @given(st.text().filter(lambda t: not set(t) & set("\\'\"")))
 def test_escapes_are_the_ones_python_repr_writes(text):
     assert escape(text) == repr(text)[1:-1]
+
+
+def test_cli_reports_a_damaged_record_in_a_strangely_named_directory_on_one_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    bad = tmp_path / "jobs" / "bad\nname\x1b[2J"
+    bad.mkdir(parents=True)
+    (bad / "record.json").write_text("{")
+    r = subprocess.run([sys.executable, "-m", "tune_magic", "jobs"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "TUNE_MAGIC_HOME": str(tmp_path)})
+    assert r.returncode == 0
+    assert r.stderr.count("\n") == 1 and "\x1b" not in r.stderr
+    assert f"skipped {tmp_path}/jobs/bad\\nname\\x1b[2J: " in r.stderr

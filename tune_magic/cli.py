@@ -15,6 +15,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 from .command import PlanError, build_plan
 from .errors import StateDirError
+from .textfmt import NAME_WIDTH, PATH_WIDTH, cell, escape
 
 EXIT_USAGE = 2
 
@@ -231,7 +232,7 @@ def _listed(command: str) -> list:
     skipped: list = []
     listed = jobs(skipped=skipped)
     for s in skipped:
-        print(f"tune-magic {command}: skipped {s.path}: {s.reason}", file=sys.stderr)
+        print(f"tune-magic {command}: skipped {escape(str(s.path))}: {escape(str(s.reason))}", file=sys.stderr)
     return listed
 
 
@@ -245,8 +246,6 @@ def _jobs(argv: Sequence[str]) -> int:
     if ns.json:
         print(json.dumps([_job_json(j) for j in listed], indent=2))
         return 0
-    from .textfmt import NAME_WIDTH, PATH_WIDTH, cell
-
     # every value can hold anything a user typed or a hand-edited record holds: escape and cut (--json keeps it)
     rows = [("ID", "NAME", "STATUS", "STEP", "LOSS", "ELAPSED", "ENDPOINT", "OUTPUT_DIR", "REASON")]
     for j in listed:
@@ -360,7 +359,7 @@ def _metrics(argv: Sequence[str]) -> int:
         sys.stdout.write(points_to_csv(points))
     else:
         for p in points:
-            print(f"{p.step:>7} {p.name:<28} {p.value:.6g}")
+            print(f"{p.step:>7} {escape(p.name):<28} {p.value:.6g}")
     return 0
 
 
