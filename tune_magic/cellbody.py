@@ -11,7 +11,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .command import PlanError
+from .command import PlanError, check_override
 
 _OVERRIDE_LINE = re.compile(r"^~?[A-Za-z_][\w.\[\]\-]*(=|$)")
 # {name} or {name.attr}, but not ${...} (OmegaConf interpolation, which may nest)
@@ -42,7 +42,8 @@ def parse_cell_body(text: str | None) -> CellBody:
 
     Raises:
         PlanError: a YAML syntax error (the message gives the cell line number), a YAML body that
-            is not a mapping, or an override line that is not ``key=value``.
+            is not a mapping, an override line that is not ``key=value``, or an override value that a
+            recipe would not read as typed (see :func:`tune_magic.overrides.check_value`).
     """
     if text is None:
         return CellBody()
@@ -60,6 +61,11 @@ def parse_cell_body(text: str | None) -> CellBody:
             for token in tokens:
                 if not _OVERRIDE_LINE.match(token) or (not token.startswith("~") and "=" not in token):
                     raise PlanError(f"cell line {i}: {token!r} is not key=value; write one override per line, e.g. batch_size=4")
+                if not _FIELD.search(token):  # one with {name} is checked once expanded, when the plan is built
+                    try:
+                        check_override(token)
+                    except PlanError as exc:
+                        raise PlanError(f"cell line {i}: {exc}") from None
                 overrides.append(token)
         return CellBody(overrides=overrides)
     import yaml

@@ -6,14 +6,16 @@ Subcommands call the same public API as the magics. Bad input exits 2 with one p
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
 import time
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from . import launchopts
 from .errors import UserError
+from .textfmt import NAME_WIDTH, PATH_WIDTH, cell, escape
 
 EXIT_USAGE = 2
 
@@ -84,33 +86,96 @@ def _assets(argv: Sequence[str]) -> int:
     parser.add_argument("--force", action="store_true", help="rewrite even if the assets exist")
     ns = parser.parse_args(argv)
     from .assets import make_assets
+    from .paths import assets_dir
 
-    paths = make_assets(ns.dir, seed=ns.seed, force=ns.force)
+    try:
+        paths = make_assets(ns.dir, seed=ns.seed, force=ns.force)
+    except FileExistsError as exc:  # a non-empty directory that is not ours: never replaced
+        raise CliError(f"{exc}; give an empty or new directory: tune-magic assets DIR") from None
+    except OSError as exc:
+        target = ns.dir or assets_dir()
+        raise CliError(f"cannot write the assets to {target}: {_os_reason(exc)}; give a writable directory "
+                       "(tune-magic assets DIR) or point TUNE_MAGIC_HOME at one") from None
     print(paths.root)
     return 0
 
 
+#: errno values that are the machine's state, not a bug: reported as one paragraph, exit 2.
+_ENV_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def _os_reason(exc: OSError) -> str:
+    """``<strerror> (<ERRNO>)[ at <file>]`` for an OSError, e.g. ``Read-only file system (EROFS) at /x``."""
+    name = errno.errorcode.get(exc.errno, str(exc.errno)) if exc.errno else type(exc).__name__
+    where = f" at {exc.filename}" if exc.filename else ""
+    return f"{exc.strerror or exc} ({name}){where}"
+
+
+def _os_error_paragraph(exc: OSError) -> str:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free some space on that disk, or point TUNE_MAGIC_HOME at another disk"
+    elif exc.errno == errno.EROFS:
+        fix = "point TUNE_MAGIC_HOME at a writable directory"
+    else:
+        fix = "check the file's permissions, or point TUNE_MAGIC_HOME at a directory you own"
+    return f"{_os_reason(exc)}; {fix}"
+
+
+#: Most bytes of a log that ``tune-magic logs`` / ``run --wait`` hold in memory at once.
+CHUNK_BYTES = 1 << 20
+
+
+def _read_from(path: str, offset: int) -> Iterator[bytes]:
+    """Yield ``path``'s bytes from ``offset`` to its current end, in chunks of at most :data:`CHUNK_BYTES`.
+
+    A missing file yields nothing (the job has not written yet, or its log was removed).
+
+    Raises:
+        CliError: the path is a directory or cannot be read.
+    """
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return
+    except IsADirectoryError:
+        raise CliError(f"the job's log {path} is a directory, not a file; nothing to print") from None
+    except PermissionError as exc:
+        raise CliError(f"cannot read the job's log: {_os_reason(exc)}") from None
+    with f:
+        f.seek(offset)
+        while chunk := f.read(CHUNK_BYTES):
+            yield chunk
+
+
+def _whole_log(job, follow: bool, poll_s: float = 0.2) -> Iterator[bytes]:
+    """Yield the job's whole log from its start in chunks of at most :data:`CHUNK_BYTES`.
+
+    With ``follow``, keep yielding what is appended (polling every ``poll_s`` seconds) until the
+    job is no longer live; the last read comes after the job was seen ended, so nothing is missed.
+    """
+    from .status import parse
+
+    offset = 0
+    while True:
+        live = follow and parse(job.status).is_live
+        for chunk in _read_from(job.log_path, offset):
+            offset += len(chunk)
+            yield chunk
+        if not live:
+            return
+        time.sleep(poll_s)
+
+
+def _write_chunks(chunks: Iterable[bytes], out=None) -> None:
+    out = out or sys.stdout.buffer
+    for chunk in chunks:
+        out.write(chunk)
+        out.flush()
+
+
 def _stream_log(job, out=None, poll_s: float = 0.2) -> None:
     """Copy the job's log to ``out`` (stdout) as it grows, until the job ends."""
-    out = out or sys.stdout.buffer
-    offset = 0
-
-    def pump() -> None:
-        nonlocal offset
-        try:
-            with open(job.log_path, "rb") as f:
-                f.seek(offset)
-                while chunk := f.read(1 << 20):
-                    offset += len(chunk)
-                    out.write(chunk)
-                    out.flush()
-        except FileNotFoundError:
-            pass
-
-    while job.status.is_live:
-        pump()
-        time.sleep(poll_s)
-    pump()
+    _write_chunks(_whole_log(job, follow=True, poll_s=poll_s), out)
 
 
 def _run(argv: Sequence[str]) -> int:
@@ -153,7 +218,7 @@ def _listed(command: str) -> list:
     skipped: list = []
     listed = jobs(skipped=skipped)
     for s in skipped:
-        print(f"tune-magic {command}: skipped {s.path}: {s.reason}", file=sys.stderr)
+        print(f"tune-magic {command}: skipped {escape(str(s.path))}: {escape(str(s.reason))}", file=sys.stderr)
     return listed
 
 
@@ -167,13 +232,14 @@ def _jobs(argv: Sequence[str]) -> int:
     if ns.json:
         print(json.dumps([_job_json(j) for j in listed], indent=2))
         return 0
+    # every value can hold anything a user typed or a hand-edited record holds: escape and cut (--json keeps it)
     rows = [("ID", "NAME", "STATUS", "STEP", "LOSS", "ELAPSED", "ENDPOINT", "OUTPUT_DIR", "REASON")]
     for j in listed:
         s = j.summary()  # the small summary file, never the log
-        rows.append((j.id, j.name, j.record.state.label, "-" if s.step is None else str(s.step),
+        rows.append((cell(j.id), cell(j.name), cell(j.record.state.label), "-" if s.step is None else str(s.step),
                      "-" if s.loss is None else f"{s.loss:.4g}", f"{j.elapsed_s:.0f}s",
-                     j.record.rendezvous_endpoint or "-", j.output_dir or "-",
-                     (j.record.error or "-") if j.record.status == "failed" else ""))
+                     cell(j.record.rendezvous_endpoint, NAME_WIDTH), cell(j.output_dir, PATH_WIDTH, keep="end"),
+                     cell(j.record.error, PATH_WIDTH) if j.record.status == "failed" else ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
@@ -189,17 +255,22 @@ def _job_json(job) -> dict:
             "workers": [w.pid for w in r.workers]}
 
 
+#: What ``tune-magic logs`` can print instead of the whole log: ``dest -> (flag, help, source)``. A
+#: source is called as ``source(job, follow=bool)`` and yields the bytes to print in chunks of at most
+#: :data:`CHUNK_BYTES`; at most one of these flags is given. The failing rank's traceback
+#: (``--error``) plugs in here.
+_LOG_PARTS: dict[str, tuple[str, str, Callable[..., Iterator[bytes]]]] = {}
+
+
 def _logs(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="tune-magic logs", description="Print a job's log.")
     parser.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    part = parser.add_mutually_exclusive_group() if _LOG_PARTS else None  # argparse refuses an empty group
+    for dest, (flag, help_, _) in _LOG_PARTS.items():
+        part.add_argument(flag, dest=dest, action="store_true", help=help_)
     ns, job = _job_arg(parser, argv)
-    if ns.follow:
-        _stream_log(job)
-    else:
-        try:
-            sys.stdout.buffer.write(open(job.log_path, "rb").read())
-        except FileNotFoundError:
-            pass
+    source = next((src for dest, (_, _, src) in _LOG_PARTS.items() if getattr(ns, dest)), _whole_log)
+    _write_chunks(source(job, follow=ns.follow))
     return 0
 
 
@@ -274,7 +345,7 @@ def _metrics(argv: Sequence[str]) -> int:
         sys.stdout.write(points_to_csv(points))
     else:
         for p in points:
-            print(f"{p.step:>7} {p.name:<28} {p.value:.6g}")
+            print(f"{p.step:>7} {escape(p.name):<28} {p.value:.6g}")
     return 0
 
 
@@ -327,6 +398,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and the like
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:  # a full disk, a read-only home, no permission: the machine's state, not a bug
+        if exc.errno not in _ENV_ERRNOS:
+            raise
+        print(f"tune-magic {name}: error: {_os_error_paragraph(exc)}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -355,7 +355,7 @@ def _tokenise(tokens: list[str]) -> _Parsed:
             raise PlanError(
                 f"{token!r} after the recipe is neither --config nor key=value; recipes take only --config and overrides"
             )
-        parsed.overrides.append(_check_override(token))
+        parsed.overrides.append(check_override(token))
         i += 1
     if parsed.config is None:
         raise PlanError(
@@ -382,20 +382,44 @@ def with_config(tokens: list[str], path: str) -> tuple[list[str], str | None]:
     return out + ["--config", path], old
 
 
-def _check_override(token: str) -> str:
-    if any(ord(c) < 32 and c not in "\t" for c in token):
-        raise PlanError(f"override {token[:60]!r} contains a control character (NUL, newline, ...); remove it")
+def check_override(token: str) -> str:
+    """Return ``token`` if a torchtune 0.6.1 recipe reads it as typed, else raise :class:`PlanError`.
+
+    The value is checked by :func:`tune_magic.overrides.check_value` (YAML as OmegaConf reads it).
+    """
+    from . import overrides
+
+    bad = next((c for c in token if _unsafe_char(c)), None)
+    if bad is not None:
+        raise PlanError(f"override {token[:60]!r} contains {_char_name(bad)}; remove it")
     if token.startswith("~"):
         if "=" in token or not _KEY_RE.match(token[1:]):
             raise PlanError(f"override {token!r}: a deletion is ~key with no value, e.g. ~model.lora_rank")
+        if "_component_" in token:  # torchtune 0.6.1 refuses it when the recipe starts
+            raise PlanError(f"override {token!r}: torchtune cannot remove a component; override it instead, "
+                            f"e.g. {token[1:]}=torchtune.models.OTHER")
         return token
-    key, eq, _ = token.partition("=")
+    key, eq, value = token.partition("=")
     if not eq or not _KEY_RE.match(key):
         raise PlanError(
             f"override {token!r} is not key=value; write e.g. batch_size=4 or metric_logger.name=\"my run\" "
             "(quote values with spaces)"
         )
+    overrides.check_value(key, value)
     return token
+
+
+def _unsafe_char(c: str) -> bool:
+    # C0/C1 controls but tab, YAML's own line breaks (NEL U+0085, U+2028, U+2029), a byte-order mark,
+    # and lone surrogates (bytes that are not UTF-8, as Python decodes them from argv)
+    o = ord(c)
+    return (o < 32 and c != "\t") or 0x7F <= o <= 0x9F or c in "\u2028\u2029\ufeff" or 0xD800 <= o <= 0xDFFF
+
+
+def _char_name(c: str) -> str:
+    if 0xD800 <= ord(c) <= 0xDFFF:
+        return "bytes that are not UTF-8 text"
+    return f"a control character or line break ({c!r}; NUL, newline, ...)"
 
 
 # ---------------------------------------------------------------------------------------------
