@@ -170,7 +170,8 @@ REFUSED_TABLE = [
      "0 (physical 2), 1 (physical 3) (--gpus counts from 0 within the kernel's CUDA_VISIBLE_DEVICES); "
      "pick ids among 0,1, or leave --gpus out"),
     ("out_of_range_unset", None, [7], 1, {},
-     "GPU 7 is not visible to this kernel: nvidia-smi lists 4 GPUs: 0, 1, 2, 3; pick ids among 0,1,2,3"),
+     "GPU 7 does not exist on this machine: nvidia-smi lists 4 GPUs: 0, 1, 2, 3; pick ids among 0,1,2,3, "
+     "or leave --gpus out"),
     ("out_of_range_truncated", "1,7,2", [1], 1, {},
      "GPU 1 is not visible to this kernel: CUDA_VISIBLE_DEVICES='1,7,2' lets this kernel use 1 GPU: 0 (physical 1) "
      "(entry '7' is not a GPU nvidia-smi lists, so CUDA ignores it and every entry after it)"),
@@ -184,7 +185,10 @@ REFUSED_TABLE = [
     ("busy_mig", f"{MIG_A},{MIG_B}", [0], 1, {MIG_A: "j1"}, f"GPU 0 (physical {MIG_A}) is used by running job j1"),
     ("auto_too_few", "2,3", "auto", 2, {3: "j1"},
      "gpus='auto' needs 2 free GPUs but 1 of the 2 visible are free (CUDA_VISIBLE_DEVICES='2,3' lets this kernel "
-     "use 2 GPUs: 0 (physical 2), 1 (physical 3); 1 (physical 3) is used by job j1); stop a job or give --gpus"),
+     "use 2 GPUs: 0 (physical 2), 1 (physical 3); GPU 1 (physical 3) is used by job j1); stop a job or give --gpus"),
+    ("auto_zero", "2,3", "auto", 0, {}, "gpus='auto' needs a process count of at least 1, got 0"),
+    ("bad_id_before_visibility", "", ["x"], 1, {}, "bad GPU id 'x': give non-negative integers"),
+    ("text_not_list", "2,3", "0,1", 2, {}, "gpus='0,1': give a list of GPU ids such as [0, 1], or 'auto'"),
     ("negative", "2,3", [-1], 1, {}, "bad GPU id -1: give non-negative integers"),
     ("no_ids", "2,3", [], 1, {}, "gpus=[]: give at least one GPU id"),
 ]

@@ -355,20 +355,23 @@ def resolve_with(
 ) -> ResolvedGpus:
     """Pure core of :func:`resolve_gpus`: the same, given the kernel's :class:`Visibility`."""
     busy = {_norm(k): v for k, v in busy_physical.items()}
+    if requested == "auto":
+        if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+            raise GpuError(f"gpus='auto' needs a process count of at least 1, got {nproc!r}")
+    else:
+        ids = _check_requested(requested)
     if not visible.gpus:
         if visible.setting is not None and not visible.setting.strip():
             why = (f"{CUDA_VISIBLE_DEVICES} is empty in this kernel's environment, so it may use no GPU; "
                    "leave --gpus out, or start the kernel with GPUs (ask the spawner or allocation for them)")
         else:
             why = (f"{visible.describe()}; leave --gpus out, or launch from a kernel that has GPUs")
-        asked = "auto" if requested == "auto" else ",".join(map(str, requested))
+        asked = "auto" if requested == "auto" else ",".join(map(str, ids))
         raise GpuError(f"--gpus {asked}: {why}")
     if requested == "auto":
-        if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
-            raise GpuError(f"gpus='auto' needs a process count of at least 1, got {nproc!r}")
         free = [g for g in visible.gpus if g.physical not in busy]
         if len(free) < nproc:
-            used = "; ".join(f"{g.label} is used by job {busy[g.physical]}" for g in visible.gpus if g.physical in busy)
+            used = "; ".join(f"GPU {g.label} is used by job {busy[g.physical]}" for g in visible.gpus if g.physical in busy)
             raise GpuError(
                 f"gpus='auto' needs {nproc} free GPU{'s' if nproc != 1 else ''} but {len(free)} of the "
                 f"{len(visible.gpus)} visible are free ({visible.describe()}" + (f"; {used}" if used else "") +
@@ -376,16 +379,16 @@ def resolve_with(
             )
         chosen = free[:nproc]
     else:
-        ids = _check_requested(requested)
         by_typed = {g.typed: g for g in visible.gpus}
         missing = [i for i in ids if i not in by_typed]
         if missing:
             valid = ",".join(str(g.typed) for g in visible.gpus)
-            relative = "" if visible.setting is None else " (--gpus counts from 0 within the kernel's CUDA_VISIBLE_DEVICES)"
-            raise GpuError(
-                f"GPU {missing[0]} is not visible to this kernel: {visible.describe()}{relative}; "
-                f"pick ids among {valid}, or leave --gpus out"
-            )
+            if visible.setting is None:
+                where = f"does not exist on this machine: {visible.describe()}"
+            else:
+                where = (f"is not visible to this kernel: {visible.describe()} "
+                         "(--gpus counts from 0 within the kernel's CUDA_VISIBLE_DEVICES)")
+            raise GpuError(f"GPU {missing[0]} {where}; pick ids among {valid}, or leave --gpus out")
         chosen = [by_typed[i] for i in ids]
         if not force:
             for g in chosen:
