@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shlex
 import stat
 import sys
+import uuid
 from pathlib import Path
 
 import psutil
@@ -37,11 +39,46 @@ def listening_on(port: int) -> list:
     return [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
 
 
-def write_fake_nvidia_smi(bin_dir: Path, n: int) -> Path:
-    """Write a FAKE ``nvidia-smi`` listing ``n`` GPUs (this machine has none)."""
+def fake_gpu_uuid(index: int) -> str:
+    """The UUID the FAKE ``nvidia-smi`` gives GPU ``index`` (the real format, GPU-8-4-4-4-12 hex)."""
+    return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"tune-magic-fake-gpu-{index}"))
+
+
+def fake_mig_uuid(index: int, instance: int) -> str:
+    """A MIG device id (``MIG-<uuid>``, the R470+ form ``nvidia-smi -L`` prints) on FAKE GPU ``index``."""
+    return "MIG-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"tune-magic-fake-mig-{index}-{instance}"))
+
+
+def write_fake_nvidia_smi(bin_dir: Path, n: int, *, uuids: list[str] | None = None,
+                          fail: str | None = None) -> Path:
+    """Write a FAKE ``nvidia-smi`` listing ``n`` GPUs (this machine has none).
+
+    It answers the two queries tune_magic makes, in the real CSV form (nvidia-smi 5xx):
+    ``--query-gpu=index --format=csv,noheader`` -> ``0``; ``--query-gpu=index,uuid ...`` ->
+    ``0, GPU-…``; anything else exits 2, so a test notices a query the fake does not model.
+
+    Args:
+        bin_dir: folder to put it in (created); put it first on ``PATH``.
+        n: number of GPUs, indices 0..n-1.
+        uuids: their UUIDs (default :func:`fake_gpu_uuid` of each index).
+        fail: when given, print this line and exit 9, as nvidia-smi does without a driver.
+    """
     bin_dir.mkdir(parents=True, exist_ok=True)
     exe = bin_dir / "nvidia-smi"
-    ids = " ".join(str(i) for i in range(n))
-    exe.write_text(f"#!/bin/sh\n# FAKE nvidia-smi for tests: there is no GPU here.\nfor i in {ids}; do echo $i; done\n")
+    uuids = [fake_gpu_uuid(i) for i in range(n)] if uuids is None else list(uuids)
+    assert len(uuids) == n, "one UUID per GPU"
+    index_lines = "".join(f"{i}\n" for i in range(n))
+    uuid_lines = "".join(f"{i}, {u}\n" for i, u in enumerate(uuids))
+    if fail is not None:
+        body = f"echo {shlex.quote(fail)}\nexit 9\n"
+    else:
+        body = (
+            'case "$*" in\n'
+            f"  *--query-gpu=index,uuid*--format=csv,noheader*) printf {shlex.quote(uuid_lines)} ;;\n"
+            f"  *--query-gpu=index\\ *--format=csv,noheader*) printf {shlex.quote(index_lines)} ;;\n"
+            '  *) echo "FAKE nvidia-smi: unsupported arguments: $*" >&2; exit 2 ;;\n'
+            "esac\n"
+        )
+    exe.write_text("#!/bin/sh\n# FAKE nvidia-smi for tests: there is no GPU here.\n" + body)
     exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
     return exe
