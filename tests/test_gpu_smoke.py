@@ -53,9 +53,9 @@ def test_cpu_phases_use_the_project_recipe_on_gloo_without_gpus():
 
 
 def stub_job(name, status="succeeded", endpoint="localhost:41000", losses=(2.5,), error=None):
-    points = [{"name": "loss", "step": i + 1, "value": v} for i, v in enumerate(losses)]
+    last = SimpleNamespace(step=len(losses), loss=losses[-1]) if losses else SimpleNamespace(step=None, loss=None)
     return SimpleNamespace(name=name, id=f"id-{name}", status=status, error=error,
-                           rendezvous_endpoint=endpoint, metrics=lambda: points)
+                           rendezvous_endpoint=endpoint, summary=lambda: last)
 
 
 def test_check_passes_two_concurrent_jobs_on_their_own_ports():

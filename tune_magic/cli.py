@@ -250,7 +250,7 @@ def _job_json(job) -> dict:
     r = job.record
     return {"id": r.id, "name": r.name, "status": r.status, "returncode": r.returncode, "error": r.error,
             "output_dir": r.output_dir, "log_path": r.log_path, "rendezvous_endpoint": r.rendezvous_endpoint,
-            "pid": job.pid, "gpus": r.gpus, "argv": r.argv, "env": r.env, "cwd": r.cwd,
+            "pid": job.pid, "gpus": r.gpus, "physical_gpus": r.physical_gpus, "argv": r.argv, "env": r.env, "cwd": r.cwd,
             "started_at": r.started_at, "ended_at": r.ended_at,
             "workers": [w.pid for w in r.workers]}
 

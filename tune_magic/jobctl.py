@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import math
+from dataclasses import replace
 import os
 import shutil
 import signal
@@ -336,8 +337,15 @@ def _live_jobs(records: Iterable[JobRecord]) -> list[Job]:
     return out
 
 
-def _busy_gpus(running: list[Job]) -> dict[int, str]:
-    return {g: j.id for j in running for g in (j.gpus or [])}
+def _busy_gpus(running: list[Job]) -> dict[int | str, str]:
+    """Physical GPU -> id of the live job using it (records made before ``physical_gpus`` existed
+    hold physical ids in ``gpus``)."""
+    busy: dict[int | str, str] = {}
+    for j in running:
+        r = j.record
+        for g in (r.physical_gpus if r.physical_gpus is not None else r.gpus) or []:
+            busy[g] = j.id
+    return busy
 
 
 def scheduler_options(*, scheduler: str | None = None, nodes: Any = None, gpus_per_node: Any = None,
@@ -453,7 +461,7 @@ def launch(
         if config_overlay is not None:
             d = Path(tempfile.mkdtemp(prefix="tune_magic_dry_run_"))
             tokens = _apply_overlay(tokens, config_overlay, cwd, d / "config.yaml")
-        plan = _plan(tokens, job_id, gpus=gpus, cwd=cwd, env=caller_env, busy={})
+        plan, _ = _plan(tokens, job_id, gpus=gpus, cwd=cwd, env=caller_env, busy={})
         sched.prepare(plan, options, caller_env)
         return plan
     root = jobs_root_for_launch(caller_env)
@@ -473,7 +481,8 @@ def launch(
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
             if config_overlay is not None:  # the job reads it at its final place, once registered
                 tokens = _apply_overlay(tokens, config_overlay, cwd, stage / "config.yaml")
-            plan, dirs = _checked_plan(tokens, job_id, gpus=gpus, cwd=cwd, env=caller_env, root=root)
+            plan, dirs, resolved = _checked_plan(tokens, job_id, gpus=gpus, cwd=cwd, env=caller_env, root=root,
+                                                 force=force)
             if config_overlay is not None:
                 plan = _replace_config(plan, str(final / "config.yaml"))
             sched.prepare(plan, options, caller_env)
@@ -482,7 +491,7 @@ def launch(
                 id=job_id, name=name or plan.recipe_name or Path(plan.recipe).stem, argv=plan.argv, env=plan.env,
                 cwd=cwd, log_path=str(final / jobstore.OUTPUT_LOG), started_at=time.time(),
                 output_dir=dirs.output_dir, metric_log_dir=dirs.metric_log_dir, checkpoint_dir=dirs.checkpoint_dir,
-                gpus=plan.gpus, distributed=plan.distributed, nproc_per_node=plan.nproc_per_node,
+                gpus=plan.gpus, physical_gpus=resolved.physical if resolved else None, distributed=plan.distributed, nproc_per_node=plan.nproc_per_node,
                 rendezvous=plan.rendezvous, rendezvous_endpoint=plan.endpoint, warnings=dirs.warnings,
                 recipe=plan.recipe, config=plan.config, scheduler=sched.name,
                 status=getattr(sched, "initial_status", Status.RUNNING).value,
@@ -492,7 +501,7 @@ def launch(
             _launch_step("staged")
             # one launch at a time checks for clashes and registers, so two cannot both take a directory or GPU
             with jobstore.flocked(root / jobstore.LAUNCH_LOCK):
-                _check_clashes(plan, dirs, _live_jobs(jobstore.list_records(root)), force=force, env=caller_env)
+                _check_clashes(resolved, dirs, _live_jobs(jobstore.list_records(root)), force=force)
                 os.rename(stage, final)
             _launch_step("registered")
             if plan.output_dir and dirs.output_dir:
@@ -578,21 +587,32 @@ def _apply_overlay(tokens: list[str], overlay: str, cwd: str, dest: Path) -> lis
     return tokens
 
 
-def _plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, busy: dict[int, str]) -> LaunchPlan:
+def _plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, busy, force: bool = False,
+          launching: bool = False) -> "tuple[LaunchPlan, gpu_mod.ResolvedGpus | None]":
+    """The plan and, when launching with GPUs, the GPUs resolved through the kernel's
+    ``CUDA_VISIBLE_DEVICES`` (the plan's env then carries the job's real ``CUDA_VISIBLE_DEVICES``).
+    Explicit ids are checked at launch only: dry runs for GPU nodes stay buildable here."""
+    resolved = None
     if isinstance(gpus, str) and gpus.strip() == "auto":
         probe = build_plan(tokens, env=env, cwd=cwd)
         nproc = probe.nproc_per_node or "1"
         n = int(nproc) if nproc.isdigit() else 1
-        gpus = gpu_mod.pick_free(n, busy, env)
-    return build_plan(tokens, env=env, cwd=cwd, gpus=gpus, job_id=job_id)
+        resolved = gpu_mod.resolve_gpus("auto", n, busy, env, force=force)
+        gpus = resolved.typed
+    plan = build_plan(tokens, env=env, cwd=cwd, gpus=gpus, job_id=job_id)
+    if plan.gpus and launching:
+        if resolved is None:
+            resolved = gpu_mod.resolve_gpus(plan.gpus, len(plan.gpus), busy, env, force=force)
+        plan = replace(plan, env={**plan.env, "CUDA_VISIBLE_DEVICES": resolved.cuda_visible_devices})
+    return plan, resolved
 
 
-def _checked_plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, root: Path):
-    """Build the plan and check it against this machine (GPUs exist, inputs exist, dirs resolve)."""
+def _checked_plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, root: Path, force: bool):
+    """Build the plan and check it against this machine (GPUs visible and free, inputs exist, dirs
+    resolve). Busy GPUs are checked again under the launch lock."""
     running = _live_jobs(jobstore.list_records(root))
-    plan = _plan(tokens, job_id, gpus=gpus, cwd=cwd, env=env, busy=_busy_gpus(running))
-    if plan.gpus:
-        gpu_mod.check_gpus(plan.gpus, {}, force=True, env=env)  # existence; business is checked under the lock
+    plan, resolved = _plan(tokens, job_id, gpus=gpus, cwd=cwd, env=env, busy=_busy_gpus(running), force=force,
+                           launching=True)
     dirs = resolve_dirs(plan, cwd=cwd)
     if dirs.errors:
         raise PlanError(dirs.errors[0] + "; nothing was started")
@@ -604,13 +624,11 @@ def _checked_plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, root: 
                         f"or override {key}=...")
     for message in dirs.warnings:
         warnings.warn(message, stacklevel=4)
-    return plan, dirs
+    return plan, dirs, resolved
 
 
 def _replace_config(plan: LaunchPlan, config_at: str) -> LaunchPlan:
     """The plan with its config file moved to ``config_at`` (same content, final place)."""
-    from dataclasses import replace
-
     staged = plan.config
     return replace(plan, config=config_at, argv=[config_at if a == staged else a for a in plan.argv])
 
@@ -620,13 +638,18 @@ def _same_or_nested(a: str, b: str) -> bool:
     return a == b or a in b.parents or b in a.parents
 
 
-def _check_clashes(plan: LaunchPlan, dirs, running: list[Job], *, force: bool, env) -> None:
+def _check_clashes(resolved, dirs, running: list[Job], *, force: bool) -> None:
     """Refuse a GPU or a directory that a live job uses (unless ``force``). Called under the launch
     lock, so two launches racing for the same GPU or ``output_dir``: exactly one is refused."""
-    if plan.gpus:
-        gpu_mod.check_gpus(plan.gpus, _busy_gpus(running), force=force, env=env)
     if force:
         return
+    if resolved is not None:
+        busy = {str(k): v for k, v in _busy_gpus(running).items()}
+        for typed, physical in zip(resolved.typed, resolved.physical):
+            if str(physical) in busy:
+                shown = f"GPU {typed}" + (f" (physical {physical})" if str(typed) != str(physical) else "")
+                raise gpu_mod.GpuError(f"{shown} is used by running job {busy[str(physical)]}; pick another GPU, stop "
+                                       "that job, or pass --force / force=True to share it")
     mine = [x for x in (dirs.output_dir, dirs.metric_log_dir, dirs.checkpoint_dir) if x]
     for job in running:
         theirs = [x for x in (job.output_dir, job.record.metric_log_dir, job.record.checkpoint_dir) if x]

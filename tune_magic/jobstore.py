@@ -109,6 +109,7 @@ class JobRecord:
     metric_log_dir: str | None = None
     checkpoint_dir: str | None = None
     gpus: list[int] | None = None
+    physical_gpus: list[int | str] | None = None
     distributed: bool = False
     nproc_per_node: str | None = None
     rendezvous: str | None = None
@@ -181,6 +182,9 @@ class JobRecord:
             raise CorruptRecord("env must map strings to strings")
         if kwargs.get("status", RUNNING.value) not in STATES:
             raise CorruptRecord(f"unknown status {kwargs.get('status')!r}")
+        if kwargs.get("physical_gpus") is not None and not all(
+                isinstance(x, (int, str)) and not isinstance(x, bool) for x in kwargs["physical_gpus"]):
+            raise CorruptRecord("field 'physical_gpus' has items of the wrong type")
         for key in ("gpus", "warnings"):
             if kwargs.get(key) is not None and not all(
                 isinstance(x, int if key == "gpus" else str) and not isinstance(x, bool) for x in kwargs[key]
@@ -219,7 +223,8 @@ _FIELD_TYPES: dict[str, tuple[tuple, bool]] = {
     "id": ((str,), True), "name": ((str,), True), "argv": ((list,), True), "env": ((dict,), True),
     "cwd": ((str,), True), "log_path": ((str,), True), "started_at": (_NUM, True),
     "status": ((str,), False), "output_dir": (_OPT_STR, False), "metric_log_dir": (_OPT_STR, False),
-    "checkpoint_dir": (_OPT_STR, False), "gpus": ((list, type(None)), False), "distributed": ((bool,), False),
+    "checkpoint_dir": (_OPT_STR, False), "gpus": ((list, type(None)), False),
+    "physical_gpus": ((list, type(None)), False), "distributed": ((bool,), False),
     "nproc_per_node": (_OPT_STR, False), "rendezvous": (_OPT_STR, False), "rendezvous_endpoint": (_OPT_STR, False),
     "supervisor": ((dict, type(None)), False), "agent": ((dict, type(None)), False), "workers": ((list,), False),
     "ended_at": ((int, float, type(None)), False), "returncode": ((int, type(None)), False),

@@ -17,7 +17,7 @@ import ipywidgets as widgets
 from . import catalog
 from .cellbody import parse_cell_body
 from .command import PlanError, build_plan
-from .gpus import gpu_ids
+from .gpus import visible_gpus
 from .jobctl import Job, jobs, launch
 from .views import JobsTable
 from .watch import JobWatcher
@@ -107,9 +107,16 @@ class Panel(widgets.VBox):
 
     # -- form -----------------------------------------------------------------------------------
     def refresh_gpus(self) -> None:
-        """List this machine's GPUs (nvidia-smi, never CUDA), marking those used by running jobs."""
-        busy = {g: j.id for j in jobs() if j.record.state.is_live for g in (j.gpus or [])}
-        self.gpus.options = [(f"{g} (busy: {busy[g]})" if g in busy else str(g), g) for g in gpu_ids()]
+        """List the GPUs this kernel may use (its CUDA_VISIBLE_DEVICES; nvidia-smi, never CUDA),
+        each labelled with its physical id, marking those used by live jobs."""
+        busy = {}
+        for j in jobs():
+            if j.record.state.is_live:
+                r = j.record
+                for g in (r.physical_gpus if r.physical_gpus is not None else r.gpus) or []:
+                    busy[str(g)] = j.id
+        self.gpus.options = [(f"{g.label} (busy: {busy[str(g.physical)]})" if str(g.physical) in busy else g.label,
+                              g.typed) for g in visible_gpus()]
 
     def _on_recipe(self, change) -> None:
         name = change["new"]

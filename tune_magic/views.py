@@ -15,6 +15,7 @@ from typing import Iterable
 
 import ipywidgets as widgets
 
+from .gpus import gpus_label
 from .jobctl import Job, jobs
 from .status import Status
 from .watch import JobSnapshot, JobWatcher, progress_summary
@@ -97,7 +98,7 @@ class JobCard(widgets.VBox):
         bits = [f"<b>{html.escape(snap.name)}</b> <code>{snap.job_id}</code>",
                 f"<span class='tm-status' style='color:{colour}'>{snap.status}</span> {_fmt_elapsed(snap.elapsed_s)}"]
         if snap.gpus:
-            bits.append(f"GPUs {','.join(map(str, snap.gpus))}")
+            bits.append(html.escape(gpus_label(snap.gpus, snap.physical_gpus)))
         if snap.endpoint:
             bits.append(f"rendezvous <code class='tm-endpoint'>{html.escape(snap.endpoint)}</code>")
         if snap.output_dir:

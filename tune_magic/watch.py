@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from .follow import JobMetricsFollower
+from .gpus import gpus_label
 from .jobctl import Job
 
 #: Metric plotted by the views.
@@ -47,7 +48,8 @@ class JobSnapshot:
         job_id, name: the job's id and name.
         status: ``running``, ``succeeded``, ``failed`` or ``stopped``.
         elapsed_s: seconds since launch (the whole run once ended).
-        gpus: GPU ids or ``None``.
+        gpus: GPU ids as typed (relative to the kernel's CUDA_VISIBLE_DEVICES) or ``None``.
+        physical_gpus: the same GPUs as nvidia-smi indices (MIG ids as strings), or ``None``.
         endpoint: real rendezvous ``host:port`` once known.
         output_dir: the job's output directory.
         progress: the latest progress-bar line (``1|12|Loss: 2.31: 60%|...| 12/20 [00:10<00:06, ...]``).
@@ -63,6 +65,7 @@ class JobSnapshot:
     status: str
     elapsed_s: float
     gpus: tuple[int, ...] | None
+    physical_gpus: tuple[int | str, ...] | None
     endpoint: str | None
     output_dir: str | None
     progress: str | None
@@ -79,7 +82,7 @@ class JobSnapshot:
         lines = [f"job {self.job_id} ({self.name}): {self.status}, {self.elapsed_s:.0f} s"]
         if self.error:
             lines.append(f"error: {self.error}")
-        details = [f"GPUs {','.join(map(str, self.gpus))}" if self.gpus else None,
+        details = [gpus_label(self.gpus, self.physical_gpus) or None,
                    f"rendezvous {self.endpoint}" if self.endpoint else None,
                    f"output_dir {self.output_dir}" if self.output_dir else None]
         if any(details):
@@ -140,7 +143,9 @@ class JobWatcher:
         last = self.follower.last(LOSS)
         snap = JobSnapshot(
             job_id=r.id, name=r.name, status=r.status, elapsed_s=self.job.elapsed_s,
-            gpus=tuple(r.gpus) if r.gpus else None, endpoint=r.rendezvous_endpoint, output_dir=r.output_dir,
+            gpus=tuple(r.gpus) if r.gpus else None,
+            physical_gpus=tuple(r.physical_gpus) if r.physical_gpus else None, endpoint=r.rendezvous_endpoint,
+            output_dir=r.output_dir,
             progress=self.follower.latest_progress, tail=tuple(self.follower.tail(self.tail_lines)),
             steps=tuple(series.steps), losses=tuple(series.values),
             step=last.step if last else None, loss=last.value if last else None,
