@@ -1,0 +1,99 @@
+"""The disk holding TUNE_MAGIC_HOME fills while jobs run: nothing is lost.
+
+Listings keep working (reading never needs a write), a stop still signals and stops its job, and
+once space is back every job's record holds its real end: status and exit code. TUNE_MAGIC_HOME is
+a 4 MiB tmpfs in a private mount namespace (tests/faults.py); everything of the test runs inside it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import faults
+from jobhelpers import toy_args
+
+PY = sys.executable
+
+
+def _status(ns, env) -> dict:
+    r = ns.python("import json, tune_magic; print(json.dumps({j.id: [str(j.status), j.returncode] "
+                  "for j in tune_magic.jobs()}))", env=env, timeout=60)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    return json.loads(r.stdout)
+
+
+def _on_disk(ns, env, job_id) -> dict:
+    r = ns.run(["cat", f"{env['TUNE_MAGIC_HOME']}/jobs/{job_id}/record.json"], env=env)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def _wait(pred, timeout, what):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def test_full_disk_loses_no_outcome_and_stop_still_works(tmp_path):
+    faults.require()
+    home = tmp_path / "home"
+    home.mkdir()
+    out = tmp_path / "out"  # the jobs' own outputs live elsewhere: only the registry's disk fills
+    env = {**__import__("os").environ, "TUNE_MAGIC_HOME": str(home)}
+    with faults.MountNamespace(tmpfs={home: 4096}) as ns:
+        def launch(*args):
+            r = ns.run([PY, "-m", "tune_magic", "run", *toy_args(*args).split()], env=env, timeout=120)
+            assert r.returncode == 0, r.stderr
+            return r.stdout.strip()
+
+        finishing = launch("steps=40", "step_s=0.25", f"output_dir={out}/a")
+        stopping = launch("steps=100000", "step_s=0.1", f"output_dir={out}/b")
+        _wait(lambda: all(len(_on_disk(ns, env, j)["workers"]) == 2 for j in (finishing, stopping)), 90, "workers")
+        ns.fill(home)
+        assert ns.run(["sh", "-c", f"echo x > {home}/probe"], env=env).returncode != 0  # really full
+
+        listing = ns.run([PY, "-m", "tune_magic", "jobs"], env=env, timeout=60)
+        assert listing.returncode == 0 and finishing in listing.stdout and "Traceback" not in listing.stderr
+        assert _status(ns, env)[stopping][0] == "running"
+
+        stopped = ns.run([PY, "-m", "tune_magic", "stop", "--grace", "2", stopping], env=env, timeout=120)
+        assert stopped.returncode == 0 and stopped.stdout.split() == [stopping, "stopped"], stopped.stderr
+        pids = ns.python(f"import tune_magic; r = tune_magic.get_job({stopping!r}).record; "
+                         "from tune_magic.schedulers.local.procs import job_processes; "
+                         "print(len(job_processes(r.agent, r.workers)))", env=env)
+        assert pids.stdout.strip() == "0", pids.stderr
+
+        # the other job ends by itself while the disk is full; listings show its end at once
+        # (the exit file was made with room for the code) — nothing says "running" for ever
+        ended = _wait(lambda: (s := _status(ns, env)[finishing])[0] != "running" and s, 90, "the end")
+        assert ended[0] in ("succeeded", "failed") and ended[1] is not None
+        assert _on_disk(ns, env, finishing)["status"] == "running"  # not yet written: no room
+
+        ns.run(["rm", "-f", f"{home}/{faults.FILL_NAME}"], env=env)
+        _wait(lambda: _on_disk(ns, env, finishing)["status"] != "running", 30, "the supervisor's retried write")
+        final = _on_disk(ns, env, finishing)
+        assert [final["status"], final["returncode"]] == ended
+        assert _on_disk(ns, env, stopping)["status"] == "stopped"
+        assert _on_disk(ns, env, stopping)["returncode"] is not None
+
+
+def test_launch_on_a_full_disk_is_one_paragraph_and_leaves_nothing(tmp_path):
+    faults.require()
+    home = tmp_path / "home"
+    (home / "jobs").mkdir(parents=True)
+    env = {**__import__("os").environ, "TUNE_MAGIC_HOME": str(home)}
+    with faults.MountNamespace(tmpfs={home: 2048}) as ns:
+        ns.fill(home)
+        r = ns.run([PY, "-m", "tune_magic", "run", *toy_args("steps=2").split()], env=env, timeout=120)
+        assert r.returncode == 2, (r.stdout, r.stderr)
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        assert "is full" in r.stderr and "nothing was started" in r.stderr
+        left = ns.run(["ls", "-A", f"{home}/jobs"], env=env).stdout.split()
+        assert [x for x in left if x != ".launch.lock"] == []
+        assert ns.python("import tune_magic; print(len(tune_magic.jobs()))", env=env).stdout.strip() == "0"
