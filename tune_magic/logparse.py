@@ -17,6 +17,20 @@ Formats understood (all from torchtune 0.6.1 unless noted):
   ``1|10|Loss: 11.97315: 100%|####| 10/10 [00:11<00:00,  1.12s/it]``.
 * ``Writing logs to <path>``, printed by ``DiskLogger.__init__``: names the job's metric file.
 
+Each form is also read behind the line prefixes of torch 2.x (measured with torch 2.13):
+
+* torchrun ``--tee``/``--local-ranks-filter`` copy each worker's output to the console as
+  ``[default0]:<text>`` (``[<role><local rank>]:``, no space). Its tail threads read the per-rank
+  files line by line with universal newlines, so a tqdm ``\r`` redraw arrives as its own
+  prefixed line, and a line caught half-written comes out unterminated, with the next piece
+  (``[default0]:<rest>``, or another stream's line) glued after it on the same physical line.
+  Such pieces are split at the prefix and joined again per prefix (see :class:`LogParser`).
+* ``torch.distributed``'s excepthook, set by ``init_process_group``, writes tracebacks as
+  ``[rank1]: <text>`` (global rank, one space).
+* Without any prefix, stdout and stderr in one file also glue: a tqdm bar is left without a line
+  end until its next ``\r`` redraw, so the next stdout line lands right after the bar's
+  ``[elapsed<remaining, rate]`` block; the text after that block is read as a record of its own.
+
 ANSI escape sequences (colours, cursor show/hide, OSC titles) are removed before matching.
 """
 
@@ -47,6 +61,8 @@ __all__ = [
     "parse_jsonl_line",
     "parse_progress",
     "find_log_path",
+    "strip_prefixes",
+    "split_prefixed",
     "parse_text",
     "parse_file",
     "DEFAULT_MAX_LINE_CHARS",
@@ -135,6 +151,13 @@ _PROGRESS_RE = re.compile(r"(?<![\w.|])(\d+)\|(\d+)\|Loss: ([A-Za-z_][\w.]*\([^)
 _LOGPATH_RE = re.compile(r"Writing logs to (\S.*?)\s*$")
 # Any tqdm bar ("Tokenizing: 45%|####  | 9/20 [00:01<00:02, 4.5it/s]"), for the progress text only.
 _TQDM_RE = re.compile(r"\d%\|.*\|\s*[\d.]+[kMGTP]?/(?:[\d.]+[kMGTP]?|\?)\s*\[")
+# The end of a tqdm bar: its "[elapsed<remaining, rate]" block (or "[elapsed, rate]" without a total).
+_BAR_END_RE = re.compile(r"\[(?:\d+d )?(?:\d+:)?\d+:\d\d(?:<[^\],]*)?,[^\]\n]*\]")
+# A torch 2.x line prefix: "[default0]:" (torchrun --tee, role + local rank) or "[rank1]: "
+# (the excepthook of init_process_group, global rank; it adds one space).
+_PREFIX_RE = re.compile(r"\[([A-Za-z_][\w.-]*?)(\d+)\]:")
+# Records that start a line of their own; a piece that starts otherwise continues a cut line.
+_RECORD_START_RE = re.compile(r"Step \d|\{|\d+\|\d+\|Loss: |Writing logs to |INFO:|\s*\d+%\|")
 
 #: Records per block tried by the column-wise DiskLogger fast path (see LogParser.parse).
 BLOCK = 512
@@ -192,14 +215,15 @@ def parse_disklogger_line(line: str) -> list[MetricPoint] | None:
     """Parse one torchtune DiskLogger/StdoutLogger line (0.6.1 ``Step N | key:value ...``).
 
     Args:
-        line: one line, with or without ANSI sequences and line terminator.
+        line: one line, with or without ANSI sequences, line terminator and torch's
+            ``[default0]:``/``[rank0]: `` prefixes (see :func:`strip_prefixes`).
 
     Returns:
         The line's points (source ``"disklogger"``, epoch ``None``), possibly empty when every
         field is unparsable; ``None`` if the line is not a ``Step N | ...`` line at all.
     """
     parser = LogParser(strict=True)
-    line = strip_ansi(line).strip("\r\n")
+    line = strip_prefixes(strip_ansi(line).strip("\r\n"))[2]
     if not line.startswith("Step "):
         return None
     return parser.feed_record(line)
@@ -213,14 +237,14 @@ def parse_jsonl_line(line: str) -> list[MetricPoint] | None:
     are ignored.
 
     Args:
-        line: one line of a ``log_*.jsonl`` file.
+        line: one line of a ``log_*.jsonl`` file (or of a job's output, prefixed or not).
 
     Returns:
         The points (source ``"jsonl"``), or ``None`` if the line is not a JSON object with an
         integer ``step``.
     """
     batch = MetricBatch()
-    if not LogParser(strict=True)._jsonl(strip_ansi(line).strip(), batch):
+    if not LogParser(strict=True)._jsonl(strip_prefixes(strip_ansi(line).strip())[2], batch):
         return None
     return batch.points()
 
@@ -229,14 +253,15 @@ def parse_progress(line: str) -> ProgressInfo | None:
     """Parse torchtune's tqdm description ``{epoch}|{global_step}|Loss: {loss}`` (0.6.1).
 
     Args:
-        line: one progress segment (after splitting on ``\\r``); ANSI sequences are removed.
+        line: one progress segment (after splitting on ``\\r``); ANSI sequences and torch's
+            line prefixes are removed.
 
     Returns:
         A :class:`ProgressInfo`, or ``None`` when the line holds no such description.
     """
     if "Loss: " not in line:
         return None
-    text = strip_ansi(line).strip()
+    text = strip_prefixes(strip_ansi(line).strip())[2].strip()
     m = _PROGRESS_RE.search(text)
     if m is None:
         return None
@@ -256,6 +281,71 @@ def find_log_path(line: str) -> str | None:
         return None
     m = _LOGPATH_RE.search(strip_ansi(line))
     return m.group(1) if m else None
+
+
+def strip_prefixes(line: str) -> tuple[int | None, int | None, str]:
+    """Remove the torch 2.x prefixes at the start of one line (see the module docstring).
+
+    Args:
+        line: one line (or one piece of a line, see :func:`split_prefixed`).
+
+    Returns:
+        ``(rank, local_rank, text)``: the global rank of a ``[rankN]: `` prefix (torch's
+        excepthook), the local rank of a ``[<role>N]:`` prefix (torchrun ``--tee``, role
+        ``default`` unless ``--role`` was given), each ``None`` when absent, and the text after
+        them. ``"[default1]:[rank1]: ValueError: x"`` gives ``(1, 1, "ValueError: x")``.
+    """
+    rank = local = None
+    pos = 0
+    while line.startswith("[", pos):
+        m = _PREFIX_RE.match(line, pos)
+        if m is None:
+            break
+        pos = m.end()
+        if m.group(1) == "rank" and rank is None:
+            rank = int(m.group(2))
+            if line.startswith(" ", pos):
+                pos += 1
+        elif local is None and rank is None:
+            local = int(m.group(2))
+        else:
+            pos = m.start()
+            break
+    return rank, local, line[pos:]
+
+
+def split_prefixed(line: str) -> list[tuple[str, str]]:
+    """Cut one physical line of torchrun ``--tee`` output into its prefixed pieces.
+
+    torchrun writes ``[default0]:`` + whatever its tail thread read, which need not end a line;
+    the next piece then follows on the same physical line. Only prefixes of the first piece's
+    role are cut at (``[default0]:[rank0]: ...`` is one piece: the second prefix is torch's).
+
+    Args:
+        line: one line that starts with a prefix (no line terminator).
+
+    Returns:
+        ``[(prefix, text), ...]`` in order, e.g. ``[("[default0]:", "1|1|Loss: 9.0: 10%|..."),
+        ("[default0]:", "Step 2 | loss:5.0 ")]``; every piece but the last was cut short.
+        ``[]`` when ``line`` does not start with a prefix.
+    """
+    first = _PREFIX_RE.match(line)
+    if first is None:
+        return []
+    role = "[" + first.group(1)
+    pieces: list[tuple[str, str]] = []
+    start, prefix = first.end(), first.group(0)
+    pos = line.find(role, start)
+    while pos >= 0:
+        m = _PREFIX_RE.match(line, pos)
+        if m is not None and m.group(1) == first.group(1):
+            pieces.append((prefix, line[start:pos]))
+            start, prefix = m.end(), m.group(0)
+            pos = line.find(role, start)
+        else:
+            pos = line.find(role, pos + 1)
+    pieces.append((prefix, line[start:]))
+    return pieces
 
 
 class MetricBatch:
@@ -320,8 +410,16 @@ class MetricBatch:
 class LogParser:
     """Turn log records (lines or ``\\r``-separated segments) into metric points.
 
-    Stateless apart from its counters and the last progress text / log path seen, so one
-    parser per followed file.
+    Stateless apart from its counters, the last progress text / log path seen and the pieces
+    of prefixed lines still waiting for their rest, so one parser per followed file.
+
+    Prefixed records (``[default0]:...``, ``[rank0]: ...``) are read like their text without the
+    prefix. torchrun ``--tee`` pieces cut short (see :func:`split_prefixed`) wait, per prefix,
+    for their rest: the next piece of that prefix that does not itself start a record (a
+    ``Step`` line, JSON, a progress bar...). Each prefix keeps one waiting tqdm redraw and one
+    waiting other line, because a rank's stdout and stderr share a prefix and either may be the
+    one cut short; an empty piece completes the redraw first (torchrun's reader turns the next
+    ``\r`` into a line end).
 
     Args:
         strict: ``True`` for a metric file (every non-blank record should be a metric record;
@@ -335,7 +433,7 @@ class LogParser:
         log_path: last path named by a ``Writing logs to`` line, or ``None``.
     """
 
-    __slots__ = ("strict", "stats", "latest_progress", "log_path", "_names")
+    __slots__ = ("strict", "stats", "latest_progress", "log_path", "_names", "_waiting")
 
     def __init__(self, *, strict: bool = False) -> None:
         self.strict = strict
@@ -344,6 +442,8 @@ class LogParser:
         self.log_path: str | None = None
         # One str object per metric name, so a million points share a handful of names.
         self._names: dict[str, str] = {}
+        # prefix -> [cut tqdm redraw or None, other cut line or None] (see the class docstring)
+        self._waiting: dict[str, list] = {}
 
     def feed_record(self, record: str) -> list[MetricPoint]:
         """Parse one record that has no ANSI sequences and no line terminator.
@@ -432,7 +532,7 @@ class LogParser:
         ``joined`` holds the records; without any of these substrings no record can be a
         metric line, JSON record, progress bar or ``Writing logs to`` line.
         """
-        if self.strict:
+        if self.strict or self._waiting:
             return False
         for marker in _MARKERS:
             if marker in joined:
@@ -501,7 +601,9 @@ class LogParser:
         self.stats.points += total
         return True
 
-    def _generic(self, records: list[str], batch: MetricBatch) -> None:
+    def _generic(self, records: list[str], batch: MetricBatch, top: bool = True) -> None:
+        """Record-by-record parse; ``top=False`` for records cut out of another record (their
+        points and records are counted by the outer call)."""
         steps_append = batch.steps.append
         names_append = batch.names.append
         values_append = batch.values.append
@@ -562,6 +664,8 @@ class LogParser:
                         stats.malformed += 1
                     else:
                         stats.other += 1
+            elif rec.startswith("[") and _PREFIX_RE.match(rec) is not None:
+                self._prefixed(rec, batch)
             elif self.strict:
                 if rec.strip():
                     stats.malformed += 1
@@ -571,9 +675,43 @@ class LogParser:
                 self._text(rec, batch)
             else:
                 stats.other += 1  # ordinary output: most of a combined log
-        stats.records += len(records)
-        stats.points += len(batch.values) - before
+        if top:
+            stats.records += len(records)
+            stats.points += len(batch.values) - before
         stats.bad_fields += n_bad
+
+    def _prefixed(self, rec: str, batch: MetricBatch) -> None:
+        """Parse a prefixed record: its pieces, joined per prefix (see the class docstring)."""
+        pieces = split_prefixed(rec)
+        done: list[str] = []
+        last = len(pieces) - 1
+        waiting = self._waiting
+        for i, (prefix, text) in enumerate(pieces):
+            _, _, text = strip_prefixes(text)
+            slots = waiting.get(prefix)
+            if slots is not None:
+                if not text:
+                    slot = 0 if slots[0] is not None else 1
+                elif _RECORD_START_RE.match(text):
+                    slot = -1  # a new record; whatever waits keeps waiting for its own rest
+                else:
+                    slot = 1 if slots[1] is not None else 0
+                if slot >= 0 and slots[slot] is not None:
+                    text = slots[slot] + text
+                    slots[slot] = None
+                if slots[0] is None and slots[1] is None:
+                    del waiting[prefix]
+            if i == last:
+                if text.strip():
+                    done.append(text)
+                continue
+            slots = waiting.setdefault(prefix, [None, None])
+            slot = 0 if ("%|" in text or "Loss: " in text) else 1
+            if slots[slot] is not None and slots[slot].strip():
+                done.append(slots[slot])  # two cut lines of one kind: the older cannot be joined any more
+            slots[slot] = text
+        if done:
+            self._generic(done, batch, top=False)
 
     def _jsonl(self, rec: str, batch: MetricBatch) -> bool:
         """Add a JSON-lines record's points; ``False`` if it is not ``{"step": int, ...}``."""
@@ -608,6 +746,14 @@ class LogParser:
         return True
 
     def _text(self, rec: str, batch: MetricBatch) -> None:
+        if "%|" in rec:
+            m = _BAR_END_RE.search(rec)
+            if m is not None:
+                rest = rec[m.end() :].lstrip()
+                if rest:  # a line glued after the bar (see the module docstring)
+                    self._text(rec[: m.end()], batch)
+                    self._generic([rest], batch, top=False)
+                    return
         if "Loss: " in rec:
             m = _PROGRESS_RE.search(rec)
             if m is not None:
