@@ -153,6 +153,15 @@ def test_two_agents_a_raise_caused_by_a_dead_peer_loses_to_the_signal():
     check(describe_failure(text), "rank 1: killed by SIGKILL (signal 9)", kind="signal", rank=1, exc_type=None)
 
 
+def test_root_cause_that_only_lost_its_peer_yields_to_the_killed_rank():
+    # --monitor-interval 2: by torchrun's next look rank 0 had raised "Connection closed by peer",
+    # so the report's root cause is rank 0; rank 1, killed by SIGKILL, is the failure
+    text = log("sigkill_slow_monitor")
+    assert [(e.rank, e.exitcode, e.root) for e in parse_reports(text)] == [(1, -9, False), (0, 1, True)]
+    r = check(describe_failure(text), "rank 1: killed by SIGKILL (signal 9)", kind="signal", rank=1, exc_type=None)
+    assert r.pid == 24151
+
+
 def test_several_hosts_are_named():
     text = log("two_agents_raise_first").replace("host      : localhost", "host      : node-a", 1)
     r = describe_failure(text)

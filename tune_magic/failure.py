@@ -448,21 +448,35 @@ def _raised(e: ReportEntry) -> bool:
     return e.exitcode is not None and e.exitcode > 0
 
 
+def _consequence(e: ReportEntry, log: _Log) -> bool:
+    """Whether ``e`` raised only because a peer went away (gloo "Connection closed by peer"...)."""
+    if not _raised(e):
+        return False
+    tb = log.last_traceback(("rank", e.rank))
+    return tb is not None and any(s in tb.message for s in _PEER_GONE)
+
+
 def _choose(entries: list[ReportEntry], log: _Log) -> ReportEntry:
+    """The failing entry: among the reports' root causes a raise beats a signal, which beats a
+    raise that only says a peer went away; then the earliest time, then the first in the log.
+
+    torchrun's root cause is the first failure its monitor *noticed* (times are whole seconds),
+    so when it names a rank that raised because its peer vanished, a rank of the same report
+    that died by a signal other than torchrun's own SIGTERM/SIGINT teardown is the failure.
+    """
     roots = [e for e in entries if e.root] or entries
-    if len({e.report for e in roots}) <= 1:
-        return roots[0]
 
-    def rank_key(e: ReportEntry) -> tuple:
-        # a raised exception beats a signal; a raise that only reports a lost peer is a
-        # consequence (another rank died first), so it ranks with the signals
-        consequence = False
-        if _raised(e):
-            tb = log.last_traceback(("rank", e.rank))
-            consequence = tb is not None and any(s in tb.message for s in _PEER_GONE)
-        return (0 if _raised(e) and not consequence else 1, e.time or "", e.report)
+    def key(e: ReportEntry) -> tuple:
+        consequence = _consequence(e, log)
+        return (0 if _raised(e) and not consequence else 2 if consequence else 1, e.time or "", e.report)
 
-    return min(roots, key=rank_key)
+    best = min(roots, key=key)
+    if _consequence(best, log):
+        for e in entries:
+            if (e.report == best.report and e.exitcode is not None and e.exitcode < 0
+                    and -e.exitcode not in (signal.SIGTERM, signal.SIGINT)):
+                return e
+    return best
 
 
 def _nccl_lines(log: _Log, rank: int | None) -> list[tuple[int, str, re.Match]]:

@@ -788,9 +788,9 @@ class JobMetricsFollower:
                     break
         finally:
             self.poll_points = budget
-        self._store.add_batch(self._log_parser.parse(self._log.finish()))
+        self._store.add_batch(self._log_parser.flush(self._log_parser.parse(self._log.finish())))
         for _, follower, parser in self._ranks.values():
-            self._store.add_batch(parser.parse(follower.finish()))
+            self._store.add_batch(parser.flush(parser.parse(follower.finish())))
         self._choose_metric_file()
         if self._metrics is not None:
             self._store.add_batch(self._metrics_parser.parse(self._metrics.finish()))

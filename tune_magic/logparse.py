@@ -156,8 +156,9 @@ _BAR_END_RE = re.compile(r"\[(?:\d+d )?(?:\d+:)?\d+:\d\d(?:<[^\],]*)?,[^\]\n]*\]
 # A torch 2.x line prefix: "[default0]:" (torchrun --tee, role + local rank) or "[rank1]: "
 # (the excepthook of init_process_group, global rank; it adds one space).
 _PREFIX_RE = re.compile(r"\[([A-Za-z_][\w.-]*?)(\d+)\]:")
-# Records that start a line of their own; a piece that starts otherwise continues a cut line.
-_RECORD_START_RE = re.compile(r"Step \d|\{|\d+\|\d+\|Loss: |Writing logs to |INFO:|\s*\d+%\|")
+# A piece that starts a line of its own (a metric line, JSON, a logging record); a piece that
+# starts otherwise continues a cut line.
+_LINE_START_RE = re.compile(r"Step \d|\{|Writing logs to |[A-Z]+:[\w.]+:")
 
 #: Records per block tried by the column-wise DiskLogger fast path (see LogParser.parse).
 BLOCK = 512
@@ -414,12 +415,13 @@ class LogParser:
     of prefixed lines still waiting for their rest, so one parser per followed file.
 
     Prefixed records (``[default0]:...``, ``[rank0]: ...``) are read like their text without the
-    prefix. torchrun ``--tee`` pieces cut short (see :func:`split_prefixed`) wait, per prefix,
-    for their rest: the next piece of that prefix that does not itself start a record (a
-    ``Step`` line, JSON, a progress bar...). Each prefix keeps one waiting tqdm redraw and one
-    waiting other line, because a rank's stdout and stderr share a prefix and either may be the
-    one cut short; an empty piece completes the redraw first (torchrun's reader turns the next
-    ``\r`` into a line end).
+    prefix. A torchrun ``--tee`` piece cut short (see :func:`split_prefixed`) waits, per prefix,
+    for its rest, which is the next piece of that prefix that does not start a line of its own
+    (a ``Step`` line, JSON, a logging record) and is not a tqdm redraw. A rank's stdout and
+    stderr share the prefix, so an empty piece may end the waiting line or be an empty stderr
+    line: it only marks the line as possibly complete, and the line is parsed when the rank's
+    next stdout line (``Step``, JSON) starts, or at :meth:`flush`. tqdm writes each redraw
+    whole, so a cut redraw is parsed at once and its (empty) rest changes nothing.
 
     Args:
         strict: ``True`` for a metric file (every non-blank record should be a metric record;
@@ -442,7 +444,7 @@ class LogParser:
         self.log_path: str | None = None
         # One str object per metric name, so a million points share a handful of names.
         self._names: dict[str, str] = {}
-        # prefix -> [cut tqdm redraw or None, other cut line or None] (see the class docstring)
+        # prefix -> [cut line, possibly complete] (see the class docstring)
         self._waiting: dict[str, list] = {}
 
     def feed_record(self, record: str) -> list[MetricPoint]:
@@ -485,6 +487,11 @@ class LogParser:
                 self._generic(block, batch)
                 continue
             joined = "\n".join(block)
+            if joined.startswith("["):
+                bare = self._unprefix(joined, len(block))
+                if bare is not None:
+                    self.parse(bare, batch)
+                    continue
             if not (self._block_text(joined, len(block), batch) or self._skip_text(joined, len(block))):
                 self._generic(block, batch)
         return batch
@@ -516,6 +523,12 @@ class LogParser:
                     cut = end if cut < 0 else cut
             piece = text[pos:cut]
             pos = cut + 1
+            if piece.startswith("["):
+                records = [r for r in piece.split("\n") if r.strip()]
+                bare = self._unprefix("\n".join(records), len(records))
+                if bare is not None:
+                    self.parse(bare, batch)
+                    continue
             n = piece.count("\n") + 1
             if n >= _MIN_BLOCK and self._block_text(piece, n, batch):
                 continue
@@ -525,6 +538,28 @@ class LogParser:
             if not self._skip_text(piece, len(records)):
                 self._generic(records, batch)
         return batch
+
+    def _unprefix(self, joined: str, n: int) -> list[str] | None:
+        """The ``n`` records joined in ``joined`` without their prefix, when all have the same one
+        exactly once (a block of ``--tee`` output with no cut pieces) and no cut line waits: then
+        they parse like unprefixed records, on the fast paths. ``None`` otherwise.
+
+        Records left blank (torchrun's ``[default0]:`` for an empty line) are counted and dropped.
+        """
+        m = _PREFIX_RE.match(joined)
+        if m is None or self._waiting:
+            return None
+        prefix = m.group(0)
+        if m.group(1) == "rank":
+            if not joined.startswith(" ", m.end()):
+                return None
+            prefix += " "
+        if joined.count(prefix) != n or ("\n" + joined).count("\n" + prefix) != n:
+            return None
+        records = joined[len(prefix):].replace("\n" + prefix, "\n").split("\n")
+        kept = list(filter(str.strip, records))
+        self.stats.records += len(records) - len(kept)
+        return kept
 
     def _skip_text(self, joined: str, n: int) -> bool:
         """Count ``n`` records as ``other`` at once if none can matter (combined logs only).
@@ -681,37 +716,60 @@ class LogParser:
         stats.bad_fields += n_bad
 
     def _prefixed(self, rec: str, batch: MetricBatch) -> None:
-        """Parse a prefixed record: its pieces, joined per prefix (see the class docstring)."""
+        """Parse a prefixed record: its pieces, cut lines joined per prefix (see the class docstring)."""
         pieces = split_prefixed(rec)
-        done: list[str] = []
         last = len(pieces) - 1
+        done: list[str] = []
         waiting = self._waiting
         for i, (prefix, text) in enumerate(pieces):
-            _, _, text = strip_prefixes(text)
-            slots = waiting.get(prefix)
-            if slots is not None:
-                if not text:
-                    slot = 0 if slots[0] is not None else 1
-                elif _RECORD_START_RE.match(text):
-                    slot = -1  # a new record; whatever waits keeps waiting for its own rest
-                else:
-                    slot = 1 if slots[1] is not None else 0
-                if slot >= 0 and slots[slot] is not None:
-                    text = slots[slot] + text
-                    slots[slot] = None
-                if slots[0] is None and slots[1] is None:
-                    del waiting[prefix]
-            if i == last:
-                if text.strip():
-                    done.append(text)
+            text = strip_prefixes(prefix + text)[2]
+            whole = i == last  # every piece but the last was cut short
+            w = waiting.get(prefix)
+            if not text.strip():
+                if w is not None:
+                    w[1] = True
                 continue
-            slots = waiting.setdefault(prefix, [None, None])
-            slot = 0 if ("%|" in text or "Loss: " in text) else 1
-            if slots[slot] is not None and slots[slot].strip():
-                done.append(slots[slot])  # two cut lines of one kind: the older cannot be joined any more
-            slots[slot] = text
+            if "%|" in text or "|Loss: " in text:
+                done.append(text)  # a tqdm redraw: written whole
+                continue
+            if _LINE_START_RE.match(text):
+                # a new stdout line (StdoutLogger, JSON) ends a waiting line that may be complete;
+                # logging records go to stderr and say nothing about it
+                stdout_line = text.startswith(("Step ", "{"))
+                if w is not None and stdout_line and (w[1] or not whole):
+                    done.append(waiting.pop(prefix)[0])
+                    w = None
+                if whole or w is not None:
+                    done.append(text)  # (a cut logging line while another line waits: as is)
+                else:
+                    waiting[prefix] = [text, False]
+                continue
+            if w is not None:
+                text = waiting.pop(prefix)[0] + text
+            if whole:
+                done.append(text)
+            else:
+                waiting[prefix] = [text, False]
         if done:
             self._generic(done, batch, top=False)
+
+    def flush(self, into: MetricBatch | None = None) -> MetricBatch:
+        """End of stream: parse the cut prefixed lines still waiting for their rest.
+
+        Args:
+            into: batch to append to; a new one by default.
+
+        Returns:
+            The batch.
+        """
+        batch = MetricBatch() if into is None else into
+        if self._waiting:
+            rest = [w[0] for w in self._waiting.values()]
+            self._waiting.clear()
+            before = len(batch.values)
+            self._generic(rest, batch, top=False)
+            self.stats.points += len(batch.values) - before
+        return batch
 
     def _jsonl(self, rec: str, batch: MetricBatch) -> bool:
         """Add a JSON-lines record's points; ``False`` if it is not ``{"step": int, ...}``."""
@@ -746,13 +804,16 @@ class LogParser:
         return True
 
     def _text(self, rec: str, batch: MetricBatch) -> None:
-        if "%|" in rec:
+        if "%|" in rec and not rec.rstrip().endswith("]"):
             m = _BAR_END_RE.search(rec)
             if m is not None:
                 rest = rec[m.end() :].lstrip()
                 if rest:  # a line glued after the bar (see the module docstring)
                     self._text(rec[: m.end()], batch)
-                    self._generic([rest], batch, top=False)
+                    if rest.startswith(("Step ", "{", "[")) or any(map(rest.__contains__, _MARKERS)):
+                        self._generic([rest], batch, top=False)
+                    else:
+                        self.stats.other += 1  # ordinary text, as most glued lines are
                     return
         if "Loss: " in rec:
             m = _PROGRESS_RE.search(rec)
@@ -1004,6 +1065,7 @@ def parse_text(
     parser.parse(records, batch)
     parser.parse_plain(plain, batch)
     parser.parse(splitter.finish(), batch)
+    parser.flush(batch)
     return batch.points(), parser
 
 
@@ -1044,6 +1106,7 @@ def parse_file(
         parser.parse_plain(plain, batch)
         if final:
             parser.parse(splitter.finish(), batch)
+            parser.flush(batch)
         if on_batch is not None:
             on_batch(batch)
 

@@ -212,7 +212,10 @@ class OomWatch:
     """
 
     def __init__(self, cgroups: Iterable[str | os.PathLike[str]] = (), *, kmsg_path: str = "/dev/kmsg") -> None:
-        self.cgroups = list(dict.fromkeys(Path(c) for c in cgroups))
+        dirs = list(dict.fromkeys(Path(c) for c in cgroups))
+        # a directory inside another watched one is already counted there (v2 counts the
+        # subtree, v1 is summed over it): watching both would count one kill twice
+        self.cgroups = [d for d in dirs if not any(o != d and o in d.parents for o in dirs)]
         self.kmsg_path = kmsg_path
         self.before = {c: read_oom_kill_count(c) for c in self.cgroups}
         start = read_kernel_log(path=kmsg_path)

@@ -48,6 +48,9 @@ def scenarios(tmp: Path) -> dict[str, dict]:
         "one_process_raise": {"argv": [sys.executable, WORKER, "raise", "rank=0"]},
         "one_process_bare_exception": {"argv": [sys.executable, WORKER, "bare_exception", "rank=0", "message=x"]},
         "sigkill": {"argv": [*two(), WORKER, "sigkill", "rank=1"]},
+        # torchrun looks at its workers every 2 s: rank 0 has raised (its peer is gone) by then,
+        # and the report's root cause is rank 0, not the killed rank 1
+        "sigkill_slow_monitor": {"argv": [*two("--monitor-interval", "2"), WORKER, "sigkill", "rank=1"]},
         "gloo_timeout": {"argv": [*two(), WORKER, "gloo_timeout", "rank=1", "timeout=3"]},
         "rendezvous_timeout": {"argv": [
             *TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",

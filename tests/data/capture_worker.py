@@ -120,6 +120,8 @@ def main(mode: str) -> None:
             for _ in range(int(o.get("mib", 1024))):
                 blocks.append(bytearray(1 << 20))  # zero-filled, so every page is touched
             print("allocated without being killed", flush=True)
+        else:
+            time.sleep(60)  # not in a collective: torchrun ends it after rank 1's death
         dist.barrier()
     elif mode == "metrics":
         metrics(o)
