@@ -77,7 +77,6 @@ KINDS = (
 #: Longest message kept in :attr:`FailureReason.line`, in characters.
 LINE_MAX = 300
 
-_NO_TRACEBACK = "To enable traceback"
 _TB_HEAD = "Traceback (most recent call last):"
 _CHAIN = (
     "During handling of the above exception, another exception occurred:",
@@ -90,7 +89,7 @@ _EXIT_RE = re.compile(r"(-?\d+)(?:\s*\(pid:\s*(\d+)\))?")
 # A line that is only an exception: "KeyError: 'x'", "Exception: x", "pkg.mod.SomeError",
 # "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError".
 _EXC_LINE_RE = re.compile(
-    r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Za-z_]\w*)?(?:Error|Exception|Exit|Interrupt|Failure|Timeout|Warning))"
+    r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Za-z_]\w*)?(?:Error|Exception|Exit|Interrupt|Failure))"
     r"(?::\s?(?P<msg>.*))?$"
 )
 # Inside a traceback any name can be the exception ("StopIteration", "KeyboardInterrupt"...).
