@@ -1,41 +1,341 @@
-"""Failure reasons read from real torchrun logs (captured into tests/data from real runs here)."""
+"""Failure reasons read from real logs.
 
+Logs named ``tests/data/<scenario>.log`` were captured here from real torchrun (or one-process)
+runs of tests/data/capture_worker.py; tests/data/capture_logs.py re-captures them (see
+tests/data/README.md). Tests whose name says ``quoted`` use verbatim excerpts of public GitHub
+issues (their URL is next to them) for what cannot happen on this machine (CUDA, NCCL).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
 from pathlib import Path
 
-from tune_magic.failure import describe_failure
+import pytest
+
+from tune_magic.failure import Evidence, FailureReason, describe_failure, failure_line, parse_reports
+from tune_magic.follow import read_rank_logs
+from tune_magic.oom import OomEvidence
 
 DATA = Path(__file__).parent / "data"
 
-
-def test_rank1_crash_names_rank_and_message():
-    # captured: 2-process toy recipe, rank 1 raised RuntimeError("boom on rank one")
-    assert describe_failure((DATA / "torchrun_rank1_crash.log").read_text()) == "rank 1: RuntimeError: boom on rank one"
-
-
-def test_agent_eaddrinuse_names_it():
-    # captured: second torchrun on the same --master_port
-    reason = describe_failure((DATA / "torchrun_eaddrinuse.log").read_text())
-    assert reason.startswith("torch.distributed.DistNetworkError: ")
-    assert "EADDRINUSE" in reason and "port: 29511" in reason
+COLLECTIVE = "waiting for the other ranks (one of them stalled, crashed, or ran different code); " \
+             "the limit is init_process_group's timeout"
+PORT_HINT = "another job or program listens on it; leave the endpoint out (no --master-port / --rdzv-endpoint) " \
+            "and a free port is picked"
 
 
-def test_root_cause_without_message_gives_exit_code():
-    log = """Root Cause (first observed failure):
-[0]:
-  time      : 2026-11-29_20:33:36
-  rank      : 3 (local_rank: 1)
-  exitcode  : -9 (pid: 4462)
+def log(name: str) -> str:
+    return (DATA / f"{name}.log").read_text()
+
+
+def check(reason: FailureReason | None, line: str, *, kind: str, rank, exc_type) -> FailureReason:
+    assert reason is not None
+    assert (reason.line, reason.kind, reason.rank, reason.exc_type) == (line, kind, rank, exc_type)
+    return reason
+
+
+# -- exceptions ---------------------------------------------------------------------------------
+
+
+def test_rank_raised_after_init_prefixed():
+    # 2-process toy recipe, rank 1 raised; rank 0 then raised too ("Connection closed by peer")
+    # but torchrun's report names rank 1 as the root cause and rank 0 as SIGTERMed
+    r = check(describe_failure(log("torchrun_rank1_crash")), "rank 1: RuntimeError: boom on rank one",
+              kind="exception", rank=1, exc_type="RuntimeError")
+    assert (r.local_rank, r.host, r.exitcode, r.pid) == (1, "localhost", 1, 4462)
+    assert r.traceback.startswith("Traceback (most recent call last):\n  File ")
+    assert r.traceback.endswith("\nRuntimeError: boom on rank one") and "[rank1]" not in r.traceback
+
+
+@pytest.mark.parametrize("name,line,rank,exc_type", [
+    ("pre_init_import_error", "rank 1: ModuleNotFoundError: No module named 'tune_magic_no_such_module'", 1,
+     "ModuleNotFoundError"),
+    ("pre_init_missing_file",
+     "rank 0: FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent/tune_magic/train.json'", 0,
+     "FileNotFoundError"),
+    ("pre_init_config_error",
+     "rank 0: omegaconf.errors.ConfigAttributeError: Key 'batch_sizee' is not in struct. Did you mean: 'batch_size'?",
+     0, "omegaconf.errors.ConfigAttributeError"),
+    ("bare_exception", "rank 1: Exception: x", 1, "Exception"),
+])
+def test_rank_raised_before_init_process_group_has_no_prefix(name, line, rank, exc_type):
+    # no [rankN]: prefix exists before init_process_group; the report names the rank
+    text = log(name)
+    assert "[rank" not in text
+    r = check(describe_failure(text), line, kind="exception", rank=rank, exc_type=exc_type)
+    assert r.traceback.startswith("Traceback (most recent call last):") and r.exitcode == 1
+
+
+def test_multi_line_message_is_kept_whole():
+    r = describe_failure(log("pre_init_config_error"))
+    assert r.message == "Key 'batch_sizee' is not in struct. Did you mean: 'batch_size'?\n" \
+                        "full_key: batch_sizee\nobject_type=dict"
+    assert r.traceback.endswith("    full_key: batch_sizee\n    object_type=dict")
+
+
+@pytest.mark.parametrize("name,line,exc_type", [
+    ("one_process_raise", "ValueError: learning rate must be positive, got -1", "ValueError"),
+    ("one_process_bare_exception", "Exception: x", "Exception"),
+])
+def test_one_process_job(name, line, exc_type):
+    r = check(describe_failure(log(name)), line, kind="exception", rank=None, exc_type=exc_type)
+    assert r.traceback.splitlines()[-1] == line
+
+
+def test_bare_exception_line_outside_a_traceback():
+    # nothing before "Exception": found as the log's last exception line
+    r = describe_failure("starting\nException: x\nbye\n")
+    check(r, "Exception: x", kind="exception", rank=None, exc_type="Exception")
+
+
+def test_tee_prefixes_default_and_rank():
+    # --tee 3: "[default1]:[rank1]: ValueError: ..."
+    assert "[default1]:[rank1]: ValueError" in log("tee3_raise")
+    r = check(describe_failure(log("tee3_raise")), "rank 1: ValueError: learning rate must be positive, got -1",
+              kind="exception", rank=1, exc_type="ValueError")
+    assert "[default" not in r.traceback and "[rank" not in r.traceback
+
+
+def test_redirects_need_the_rank_files():
+    # --redirects 3: the combined log has only torchrun's report; the traceback is in the rank's file
+    text = log("redirects3_raise")
+    check(describe_failure(text), "rank 1: exited with code 1", kind="exit_code", rank=1, exc_type=None)
+    rank_logs = read_rank_logs(DATA / "redirects3_raise")
+    assert sorted(rank_logs) == [0, 1]
+    r = check(describe_failure(text, rank_logs=rank_logs),
+              "rank 1: ValueError: learning rate must be positive, got -1", kind="exception", rank=1,
+              exc_type="ValueError")
+    assert "raise ValueError" in r.traceback
+
+
+def test_record_error_file_is_read(tmp_path):
+    # @record: torchrun's report names <log dir>/.../attempt_0/1/error.json; here the capture's copy
+    text = log("record_error_file")
+    [captured] = {e.error_file for e in parse_reports(text) if e.rank == 1}
+    run_dir = captured.split("/attempt_0/")[0]
+    local = tmp_path / "ranks"
+    shutil.copytree(DATA / "record_error_file", local)
+    [copied] = local.glob("*/attempt_0/1/error.json")
+    stack = json.loads(copied.read_text())["message"]["extraInfo"]["py_callstack"]
+    r = check(describe_failure(text.replace(run_dir, str(copied.parents[2]))),
+              "rank 1: RuntimeError: boom inside @record", kind="exception", rank=1, exc_type="RuntimeError")
+    assert r.traceback == stack  # the file's text, trailing newline included
+
+
+def test_record_error_file_gone_uses_the_report_traceback():
+    # the captured path (a temporary directory) no longer exists: the report's traceback field
+    r = check(describe_failure(log("record_error_file")), "rank 1: RuntimeError: boom inside @record",
+              kind="exception", rank=1, exc_type="RuntimeError")
+    assert r.traceback.startswith("Traceback (most recent call last):\n  File ")
+    assert r.traceback.endswith("RuntimeError: boom inside @record")
+
+
+# -- several agents in one log ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["two_agents_raise_first", "two_agents_signal_first"])
+def test_two_agents_a_raise_wins_over_a_signal_in_either_order(name):
+    text = log(name)
+    roots = [(e.rank, e.exitcode) for e in parse_reports(text) if e.root]
+    order = [(0, 1), (1, -9)] if name == "two_agents_raise_first" else [(1, -9), (0, 1)]
+    assert roots == order
+    r = check(describe_failure(text), "rank 0: ValueError: rank zero raised on purpose", kind="exception", rank=0,
+              exc_type="ValueError")
+    assert r.host == "localhost"  # one host in the log: not named in the line
+
+
+def test_two_agents_a_raise_caused_by_a_dead_peer_loses_to_the_signal():
+    # rank 1 was killed; rank 0 then raised "Connection closed by peer" (a consequence)
+    text = log("two_agents_peer_killed")
+    assert [(e.rank, e.exitcode) for e in parse_reports(text)] == [(1, -9), (0, 1)]
+    check(describe_failure(text), "rank 1: killed by SIGKILL (signal 9)", kind="signal", rank=1, exc_type=None)
+
+
+def test_root_cause_that_only_lost_its_peer_yields_to_the_killed_rank():
+    # --monitor-interval 2: by torchrun's next look rank 0 had raised "Connection closed by peer",
+    # so the report's root cause is rank 0; rank 1, killed by SIGKILL, is the failure
+    text = log("sigkill_slow_monitor")
+    assert [(e.rank, e.exitcode, e.root) for e in parse_reports(text)] == [(1, -9, False), (0, 1, True)]
+    r = check(describe_failure(text), "rank 1: killed by SIGKILL (signal 9)", kind="signal", rank=1, exc_type=None)
+    assert r.pid == 24151
+
+
+def test_several_hosts_are_named():
+    text = log("two_agents_raise_first").replace("host      : localhost", "host      : node-a", 1)
+    r = describe_failure(text)
+    assert (r.line, r.host) == ("rank 0 on node-a: ValueError: rank zero raised on purpose", "node-a")
+
+
+# -- signals and the OOM killer -----------------------------------------------------------------
+
+
+def test_signal_says_which_signal():
+    r = check(describe_failure(log("sigkill")), "rank 1: killed by SIGKILL (signal 9)", kind="signal", rank=1,
+              exc_type=None)
+    assert (r.exitcode, r.pid) == (-9, 10669)
+
+
+def test_oom_killer_only_with_evidence():
+    text = log("sigkill")
+    named = OomEvidence(pids=frozenset({10669}), kernel_log_read=True, cgroup_limited=frozenset({10669}),
+                        lines=("Memory cgroup out of memory: Killed process 10669 (python)",))
+    r = check(describe_failure(text, evidence=Evidence(oom=named)),
+              "rank 1: killed by the OOM killer (its memory cgroup reached its limit; SIGKILL)", kind="oom_killer", rank=1,
+              exc_type=None)
+    assert r.traceback == "Memory cgroup out of memory: Killed process 10669 (python)"
+    # the kernel log names another pid: not this rank
+    other = OomEvidence(pids=frozenset(), cgroup_kills=1, cgroup_read=True, kernel_log_read=True)
+    assert failure_line(text, evidence=Evidence(oom=other)) == "rank 1: killed by SIGKILL (signal 9)"
+    # no kernel log, but the job's cgroup counted a kill
+    counted = OomEvidence(cgroup_kills=1, cgroup_read=True)
+    assert failure_line(text, evidence=Evidence(oom=counted)) == \
+        "rank 1: killed by the OOM killer (its memory cgroup reached its limit; SIGKILL)"
+    # a job the user stopped never says OOM
+    assert failure_line(text, evidence=Evidence(stopped=True, oom=named)) == "rank 1: killed by SIGKILL (signal 9)"
+
+
+def test_one_process_job_killed_by_a_signal():
+    assert describe_failure("") is None
+    r = describe_failure("", evidence=Evidence(returncode=-9, pid=4321))
+    check(r, "killed by SIGKILL (signal 9)", kind="signal", rank=None, exc_type=None)
+    oom = OomEvidence(pids=frozenset({4321}), kernel_log_read=True)
+    assert failure_line("", evidence=Evidence(returncode=-9, pid=4321, oom=oom)) == \
+        "killed by the OOM killer (the machine ran out of memory; SIGKILL)"
+    assert failure_line("", evidence=Evidence(returncode=3)) == "exited with code 3"
+
+
+# -- timeouts and ports -------------------------------------------------------------------------
+
+
+def test_gloo_timeout():
+    # real run: init_process_group(timeout=3 s), rank 1 stalls, rank 0's all_reduce times out
+    r = check(describe_failure(log("gloo_timeout")), f"rank 0: gloo recv timed out after 3 s {COLLECTIVE}",
+              kind="gloo_timeout", rank=0, exc_type="RuntimeError")
+    assert "Timed out waiting 3000ms for recv operation" in r.message
+
+
+def test_rendezvous_timeout():
+    # real run: --nnodes 2 with one agent and --rdzv-conf join_timeout=5
+    check(describe_failure(log("rendezvous_timeout")),
+          "rendezvous timed out: not every node's torchrun joined within the join timeout; start one torchrun "
+          "per node with the same --nnodes, --rdzv-endpoint and --rdzv-id (--rdzv-conf join_timeout=SECONDS "
+          "waits longer)", kind="rendezvous_timeout", rank=None,
+          exc_type="torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError")
+
+
+@pytest.mark.parametrize("name", ["eaddrinuse", "torchrun_eaddrinuse"])
+def test_eaddrinuse_names_the_port(name):
+    # real runs: torchrun --master-port 29511 while that port was taken
+    r = check(describe_failure(log(name)), f"port 29511 is already in use (EADDRINUSE): {PORT_HINT}",
+              kind="eaddrinuse", rank=None, exc_type="torch.distributed.DistNetworkError")
+    assert "address already in use" in r.message
+
+
+# -- quoted from public reports (no GPU here) ----------------------------------------------------
+
+# https://github.com/antgroup/echomimic_v2/issues/115
+CUDA_OOM_NEW = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.22 GiB. GPU 0 has a total capacity of 15.69 GiB "
+    "of which 3.71 GiB is free. Including non-PyTorch memory, this process has 11.14 GiB memory in use. Of the "
+    "allocated memory 10.14 GiB is allocated by PyTorch, and 771.43 MiB is reserved by PyTorch but unallocated. If "
+    "reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+    "fragmentation.  See documentation for Memory Management  "
+    "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)\n"
+)
+# https://github.com/One-2-3-45/One-2-3-45/issues/25
+CUDA_OOM_OLD = (
+    "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.69 GiB (GPU 0; 14.56 GiB total capacity; "
+    "649.97 MiB already allocated; 1.31 GiB free; 1.01 GiB reserved in total by PyTorch) If reserved memory is >> "
+    "allocated memory try setting max_split_size_mb to avoid fragmentation.  See documentation for Memory "
+    "Management and PYTORCH_CUDA_ALLOC_CONF\n"
+    "Mesh saved to: /home/joni/joni/test/One-2-3-45/exp/00_zero123_lysol/mesh.ply\n"
+)
+ADVICE = "lower the batch size or sequence length, or turn on activation checkpointing"
+
+
+def test_cuda_oom_quoted():
+    check(describe_failure(CUDA_OOM_NEW),
+          f"CUDA out of memory on GPU 0: tried to allocate 4.22 GiB with 3.71 GiB free of 15.69 GiB "
+          f"(torch.OutOfMemoryError); {ADVICE}", kind="cuda_oom", rank=None, exc_type="torch.OutOfMemoryError")
+    check(describe_failure(CUDA_OOM_OLD),
+          f"CUDA out of memory on GPU 0: tried to allocate 1.69 GiB with 1.31 GiB free of 14.56 GiB "
+          f"(torch.cuda.OutOfMemoryError); {ADVICE}", kind="cuda_oom", rank=None,
+          exc_type="torch.cuda.OutOfMemoryError")
+
+
+def test_cuda_oom_in_a_torchrun_report_quoted():
+    # the new-format message as a rank's traceback line, inside a captured report: rank named
+    text = log("tee3_raise").replace("[default1]:[rank1]: ValueError: learning rate must be positive, got -1",
+                                     "[default1]:[rank1]: " + CUDA_OOM_NEW.strip())
+    r = describe_failure(text)
+    assert (r.kind, r.rank) == ("cuda_oom", 1)
+    assert r.line.startswith("rank 1: CUDA out of memory on GPU 0: tried to allocate 4.22 GiB with 3.71 GiB free")
+
+
+# https://github.com/huggingface/picotron_tutorial/issues/6 (two excerpts of the one log in it)
+NCCL_PICOTRON = """\
+[E ProcessGroupNCCL.cpp:915] [Rank 2] NCCL watchdog thread terminated with exception: [Rank 2] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=120000) ran for 120822 milliseconds before timing out.
+terminate called after throwing an instance of 'std::runtime_error'
+  what():  [Rank 2] NCCL watchdog thread terminated with exception: [Rank 2] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=120000) ran for 120822 milliseconds before timing out.
+[E ProcessGroupNCCL.cpp:488] Some NCCL operations have failed or timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data.
+[E ProcessGroupNCCL.cpp:494] To avoid data inconsistency, we are taking the entire process down.
+...
+  exitcode  : -6 (pid: 3437)
   error_file: <N/A>
-  traceback : Signal 9 (SIGKILL) received by PID 4462
-============================================================
+  traceback : Signal 6 (SIGABRT) received by PID 3437
+[7]:
+  time      : 2025-05-01_11:12:35
+  host      : 472a4389fceb
+  rank      : 7 (local_rank: 7)
+  exitcode  : -6 (pid: 3438)
+  error_file: <N/A>
+  traceback : Signal 6 (SIGABRT) received by PID 3438
+-----------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2025-05-01_11:12:35
+  host      : 472a4389fceb
+  rank      : 0 (local_rank: 0)
+  exitcode  : -6 (pid: 3431)
+  error_file: <N/A>
+  traceback : Signal 6 (SIGABRT) received by PID 3431
+=====================================================
 """
-    assert describe_failure(log) == "rank 3: Signal 9 (SIGKILL) received by PID 4462"
+
+# https://github.com/XPixelGroup/BasicSR/issues/737
+NCCL_BASICSR = """\
+[rank1]:[E626 06:24:44.903881913 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=808, OpType=ALLREDUCE, NumelIn=9801523, NumelOut=9801523, Timeout(ms)=600000) ran for 600020 milliseconds before timing out.
+[rank1]:[E626 06:24:44.906457629 ProcessGroupNCCL.cpp:1785] [PG ID 0 PG GUID 0(default_pg) Rank 1] Exception (either an error or timeout) detected by watchdog at work: 808, last enqueued NCCL work: 811, last completed NCCL work: 807.
+[rank0]:[E626 06:24:44.159932949 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=808, OpType=ALLREDUCE, NumelIn=9801523, NumelOut=9801523, Timeout(ms)=600000) ran for 600030 milliseconds before timing out.
+"""
 
 
-def test_one_process_traceback():
-    log = "Traceback (most recent call last):\n  File \"x.py\", line 1\nKeyError: 'model'\n"
-    assert describe_failure(log) == "KeyError: 'model'"
+def test_nccl_timeout_quoted():
+    r = check(describe_failure(NCCL_PICOTRON),
+              f"rank 0: NCCL allreduce timed out after 120 s {COLLECTIVE}; the process was ended by SIGABRT",
+              kind="nccl_timeout", rank=0, exc_type=None)
+    assert (r.exitcode, r.pid) == (-6, 3431) and "[Rank 2] Watchdog caught" in r.traceback
+    # no report in the excerpt: the first rank whose watchdog fired
+    check(describe_failure(NCCL_BASICSR), f"rank 1: NCCL allreduce timed out after 600 s {COLLECTIVE}",
+          kind="nccl_timeout", rank=1, exc_type=None)
+
+
+# -- no failure -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["tee3_metrics", "redirects3_metrics", "filter0_metrics"])
+def test_successful_runs_have_no_reason(name):
+    assert describe_failure(log(name)) is None
+    assert failure_line(log(name)) is None
 
 
 def test_no_failure_in_log():
     assert describe_failure("1|3|Loss: 2.0\nall good\n") is None
+
+
+def test_reason_is_its_line_as_a_string():
+    r = describe_failure(log("sigkill"))
+    assert str(r) == r.line == failure_line(log("sigkill"))
+    assert r.to_dict()["kind"] == "signal"

@@ -433,9 +433,14 @@ _ansi = st.sampled_from(["\x1b[?25l", "\x1b[?25h", "\x1b[31m", "\x1b[0m", "\x1b]
 _junk = st.text(alphabet=st.sampled_from(list("ab |:.Step0123\té✓😀ß")), max_size=30).map(
     lambda t: t.replace("Writing", "")
 )
+_tee_prefix = st.sampled_from(["[default0]:", "[default1]:", "[rank0]: ", "[default0]:[rank0]: "])
 _piece = st.one_of(
     _disk.map(str.encode),
     _prog.map(str.encode),
+    # torchrun --tee forms: a prefixed line, and a cut piece followed by the next piece
+    st.builds(lambda p, d: (p + d).encode(), _tee_prefix, _disk),
+    st.builds(lambda p, d: (p + d.lstrip("\r")).encode(), _tee_prefix, _prog),
+    st.builds(lambda p, d, k, e: (p + d[:k] + p + e).encode(), _tee_prefix, _disk, st.integers(0, 60), _disk),
     _ansi.map(str.encode),
     _junk.map(str.encode),
     st.sampled_from([b"\n", b"\r\n", b"\r", b"\xff", b"\xc3", b"\xe2\x9c", b"\x80"]),
@@ -459,6 +464,7 @@ def test_any_chunking_gives_the_points_of_parsing_at_once(pieces, cuts):
         for a, b in zip(bounds, bounds[1:]):
             append(log, data[a:b])
             seen += job.poll()
+        seen += job.finish()  # a cut --tee line may still wait for its rest
         got = job.points()
         assert _key(got) == _key(ref.points())
         # every point reported by a poll is in the final result or was superseded by a later one
@@ -538,3 +544,102 @@ def test_finish_with_a_named_metric_file_that_does_not_exist(tmp_path):
     assert job.finish() == [P(1, "loss", 2.5, 1, "progress")]  # returns: a missing file is caught up
     assert job.caught_up and job.metrics_path == tmp_path / "gone" / "log_1.txt"
     assert job.poll() == []
+
+
+# -- per-rank files under torchrun's --log-dir (--redirects / --tee) --------------------------------
+
+DATA = Path(__file__).parent / "data"
+
+
+def _capture_steps(n: int = 8) -> list[tuple]:
+    """capture_worker.py metrics mode: loss 10/step, lr 2e-05, tokens 100+step, grad_norm 0.5*step."""
+    out = []
+    for s in range(1, n + 1):
+        out += [(s, "grad_norm", 0.5 * s, None, "jsonl"), (s, "loss", 10.0 / s, None, "disklogger"),
+                (s, "lr", 2e-05, None, "disklogger"), (s, "tokens_per_second_per_gpu", 100.0 + s, None, "disklogger")]
+    return out
+
+
+def test_rank_log_files_layout_of_torch_2_13():
+    from tune_magic.follow import rank_log_files
+
+    files = rank_log_files(DATA / "tee3_metrics")
+    assert [(f.local_rank, f.stream, f.attempt, f.label) for f in files] == [
+        (0, "stdout", 0, "rank 0 stdout"), (0, "stderr", 0, "rank 0 stderr"),
+        (1, "stdout", 0, "rank 1 stdout"), (1, "stderr", 0, "rank 1 stderr")]
+    assert all(f.path == f.run_dir / "attempt_0" / str(f.local_rank) / f"{f.stream}.log" for f in files)
+    assert rank_log_files(DATA / "tee3_metrics", started_after=4e9) == []  # older than the job
+    assert rank_log_files(DATA / "no_such_dir") == []
+
+
+def test_redirected_metrics_are_found_only_in_the_rank_files():
+    # real torchrun --redirects 3 run: its combined log has no worker output at all
+    combined = DATA / "redirects3_metrics.log"
+    with JobMetricsFollower(combined) as alone:
+        alone.finish()
+        assert alone.points() == [] and alone.latest_progress is None
+    with JobMetricsFollower(combined, rank_log_dir=DATA / "redirects3_metrics") as job:
+        job.finish()
+        got = [(p.step, p.name, p.value, p.epoch, p.source) for p in job.points()]
+        assert got == _capture_steps()
+        assert job.latest_progress.startswith("1|8|Loss: 1.25: 100%|")
+        sections = job.log_sections(2)
+        assert [label for label, _ in sections] == ["combined", "rank 0 stdout", "rank 0 stderr", "rank 1 stderr"]
+        assert sections[1][1] == ['Step 8 | loss:1.25 lr:2e-05 tokens_per_second_per_gpu:108.0 ',
+                                  '{"step": 8, "grad_norm": 4.0}']
+        tail = job.labelled_tail(1)
+        assert tail[1:] == ['[rank 0 stdout] {"step": 8, "grad_norm": 4.0}',
+                            "[rank 0 stderr] 1|8|Loss: 1.25: 100%|██████████| 8/8 [00:00<00:00, 19.73it/s]",
+                            "[rank 1 stderr] WARNING:torchao.kernel.intmm:Warning: Detected no triton, on systems "
+                            "without Triton certain kernels will not work"]
+        assert "rank 0 stdout" in job.stats
+
+
+@pytest.mark.parametrize("name", ["tee3_metrics", "tee3_filter0_metrics"])
+def test_teed_metrics_from_the_combined_log_and_the_rank_files_agree(name):
+    # (a merged metric-file value keeps the progress bar's epoch when the bar came first)
+    want = [(s, n, v, src) for s, n, v, _, src in _capture_steps()]
+    for rank_dir in (None, DATA / name):
+        with JobMetricsFollower(DATA / f"{name}.log", rank_log_dir=rank_dir) as job:
+            job.finish()
+            assert [(p.step, p.name, p.value, p.source) for p in job.points()] == want
+
+
+def test_rank_files_that_appear_later_are_followed(tmp_path):
+    # the workers create their files after the job starts; a live follower picks them up
+    combined = tmp_path / "output.log"
+    append(combined, "")
+    job = JobMetricsFollower(combined, rank_log_dir=tmp_path / "ranks", rank_scan_s=0)
+    assert job.poll() == []
+    rank0 = tmp_path / "ranks" / "abc_1" / "attempt_0" / "0"
+    rank0.mkdir(parents=True)
+    append(rank0 / "stdout.log", "Step 1 | loss:2.5 lr:0.001 \n")
+    append(rank0 / "stderr.log", "\r1|1|Loss: 2.5:  50%|#| 1/2 [00:01<00:01,  1.00it/s]\r1|2|Lo")
+    assert job.poll() == [P(1, "loss", 2.5), P(1, "lr", 0.001)]  # stdout read first: the bar adds nothing
+    assert job.latest_progress == "1|1|Loss: 2.5:  50%|#| 1/2 [00:01<00:01,  1.00it/s]"
+    append(rank0 / "stdout.log", "Step 2 | loss:1.25 lr:0.001 \n")
+    assert job.poll() == [P(2, "loss", 1.25), P(2, "lr", 0.001)]
+    job.close()
+
+
+def test_read_rank_logs_keys_by_local_rank_stdout_then_stderr(tmp_path):
+    from tune_magic.follow import read_rank_logs
+
+    logs = read_rank_logs(DATA / "redirects3_metrics")
+    assert sorted(logs) == [0, 1]
+    assert logs[0].startswith("Writing logs to ") and "\nWARNING:torchao" in logs[0]
+    assert logs[1].startswith("WARNING:torchao")
+    assert read_rank_logs(tmp_path / "none") == {}
+
+
+def test_cli_metrics_file_reads_prefixed_step_lines():
+    # tune-magic metrics --file of a torchrun --tee log (it used to print nothing for these lines)
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "tune_magic", "metrics", "--file", str(DATA / "tee3_metrics.log"), "--csv"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = r.stdout.splitlines()
+    assert rows[0] == "step,name,value,epoch,source"
+    assert "1,lr,2e-05,,disklogger" in rows and "8,tokens_per_second_per_gpu,108.0,,disklogger" in rows
+    assert len(rows) == 1 + 4 * 8

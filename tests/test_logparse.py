@@ -23,7 +23,9 @@ from tune_magic.logparse import (
     parse_progress,
     parse_text,
     parse_value,
+    split_prefixed,
     strip_ansi,
+    strip_prefixes,
 )
 
 NAN = float("nan")
@@ -432,12 +434,21 @@ _run = st.builds(  # 16+ uniform DiskLogger lines: the column-wise path's input
     st.integers(14, 40),
     st.sampled_from(["1.5", "nan", "2e-05", "tensor(0.5)"]),
 )
+_prefix = st.sampled_from(["[default0]:", "[default1]:", "[rank0]: ", "[default0]:[rank0]: ", "[trainer2]:"])
+_metric = st.one_of(
+    st.builds(lambda s, v: f"Step {s} | loss:{v} lr:2e-05 ", st.integers(0, 50), st.sampled_from(["1.5", "nan", "2e-05"])),
+    st.builds(lambda s: f'{{"step": {s}, "grad_norm": 0.5}}', st.integers(0, 50)),
+    st.builds(lambda s: f"1|{s}|Loss: 2.5:  30%|###       | 3/10 [00:03<00:07,  1.00s/it]", st.integers(0, 50)),
+)
 _line = st.one_of(
     _run,
     st.builds(lambda s, v: f"Step {s} | loss:{v} lr:2e-05 ", st.integers(0, 50), st.sampled_from(["1.5", "nan", "2e-05"])),
     st.builds(lambda s: f"Step {s} | lr:2e-05 loss:1.5 ", st.integers(0, 50)),
     st.text(alphabet=st.sampled_from(list("ab |:Step01é✓")), max_size=12),
     st.sampled_from(["", "   ", "\x1b[31mred\x1b[0m", "x" * 45]),
+    # torchrun --tee / excepthook prefixes, and a --tee line holding a cut piece and the next one
+    st.builds(lambda p, m: p + m, _prefix, _metric),
+    st.builds(lambda p, a, k, m: p + a[:k] + p + m, _prefix, _metric, st.integers(0, 40), _metric),
 )
 _sep = st.sampled_from(["\n", "\n", "\n", "\r", "\r\n"])
 
@@ -492,3 +503,168 @@ def test_markers_found_among_many_plain_lines(newline):
     assert parser.log_path == "/tmp/run/log_5.txt"
     assert parser.latest_progress == "Tokenizing: 45%|####5     | 9/20 [00:01<00:02,  4.50it/s]"
     assert (parser.stats.records, parser.stats.other, parser.stats.malformed) == (102, 102, 0)
+
+
+# -- torch's line prefixes (torchrun --tee / --local-ranks-filter, the excepthook) ---------------
+
+UNPREFIXED = [
+    "Step 7 | loss:2.0853 lr:2e-05 tokens_per_second_per_gpu:57.8 ",  # DiskLogger / StdoutLogger
+    "Step 3 | loss:tensor(0.4300, device='cuda:0', grad_fn=<DivBackward0>) lr:0.001 ",
+    '{"step": 4, "loss": 1.5, "lr": 2e-05}',  # JSON lines
+    "1|10|Loss: 11.97315: 100%|####| 10/10 [00:11<00:00,  1.12s/it]",  # the progress bar
+    "Writing logs to /tmp/run/logs/log_17.txt",
+]
+PREFIXES = ["[default0]:", "[default3]:", "[rank1]: ", "[default1]:[rank1]: ", "[trainer0]:"]
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+@pytest.mark.parametrize("line", UNPREFIXED)
+def test_every_form_parses_with_a_prefix(prefix, line):
+    want, want_parser = parse_text(line + "\n")
+    got, parser = parse_text(prefix + line + "\n")
+    assert got == want and len(want) >= 1 or "Writing" in line
+    assert (parser.log_path, parser.latest_progress) == (want_parser.log_path, want_parser.latest_progress)
+    if line.startswith(("Step", "{")):  # a metric file too (tune-magic metrics --file)
+        assert parse_text(prefix + line + "\n", strict=True)[0] == want
+
+
+def test_prefixed_public_helpers():
+    assert parse_disklogger_line("[default0]:Step 2 | loss:1.5 ") == [MetricPoint(2, "loss", 1.5)]
+    assert parse_jsonl_line('[rank0]: {"step": 2, "loss": 1.5}') == [MetricPoint(2, "loss", 1.5, None, "jsonl")]
+    assert parse_progress("[default0]:1|2|Loss: 1.5").text == "1|2|Loss: 1.5"
+    assert strip_prefixes("[default1]:[rank1]:   File x") == (1, 1, "  File x")
+    assert strip_prefixes("[rank3]: ValueError: x") == (3, None, "ValueError: x")
+    assert strip_prefixes("[W1201 03:59:29.021000 10405 api.py:1028] x") == (None, None,
+                                                                          "[W1201 03:59:29.021000 10405 api.py:1028] x")
+    assert split_prefixed("[default0]:1|1|Loss: 9.0: 10%|#| 1/8 [00:00<00:00, 9.0it/s][default0]:Step 2 | ") == [
+        ("[default0]:", "1|1|Loss: 9.0: 10%|#| 1/8 [00:00<00:00, 9.0it/s]"), ("[default0]:", "Step 2 | ")]
+    assert split_prefixed("[default0]:[rank0]: Traceback") == [("[default0]:", "[rank0]: Traceback")]
+    assert split_prefixed("plain") == []
+
+
+def test_stdout_logger_line_cut_by_tee_keeps_lr():
+    # torchrun's reader caught StdoutLogger's "Step 2 | loss:5.0 " before "lr:..." was written
+    # (PYTHONUNBUFFERED: one write per print); the rest follows on the same physical line
+    text = ("[default0]:Step 2 | loss:5.0 [default0]:lr:2e-05 tokens_per_second_per_gpu:102.0 \n"
+            "[default0]:Step 3 | loss:3.5 [default1]:other rank\n[default0]:\n"
+            "[default0]:1|3|Loss: 3.5:  38%|###8      | 3/8 [00:00<00:00, 29.78it/s][default0]:lr:1e-05 \n")
+    points, _ = parse_text(text)
+    assert_points(points, [(2, "loss", 5.0, None, "disklogger"), (2, "lr", 2e-05, None, "disklogger"),
+                           (2, "tokens_per_second_per_gpu", 102.0, None, "disklogger"), (3, "loss", 3.5, 1, "progress"),
+                           (3, "loss", 3.5, None, "disklogger"), (3, "lr", 1e-05, None, "disklogger")])
+
+
+def test_line_glued_after_a_progress_bar_unprefixed():
+    # stdout and stderr in one file: the bar has no line end until its next redraw
+    text = "\r1|1|Loss: 10.0:  50%|#####     | 1/2 [00:00<00:00, 10922.67it/s]Step 2 | loss:5.0 lr:2e-05 \n"
+    points, parser = parse_text(text)
+    assert_points(points, [(1, "loss", 10.0, 1, "progress"), (2, "loss", 5.0, None, "disklogger"),
+                           (2, "lr", 2e-05, None, "disklogger")])
+    assert parser.latest_progress == "1|1|Loss: 10.0:  50%|#####     | 1/2 [00:00<00:00, 10922.67it/s]"
+
+
+def _steps(n: int = 8) -> list[tuple]:
+    """What capture_worker.py's metrics mode prints per step (loss 10/step, lr 2e-05,
+    tokens_per_second_per_gpu 100+step, grad_norm 0.5*step)."""
+    out = []
+    for s in range(1, n + 1):
+        out += [(s, "loss", 10.0 / s, None, "disklogger"), (s, "lr", 2e-05, None, "disklogger"),
+                (s, "tokens_per_second_per_gpu", 100.0 + s, None, "disklogger"), (s, "grad_norm", 0.5 * s, None, "jsonl")]
+    return out
+
+
+@pytest.mark.parametrize("name", ["tee3_metrics", "tee3_filter0_metrics", "filter0_metrics"])
+def test_captured_tee_and_rank_filter_logs(name):
+    # real torchrun --tee 3 / --tee 3 --local-ranks-filter 0 / --local-ranks-filter 0 runs, 8 steps
+    from pathlib import Path
+
+    text = (Path(__file__).parent / "data" / f"{name}.log").read_text()
+    points, parser = parse_text(text)
+    metric = sorted((p for p in points if p.source != "progress"), key=lambda p: (p.step, p.source, p.name))
+    assert_points(metric, sorted(_steps(), key=lambda w: (w[0], w[4], w[1])))
+    progress = [p for p in points if p.source == "progress"]
+    assert {p.step for p in progress} == set(range(1, 9))
+    assert all(p.value == 10.0 / p.step and p.epoch == 1 for p in progress)
+    assert parser.latest_progress.startswith("1|8|Loss: 1.25: 100%|")
+    assert parser.log_path.endswith(".txt") and "Writing" not in parser.log_path
+
+
+# -- property: torchrun --tee's interleaving loses nothing ------------------------------------------
+
+
+def _tee(writes: list[tuple[str, str, str]], reads: list[bool]) -> str:
+    """What torchrun's --tee console shows for a program's writes (prefix, stream, text).
+
+    Models torch.distributed.elastic.multiprocessing.tail_log: one reader per (prefix, stream)
+    file, reading with universal newlines at the moments ``reads`` says (after each write, for
+    every file in turn) and writing prefix + each line it read, the last one unterminated when
+    it was still being written. A trailing "\r" waits for the next read (it may be "\r\n").
+    """
+    bufs: dict[tuple[str, str], str] = {}
+    out: list[str] = []
+    moments = iter(reads)
+
+    def read(key, final=False):
+        text = bufs.get(key, "")
+        held = "" if final or not text.endswith("\r") else "\r"
+        text = text[: len(text) - len(held)]
+        bufs[key] = held
+        for line in text.replace("\r\n", "\n").replace("\r", "\n").splitlines(keepends=True):
+            out.append(key[0] + line)
+
+    for prefix, stream, text in writes:
+        bufs[(prefix, stream)] = bufs.get((prefix, stream), "") + text
+        for key in list(bufs):
+            if next(moments, True):
+                read(key)
+    for key in list(bufs):
+        read(key, final=True)
+    return "".join(out)
+
+
+@st.composite
+def _programs(draw, prefix):
+    """A torchtune recipe's writes on one rank: StdoutLogger lines (one write per print, as with
+    PYTHONUNBUFFERED), JSON lines, the tqdm bar (each redraw one write starting with \\r) and
+    logging records on stderr."""
+    steps = draw(st.integers(1, 5))
+    w = [(prefix, "err", "INFO:torchtune.utils._logging:Writing logs to /tmp/logs/log_1.txt\n")]
+    w.append((prefix, "err", f"\r  0%|          | 0/{steps} [00:00<?, ?it/s]"))
+    for step in range(1, steps + 1):
+        loss = draw(st.sampled_from(["2.5", "1e-3", "nan", "11.97315"]))
+        w.append((prefix, "out", f"Step {step} | "))
+        for k in draw(st.lists(st.sampled_from(["loss", "lr", "tokens_per_second_per_gpu"]), min_size=1,
+                               max_size=3, unique=True)):
+            w.append((prefix, "out", f"{k}:{loss if k == 'loss' else '2e-05'} "))
+        w.append((prefix, "out", "\n"))
+        if draw(st.booleans()):
+            w += [(prefix, "out", f'{{"step": {step}, "grad_norm": {step}.5}}'), (prefix, "out", "\n")]
+        w.append((prefix, "err", f"\r1|{step}|Loss: {loss}: {100 * step // steps:3d}%|##| {step}/{steps} "
+                                 f"[00:0{step}<00:00,  1.00it/s]"))
+    w.append((prefix, "err", "\n"))
+    if draw(st.booleans()):
+        w.append((prefix, "err", "INFO:torchtune.utils._logging:Saving checkpoint\n"))
+    return w
+
+
+@settings(max_examples=150, deadline=None)
+@given(programs=st.one_of(st.tuples(_programs("[default0]:")), st.tuples(_programs("[default0]:"), _programs("[default1]:"))),
+       order=st.randoms(use_true_random=False),
+       reads=st.lists(st.booleans(), max_size=200))
+def test_tee_interleaving_gives_the_points_of_each_stream(programs, order, reads):
+    # the ranks run at once: their writes interleave in any order, each rank's in its own order
+    queues = [list(p) for p in programs]
+    writes = []
+    while any(queues):
+        q = order.choice([q for q in queues if q])
+        writes.append(q.pop(0))
+    teed = _tee(writes, reads)
+    want = []
+    for stream in {(p, s) for p, s, _ in writes}:
+        want += parse_text("".join(t for p, s, t in writes if (p, s) == stream))[0]
+    got = parse_text(teed)[0]
+
+    def key(points):
+        return sorted((p.step, p.name, repr(p.value), p.epoch or 0, p.source) for p in points)
+
+    assert key(got) == key(want), teed

@@ -30,6 +30,8 @@ from .torchrun_options import TorchrunOption, lookup
 
 #: Placeholder used in previews built without a job id, where the job id will go.
 JOB_ID_PLACEHOLDER = "<job-id>"
+#: Placeholder used in plans built without a job directory, where the job's directory will go.
+JOB_DIR_PLACEHOLDER = "<job-dir>"
 
 #: ``--nproc-per-node`` words torchrun accepts besides a positive integer (torch 2.13).
 NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")
@@ -75,6 +77,9 @@ class LaunchPlan:
             ``output_dir``).
         output_dir: the ``output_dir`` override this plan added (per-job directory), else ``None``.
         job_id: the job id the plan was built for, else ``None``.
+        rank_log_dir: torchrun's ``--log-dir`` (the user's, or the ``<job dir>/ranks`` this plan
+            added for ``--redirects``/``--tee``), where each rank's stdout/stderr files go; ``None``
+            when the workers write to the job's combined log only.
     """
 
     argv: list[str]
@@ -94,6 +99,7 @@ class LaunchPlan:
     overrides: list[str] = field(default_factory=list)
     output_dir: str | None = None
     job_id: str | None = None
+    rank_log_dir: str | None = None
 
     def __repr__(self) -> str:
         mode = f"torchrun, rendezvous={self.rendezvous}" if self.distributed else "one process"
@@ -515,6 +521,7 @@ def build_plan(
     cwd: str | os.PathLike | None = None,
     gpus: str | Iterable[int] | None = None,
     job_id: str | None = None,
+    job_dir: str | os.PathLike | None = None,
 ) -> LaunchPlan:
     """Build the launch plan for ``tune run``-style arguments, without starting anything.
 
@@ -532,6 +539,10 @@ def build_plan(
         job_id: when given, and the user set no ``output_dir``, the plan adds
             ``output_dir=<config's output_dir>/<job_id>`` so concurrent jobs never share a
             directory. Without it, previews show :data:`JOB_ID_PLACEHOLDER` in its place.
+        job_dir: the job's directory (its record and logs). When ``--redirects``/``--tee`` send
+            worker output to files and no ``--log-dir`` is given, the plan adds
+            ``--log-dir <job_dir>/ranks`` so the files can be found (:data:`JOB_DIR_PLACEHOLDER`
+            in its place when ``None``).
 
     Returns:
         The :class:`LaunchPlan`.
@@ -597,6 +608,8 @@ def build_plan(
     rendezvous, endpoint = _rendezvous_policy(opts, env)
     if rendezvous == "standalone" and "standalone" not in opts:
         torchrun_args.insert(0, "--standalone")
+    added_log_dir, rank_log_dir = _rank_log_dir(opts, env, job_dir, cwd_path)
+    torchrun_args += added_log_dir
 
     nproc = opts.get("nproc_per_node") or _env_value(env, "nproc_per_node")
     source = "--nproc-per-node" if "nproc_per_node" in opts else "PET_NPROC_PER_NODE"
@@ -613,7 +626,25 @@ def build_plan(
     nnodes = opts.get("nnodes") or _env_value(env, "nnodes") or "1"
     return LaunchPlan(argv=[sys.executable, "-m", "torch.distributed.run", *torchrun_args, *recipe_args],
                       distributed=True, rendezvous=rendezvous, endpoint=endpoint, nproc_per_node=str(nproc),
-                      nnodes=str(nnodes), torchrun_args=torchrun_args, **common)
+                      nnodes=str(nnodes), torchrun_args=torchrun_args, rank_log_dir=rank_log_dir, **common)
+
+
+def _rank_log_dir(opts: Mapping[str, str | bool], env: Mapping[str, str], job_dir: str | os.PathLike | None,
+                  cwd: Path) -> tuple[list[str], str | None]:
+    """Return (options to add, torchrun's log dir) for ``--redirects``/``--tee``.
+
+    torchrun writes redirected/teed worker output to ``<log dir>/<run id>_*/attempt_N/<local
+    rank>/{stdout,stderr}.log``; without ``--log-dir`` it picks a fresh ``/tmp/torchelastic_*``
+    that nothing records, so the job's own ``<job dir>/ranks`` is given instead.
+    """
+    given = opts.get("log_dir") or _env_value(env, "log_dir")
+    if given:
+        return [], os.path.normpath(cwd / str(given))  # torchrun runs in the plan's cwd
+    std = [opts.get(d) or _env_value(env, d) for d in ("redirects", "tee")]
+    if not any(v not in (None, "0") for v in std):
+        return [], None
+    log_dir = f"{str(job_dir).rstrip('/') if job_dir is not None else JOB_DIR_PLACEHOLDER}/ranks"
+    return ["--log-dir", log_dir], log_dir
 
 
 def _rendezvous_policy(opts: Mapping[str, str | bool], env: Mapping[str, str]) -> tuple[str, str | None]:

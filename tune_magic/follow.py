@@ -6,7 +6,9 @@ No threads and no IPython here: a caller (a watcher thread, a CLI loop, a test) 
 * :class:`LineFollower` reads new bytes of one growing file by offset, like ``tail -F``.
 * :class:`MetricStore` keeps merged metric series compactly (``array`` columns per metric).
 * :class:`JobMetricsFollower` ties both together for one torchtune job: its combined
-  stdout/stderr log (progress bar, ``Writing logs to``) plus its DiskLogger metric file.
+  stdout/stderr log (progress bar, ``Writing logs to``) plus its DiskLogger metric file, plus
+  the per-rank files torchrun writes under ``--log-dir`` with ``--redirects``/``--tee``.
+* :func:`rank_log_files` and :func:`read_rank_logs` find and read those per-rank files.
 * :func:`points_to_json`, :func:`points_to_csv`, :func:`points_to_frame` serialise points.
 """
 
@@ -18,6 +20,7 @@ import io
 import json
 import math
 import os
+import time
 from array import array
 from bisect import bisect_left, bisect_right
 from collections import deque
@@ -44,6 +47,9 @@ __all__ = [
     "Series",
     "JobMetricsFollower",
     "find_metric_file",
+    "RankLogFile",
+    "rank_log_files",
+    "read_rank_logs",
     "points_to_json",
     "points_to_csv",
     "points_to_frame",
@@ -561,6 +567,105 @@ def find_metric_file(log_dir: str | os.PathLike[str], started_after: float | Non
     return Path(best[1]) if best else None
 
 
+class RankLogFile(NamedTuple):
+    """One worker stream file torchrun wrote under ``--log-dir`` (torch 2.x ``DefaultLogsSpecs``):
+    ``<log dir>/<run id>_<random>/attempt_<attempt>/<local rank>/<stream>.log``.
+
+    Attributes:
+        local_rank: the worker's local rank (its directory name; the rank itself on one node).
+        stream: ``"stdout"`` or ``"stderr"``.
+        attempt: torchrun's restart attempt (0 first).
+        run_dir: the run's directory (one per torchrun run sharing the log dir).
+        path: the file.
+    """
+
+    local_rank: int
+    stream: str
+    attempt: int
+    run_dir: Path
+    path: Path
+
+    @property
+    def label(self) -> str:
+        """``"rank 0 stderr"`` (``"rank 0 stderr, attempt 1"`` after a restart)."""
+        again = f", attempt {self.attempt}" if self.attempt else ""
+        return f"rank {self.local_rank} {self.stream}{again}"
+
+
+def _int_dirs(path: Path, prefix: str = "") -> list[tuple[int, Path]]:
+    out = []
+    try:
+        with os.scandir(path) as it:
+            for entry in it:
+                tail = entry.name[len(prefix):]
+                if entry.name.startswith(prefix) and tail.isdigit() and entry.is_dir():
+                    out.append((int(tail), Path(entry.path)))
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    return sorted(out)
+
+
+def rank_log_files(
+    log_dir: str | os.PathLike[str], started_after: float | None = None, *, latest_attempt: bool = False
+) -> list[RankLogFile]:
+    """Return the per-rank files under torchrun's ``--log-dir``, sorted by (attempt, rank, stream).
+
+    Only the newest run directory counts (a ``--log-dir`` may be shared by several runs), and
+    only one whose mtime (unix seconds) is ``>= started_after`` when given. A missing directory
+    gives ``[]``.
+
+    Args:
+        log_dir: the directory given to ``--log-dir``.
+        started_after: the job's start; older run directories are ignored.
+        latest_attempt: only the last restart attempt's files.
+    """
+    runs = []
+    try:
+        with os.scandir(log_dir) as it:
+            for entry in it:
+                if entry.is_dir():
+                    mtime = entry.stat().st_mtime
+                    if started_after is None or mtime >= started_after:
+                        runs.append((mtime, entry.path))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    if not runs:
+        return []
+    run_dir = Path(max(runs)[1])
+    attempts = _int_dirs(run_dir, "attempt_")
+    if latest_attempt:
+        attempts = attempts[-1:]
+    found = []
+    for attempt, adir in attempts:
+        for local_rank, rdir in _int_dirs(adir):
+            for stream in ("stdout", "stderr"):
+                path = rdir / f"{stream}.log"
+                if path.is_file():
+                    found.append(RankLogFile(local_rank, stream, attempt, run_dir, path))
+    return found
+
+
+def read_rank_logs(
+    log_dir: str | os.PathLike[str], started_after: float | None = None, tail_bytes: int = 256 << 10
+) -> dict[int, str]:
+    """Return the end of each rank's output under torchrun's ``--log-dir`` (last attempt only),
+    keyed by local rank: its stdout's last ``tail_bytes`` then its stderr's (UTF-8, invalid bytes
+    replaced). This is what :func:`tune_magic.failure.describe_failure` takes as ``rank_logs``.
+    """
+    out: dict[int, str] = {}
+    for f in rank_log_files(log_dir, started_after, latest_attempt=True):
+        try:
+            with open(f.path, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - tail_bytes))
+                text = fh.read().decode("utf-8", errors="replace")
+        except OSError:
+            continue
+        if text:
+            out[f.local_rank] = out[f.local_rank] + "\n" + text if f.local_rank in out else text
+    return out
+
+
 class JobMetricsFollower:
     """Follow one torchtune job: its combined stdout/stderr log and its metric file.
 
@@ -569,6 +674,11 @@ class JobMetricsFollower:
     Until that line is seen, the newest ``log_*.txt``/``log_*.jsonl`` in ``log_dir`` with
     mtime >= ``started_after`` is followed instead. Metric-file values win over progress-bar
     values for the same step (see :class:`MetricStore`).
+
+    With ``rank_log_dir`` (torchrun's ``--log-dir``), each rank's stdout/stderr file there
+    (``--redirects``/``--tee``; see :func:`rank_log_files`) is followed too and parsed like the
+    combined log: with ``--redirects`` the progress bar, metric lines and ``Writing logs to`` are
+    only there. :meth:`log_sections` gives the combined log and each rank file, labelled.
 
     Args:
         combined_log_path: the job's combined output file (need not exist yet).
@@ -581,6 +691,8 @@ class JobMetricsFollower:
         poll_points: a poll stops reading (after the current read chunk) once this many
             points changed, so catching up on a long job's backlog never builds one huge
             result list; call :meth:`poll` again while :attr:`caught_up` is ``False``.
+        rank_log_dir: torchrun's ``--log-dir`` for this job, or ``None``.
+        rank_scan_s: seconds between looks for new rank files (they appear when workers start).
 
     Attributes:
         metrics_path: the metric file followed, or ``None`` while none is known.
@@ -596,7 +708,15 @@ class JobMetricsFollower:
         cwd: str | os.PathLike[str] | None = None,
         poll_bytes: int = 64 << 20,
         poll_points: int = 20_000,
+        rank_log_dir: str | os.PathLike[str] | None = None,
+        rank_scan_s: float = 1.0,
     ) -> None:
+        self.rank_log_dir = Path(rank_log_dir) if rank_log_dir is not None else None
+        self.rank_scan_s = rank_scan_s
+        self.max_lines = max_lines
+        # path -> (file, its follower, its parser); in rank_log_files() order
+        self._ranks: dict[Path, tuple[RankLogFile, LineFollower, LogParser]] = {}
+        self._next_scan = 0.0
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.poll_points = poll_points
         self.started_after = started_after
@@ -612,19 +732,29 @@ class JobMetricsFollower:
 
     @property
     def latest_progress(self) -> str | None:
-        """The last progress-bar text seen in the combined log (ANSI-free), or ``None``."""
-        return self._log_parser.latest_progress
+        """The last progress-bar text seen in the combined log (ANSI-free), else in a rank file
+        (lowest rank first), or ``None``."""
+        if self._log_parser.latest_progress is not None:
+            return self._log_parser.latest_progress
+        for _, _, parser in self._ranks.values():
+            if parser.latest_progress is not None:
+                return parser.latest_progress
+        return None
 
     @property
     def caught_up(self) -> bool:
         """Whether the last poll reached the end of the combined log and of the metric file
         (when one is known); ``False`` means a poll stopped at its byte budget."""
-        return self._log.caught_up and (self._metrics is None or self._metrics.caught_up)
+        return (self._log.caught_up and (self._metrics is None or self._metrics.caught_up)
+                and all(f.caught_up for _, f, _ in self._ranks.values()))
 
     @property
     def stats(self) -> dict[str, ParseStats]:
-        """Parse counters: ``{"log": ..., "metrics": ...}`` (malformed lines, points...)."""
-        return {"log": self._log_parser.stats, "metrics": self._metrics_parser.stats}
+        """Parse counters: ``{"log": ..., "metrics": ..., "<rank file label>": ...}``."""
+        out = {"log": self._log_parser.stats, "metrics": self._metrics_parser.stats}
+        for rf, _, parser in self._ranks.values():
+            out[rf.label] = parser.stats
+        return out
 
     def poll(self) -> list[MetricPoint]:
         """Read both files' new bytes and merge their points.
@@ -648,6 +778,7 @@ class JobMetricsFollower:
             As :meth:`poll`.
         """
         budget, self.poll_points = self.poll_points, float("inf")
+        self._next_scan = 0.0  # the last look for rank files
         try:
             while True:
                 before = self._position()
@@ -657,7 +788,9 @@ class JobMetricsFollower:
                     break
         finally:
             self.poll_points = budget
-        self._store.add_batch(self._log_parser.parse(self._log.finish()))
+        self._store.add_batch(self._log_parser.flush(self._log_parser.parse(self._log.finish())))
+        for _, follower, parser in self._ranks.values():
+            self._store.add_batch(parser.flush(parser.parse(follower.finish())))
         self._choose_metric_file()
         if self._metrics is not None:
             self._store.add_batch(self._metrics_parser.parse(self._metrics.finish()))
@@ -665,17 +798,59 @@ class JobMetricsFollower:
 
     def _position(self) -> tuple:
         m = self._metrics
-        return (self._log.offset, self._log.resets, self.metrics_path, m and m.offset, m and m.resets)
+        ranks = tuple((f.offset, f.resets) for _, f, _ in self._ranks.values())
+        return (self._log.offset, self._log.resets, self.metrics_path, m and m.offset, m and m.resets, ranks)
 
     def _pump(self) -> None:
-        if self._read(self._log, self._log_parser):
-            self._choose_metric_file()
-            if self._metrics is not None:
-                self._read(self._metrics, self._metrics_parser)
+        if not self._read(self._log, self._log_parser):
+            return
+        self._scan_ranks()
+        for _, follower, parser in self._ranks.values():
+            if not self._read(follower, parser):
+                return
+        self._choose_metric_file()
+        if self._metrics is not None:
+            self._read(self._metrics, self._metrics_parser)
+
+    def _scan_ranks(self) -> None:
+        if self.rank_log_dir is None or time.monotonic() < self._next_scan:
+            return
+        self._next_scan = time.monotonic() + self.rank_scan_s
+        files = rank_log_files(self.rank_log_dir, self.started_after)
+        if all(f.path in self._ranks for f in files):
+            return
+        old = self._ranks
+        self._ranks = {}
+        for f in files:  # keep rank_log_files() order: attempt, rank, stream
+            self._ranks[f.path] = old.get(f.path) or (
+                f, LineFollower(f.path, self.max_lines, poll_bytes=self.poll_bytes), LogParser(strict=False))
 
     def tail(self, n: int | None = None) -> list[str]:
         """Last ``n`` lines of the combined log (ANSI-free; see :meth:`LineFollower.tail`)."""
         return self._log.tail(n)
+
+    def log_sections(self, n: int | None = None) -> list[tuple[str, list[str]]]:
+        """The combined log's last ``n`` lines, then each rank file's, labelled.
+
+        Returns:
+            ``[("combined", lines), ("rank 0 stdout", lines), ("rank 0 stderr", lines), ...]``;
+            rank files with no lines yet are left out. Labels: :attr:`RankLogFile.label`.
+        """
+        out = [("combined", self._log.tail(n))]
+        for rf, follower, _ in self._ranks.values():
+            lines = follower.tail(n)
+            if lines:
+                out.append((rf.label, lines))
+        return out
+
+    def labelled_tail(self, n: int | None = None) -> list[str]:
+        """:meth:`log_sections` as one list: the combined lines as they are, then each rank
+        file's lines prefixed with ``[<label>] `` (e.g. ``[rank 1 stderr] Traceback ...``)."""
+        sections = self.log_sections(n)
+        out = list(sections[0][1])
+        for label, lines in sections[1:]:
+            out += [f"[{label}] {line}" for line in lines]
+        return out
 
     def points(self) -> list[MetricPoint]:
         """All merged points so far, sorted by step then name."""
@@ -694,8 +869,10 @@ class JobMetricsFollower:
         return self._store.names()
 
     def close(self) -> None:
-        """Close both files."""
+        """Close every followed file."""
         self._log.close()
+        for _, follower, _ in self._ranks.values():
+            follower.close()
         if self._metrics is not None:
             self._metrics.close()
 
@@ -721,6 +898,8 @@ class JobMetricsFollower:
 
     def _choose_metric_file(self) -> None:
         named = self._log_parser.log_path
+        if named is None:
+            named = next((p.log_path for _, _, p in self._ranks.values() if p.log_path is not None), None)
         if named is not None:
             path = Path(os.path.normpath(self.cwd / named))
             if path != self._named:

@@ -17,6 +17,20 @@ Formats understood (all from torchtune 0.6.1 unless noted):
   ``1|10|Loss: 11.97315: 100%|####| 10/10 [00:11<00:00,  1.12s/it]``.
 * ``Writing logs to <path>``, printed by ``DiskLogger.__init__``: names the job's metric file.
 
+Each form is also read behind the line prefixes of torch 2.x (measured with torch 2.13):
+
+* torchrun ``--tee``/``--local-ranks-filter`` copy each worker's output to the console as
+  ``[default0]:<text>`` (``[<role><local rank>]:``, no space). Its tail threads read the per-rank
+  files line by line with universal newlines, so a tqdm ``\r`` redraw arrives as its own
+  prefixed line, and a line caught half-written comes out unterminated, with the next piece
+  (``[default0]:<rest>``, or another stream's line) glued after it on the same physical line.
+  Such pieces are split at the prefix and joined again per prefix (see :class:`LogParser`).
+* ``torch.distributed``'s excepthook, set by ``init_process_group``, writes tracebacks as
+  ``[rank1]: <text>`` (global rank, one space).
+* Without any prefix, stdout and stderr in one file also glue: a tqdm bar is left without a line
+  end until its next ``\r`` redraw, so the next stdout line lands right after the bar's
+  ``[elapsed<remaining, rate]`` block; the text after that block is read as a record of its own.
+
 ANSI escape sequences (colours, cursor show/hide, OSC titles) are removed before matching.
 """
 
@@ -47,6 +61,8 @@ __all__ = [
     "parse_jsonl_line",
     "parse_progress",
     "find_log_path",
+    "strip_prefixes",
+    "split_prefixed",
     "parse_text",
     "parse_file",
     "DEFAULT_MAX_LINE_CHARS",
@@ -135,6 +151,14 @@ _PROGRESS_RE = re.compile(r"(?<![\w.|])(\d+)\|(\d+)\|Loss: ([A-Za-z_][\w.]*\([^)
 _LOGPATH_RE = re.compile(r"Writing logs to (\S.*?)\s*$")
 # Any tqdm bar ("Tokenizing: 45%|####  | 9/20 [00:01<00:02, 4.5it/s]"), for the progress text only.
 _TQDM_RE = re.compile(r"\d%\|.*\|\s*[\d.]+[kMGTP]?/(?:[\d.]+[kMGTP]?|\?)\s*\[")
+# The end of a tqdm bar: its "[elapsed<remaining, rate]" block (or "[elapsed, rate]" without a total).
+_BAR_END_RE = re.compile(r"\[(?:\d+d )?(?:\d+:)?\d+:\d\d(?:<[^\],]*)?,[^\]\n]*\]")
+# A torch 2.x line prefix: "[default0]:" (torchrun --tee, role + local rank) or "[rank1]: "
+# (the excepthook of init_process_group, global rank; it adds one space).
+_PREFIX_RE = re.compile(r"\[([A-Za-z_][\w.-]*?)(\d+)\]:")
+# A piece that starts a line of its own (a metric line, JSON, a logging record); a piece that
+# starts otherwise continues a cut line.
+_LINE_START_RE = re.compile(r"Step \d|\{|Writing logs to |[A-Z]+:[\w.]+:")
 
 #: Records per block tried by the column-wise DiskLogger fast path (see LogParser.parse).
 BLOCK = 512
@@ -192,14 +216,15 @@ def parse_disklogger_line(line: str) -> list[MetricPoint] | None:
     """Parse one torchtune DiskLogger/StdoutLogger line (0.6.1 ``Step N | key:value ...``).
 
     Args:
-        line: one line, with or without ANSI sequences and line terminator.
+        line: one line, with or without ANSI sequences, line terminator and torch's
+            ``[default0]:``/``[rank0]: `` prefixes (see :func:`strip_prefixes`).
 
     Returns:
         The line's points (source ``"disklogger"``, epoch ``None``), possibly empty when every
         field is unparsable; ``None`` if the line is not a ``Step N | ...`` line at all.
     """
     parser = LogParser(strict=True)
-    line = strip_ansi(line).strip("\r\n")
+    line = strip_prefixes(strip_ansi(line).strip("\r\n"))[2]
     if not line.startswith("Step "):
         return None
     return parser.feed_record(line)
@@ -213,14 +238,14 @@ def parse_jsonl_line(line: str) -> list[MetricPoint] | None:
     are ignored.
 
     Args:
-        line: one line of a ``log_*.jsonl`` file.
+        line: one line of a ``log_*.jsonl`` file (or of a job's output, prefixed or not).
 
     Returns:
         The points (source ``"jsonl"``), or ``None`` if the line is not a JSON object with an
         integer ``step``.
     """
     batch = MetricBatch()
-    if not LogParser(strict=True)._jsonl(strip_ansi(line).strip(), batch):
+    if not LogParser(strict=True)._jsonl(strip_prefixes(strip_ansi(line).strip())[2], batch):
         return None
     return batch.points()
 
@@ -229,14 +254,15 @@ def parse_progress(line: str) -> ProgressInfo | None:
     """Parse torchtune's tqdm description ``{epoch}|{global_step}|Loss: {loss}`` (0.6.1).
 
     Args:
-        line: one progress segment (after splitting on ``\\r``); ANSI sequences are removed.
+        line: one progress segment (after splitting on ``\\r``); ANSI sequences and torch's
+            line prefixes are removed.
 
     Returns:
         A :class:`ProgressInfo`, or ``None`` when the line holds no such description.
     """
     if "Loss: " not in line:
         return None
-    text = strip_ansi(line).strip()
+    text = strip_prefixes(strip_ansi(line).strip())[2].strip()
     m = _PROGRESS_RE.search(text)
     if m is None:
         return None
@@ -256,6 +282,71 @@ def find_log_path(line: str) -> str | None:
         return None
     m = _LOGPATH_RE.search(strip_ansi(line))
     return m.group(1) if m else None
+
+
+def strip_prefixes(line: str) -> tuple[int | None, int | None, str]:
+    """Remove the torch 2.x prefixes at the start of one line (see the module docstring).
+
+    Args:
+        line: one line (or one piece of a line, see :func:`split_prefixed`).
+
+    Returns:
+        ``(rank, local_rank, text)``: the global rank of a ``[rankN]: `` prefix (torch's
+        excepthook), the local rank of a ``[<role>N]:`` prefix (torchrun ``--tee``, role
+        ``default`` unless ``--role`` was given), each ``None`` when absent, and the text after
+        them. ``"[default1]:[rank1]: ValueError: x"`` gives ``(1, 1, "ValueError: x")``.
+    """
+    rank = local = None
+    pos = 0
+    while line.startswith("[", pos):
+        m = _PREFIX_RE.match(line, pos)
+        if m is None:
+            break
+        pos = m.end()
+        if m.group(1) == "rank" and rank is None:
+            rank = int(m.group(2))
+            if line.startswith(" ", pos):
+                pos += 1
+        elif local is None and rank is None:
+            local = int(m.group(2))
+        else:
+            pos = m.start()
+            break
+    return rank, local, line[pos:]
+
+
+def split_prefixed(line: str) -> list[tuple[str, str]]:
+    """Cut one physical line of torchrun ``--tee`` output into its prefixed pieces.
+
+    torchrun writes ``[default0]:`` + whatever its tail thread read, which need not end a line;
+    the next piece then follows on the same physical line. Only prefixes of the first piece's
+    role are cut at (``[default0]:[rank0]: ...`` is one piece: the second prefix is torch's).
+
+    Args:
+        line: one line that starts with a prefix (no line terminator).
+
+    Returns:
+        ``[(prefix, text), ...]`` in order, e.g. ``[("[default0]:", "1|1|Loss: 9.0: 10%|..."),
+        ("[default0]:", "Step 2 | loss:5.0 ")]``; every piece but the last was cut short.
+        ``[]`` when ``line`` does not start with a prefix.
+    """
+    first = _PREFIX_RE.match(line)
+    if first is None:
+        return []
+    role = "[" + first.group(1)
+    pieces: list[tuple[str, str]] = []
+    start, prefix = first.end(), first.group(0)
+    pos = line.find(role, start)
+    while pos >= 0:
+        m = _PREFIX_RE.match(line, pos)
+        if m is not None and m.group(1) == first.group(1):
+            pieces.append((prefix, line[start:pos]))
+            start, prefix = m.end(), m.group(0)
+            pos = line.find(role, start)
+        else:
+            pos = line.find(role, pos + 1)
+    pieces.append((prefix, line[start:]))
+    return pieces
 
 
 class MetricBatch:
@@ -320,8 +411,17 @@ class MetricBatch:
 class LogParser:
     """Turn log records (lines or ``\\r``-separated segments) into metric points.
 
-    Stateless apart from its counters and the last progress text / log path seen, so one
-    parser per followed file.
+    Stateless apart from its counters, the last progress text / log path seen and the pieces
+    of prefixed lines still waiting for their rest, so one parser per followed file.
+
+    Prefixed records (``[default0]:...``, ``[rank0]: ...``) are read like their text without the
+    prefix. A torchrun ``--tee`` piece cut short (see :func:`split_prefixed`) waits, per prefix,
+    for its rest, which is the next piece of that prefix that does not start a line of its own
+    (a ``Step`` line, JSON, a logging record) and is not a tqdm redraw. A rank's stdout and
+    stderr share the prefix, so an empty piece may end the waiting line or be an empty stderr
+    line: it only marks the line as possibly complete, and the line is parsed when the rank's
+    next stdout line (``Step``, JSON) starts, or at :meth:`flush`. tqdm writes each redraw
+    whole, so a cut redraw is parsed at once and its (empty) rest changes nothing.
 
     Args:
         strict: ``True`` for a metric file (every non-blank record should be a metric record;
@@ -335,7 +435,7 @@ class LogParser:
         log_path: last path named by a ``Writing logs to`` line, or ``None``.
     """
 
-    __slots__ = ("strict", "stats", "latest_progress", "log_path", "_names")
+    __slots__ = ("strict", "stats", "latest_progress", "log_path", "_names", "_waiting")
 
     def __init__(self, *, strict: bool = False) -> None:
         self.strict = strict
@@ -344,6 +444,8 @@ class LogParser:
         self.log_path: str | None = None
         # One str object per metric name, so a million points share a handful of names.
         self._names: dict[str, str] = {}
+        # prefix -> [cut line, possibly complete] (see the class docstring)
+        self._waiting: dict[str, list] = {}
 
     def feed_record(self, record: str) -> list[MetricPoint]:
         """Parse one record that has no ANSI sequences and no line terminator.
@@ -385,6 +487,11 @@ class LogParser:
                 self._generic(block, batch)
                 continue
             joined = "\n".join(block)
+            if joined.startswith("["):
+                bare = self._unprefix(joined, len(block))
+                if bare is not None:
+                    self.parse(bare, batch)
+                    continue
             if not (self._block_text(joined, len(block), batch) or self._skip_text(joined, len(block))):
                 self._generic(block, batch)
         return batch
@@ -416,6 +523,12 @@ class LogParser:
                     cut = end if cut < 0 else cut
             piece = text[pos:cut]
             pos = cut + 1
+            if piece.startswith("["):
+                records = [r for r in piece.split("\n") if r.strip()]
+                bare = self._unprefix("\n".join(records), len(records))
+                if bare is not None:
+                    self.parse(bare, batch)
+                    continue
             n = piece.count("\n") + 1
             if n >= _MIN_BLOCK and self._block_text(piece, n, batch):
                 continue
@@ -426,13 +539,35 @@ class LogParser:
                 self._generic(records, batch)
         return batch
 
+    def _unprefix(self, joined: str, n: int) -> list[str] | None:
+        """The ``n`` records joined in ``joined`` without their prefix, when all have the same one
+        exactly once (a block of ``--tee`` output with no cut pieces) and no cut line waits: then
+        they parse like unprefixed records, on the fast paths. ``None`` otherwise.
+
+        Records left blank (torchrun's ``[default0]:`` for an empty line) are counted and dropped.
+        """
+        m = _PREFIX_RE.match(joined)
+        if m is None or self._waiting:
+            return None
+        prefix = m.group(0)
+        if m.group(1) == "rank":
+            if not joined.startswith(" ", m.end()):
+                return None
+            prefix += " "
+        if joined.count(prefix) != n or ("\n" + joined).count("\n" + prefix) != n:
+            return None
+        records = joined[len(prefix):].replace("\n" + prefix, "\n").split("\n")
+        kept = list(filter(str.strip, records))
+        self.stats.records += len(records) - len(kept)
+        return kept
+
     def _skip_text(self, joined: str, n: int) -> bool:
         """Count ``n`` records as ``other`` at once if none can matter (combined logs only).
 
         ``joined`` holds the records; without any of these substrings no record can be a
         metric line, JSON record, progress bar or ``Writing logs to`` line.
         """
-        if self.strict:
+        if self.strict or self._waiting:
             return False
         for marker in _MARKERS:
             if marker in joined:
@@ -501,7 +636,9 @@ class LogParser:
         self.stats.points += total
         return True
 
-    def _generic(self, records: list[str], batch: MetricBatch) -> None:
+    def _generic(self, records: list[str], batch: MetricBatch, top: bool = True) -> None:
+        """Record-by-record parse; ``top=False`` for records cut out of another record (their
+        points and records are counted by the outer call)."""
         steps_append = batch.steps.append
         names_append = batch.names.append
         values_append = batch.values.append
@@ -562,6 +699,8 @@ class LogParser:
                         stats.malformed += 1
                     else:
                         stats.other += 1
+            elif rec.startswith("[") and _PREFIX_RE.match(rec) is not None:
+                self._prefixed(rec, batch)
             elif self.strict:
                 if rec.strip():
                     stats.malformed += 1
@@ -571,9 +710,66 @@ class LogParser:
                 self._text(rec, batch)
             else:
                 stats.other += 1  # ordinary output: most of a combined log
-        stats.records += len(records)
-        stats.points += len(batch.values) - before
+        if top:
+            stats.records += len(records)
+            stats.points += len(batch.values) - before
         stats.bad_fields += n_bad
+
+    def _prefixed(self, rec: str, batch: MetricBatch) -> None:
+        """Parse a prefixed record: its pieces, cut lines joined per prefix (see the class docstring)."""
+        pieces = split_prefixed(rec)
+        last = len(pieces) - 1
+        done: list[str] = []
+        waiting = self._waiting
+        for i, (prefix, text) in enumerate(pieces):
+            text = strip_prefixes(prefix + text)[2]
+            whole = i == last  # every piece but the last was cut short
+            w = waiting.get(prefix)
+            if not text.strip():
+                if w is not None:
+                    w[1] = True
+                continue
+            if "%|" in text or "|Loss: " in text:
+                done.append(text)  # a tqdm redraw: written whole
+                continue
+            if _LINE_START_RE.match(text):
+                # a new stdout line (StdoutLogger, JSON) ends a waiting line that may be complete;
+                # logging records go to stderr and say nothing about it
+                stdout_line = text.startswith(("Step ", "{"))
+                if w is not None and stdout_line and (w[1] or not whole):
+                    done.append(waiting.pop(prefix)[0])
+                    w = None
+                if whole or w is not None:
+                    done.append(text)  # (a cut logging line while another line waits: as is)
+                else:
+                    waiting[prefix] = [text, False]
+                continue
+            if w is not None:
+                text = waiting.pop(prefix)[0] + text
+            if whole:
+                done.append(text)
+            else:
+                waiting[prefix] = [text, False]
+        if done:
+            self._generic(done, batch, top=False)
+
+    def flush(self, into: MetricBatch | None = None) -> MetricBatch:
+        """End of stream: parse the cut prefixed lines still waiting for their rest.
+
+        Args:
+            into: batch to append to; a new one by default.
+
+        Returns:
+            The batch.
+        """
+        batch = MetricBatch() if into is None else into
+        if self._waiting:
+            rest = [w[0] for w in self._waiting.values()]
+            self._waiting.clear()
+            before = len(batch.values)
+            self._generic(rest, batch, top=False)
+            self.stats.points += len(batch.values) - before
+        return batch
 
     def _jsonl(self, rec: str, batch: MetricBatch) -> bool:
         """Add a JSON-lines record's points; ``False`` if it is not ``{"step": int, ...}``."""
@@ -608,6 +804,17 @@ class LogParser:
         return True
 
     def _text(self, rec: str, batch: MetricBatch) -> None:
+        if "%|" in rec and not rec.rstrip().endswith("]"):
+            m = _BAR_END_RE.search(rec)
+            if m is not None:
+                rest = rec[m.end() :].lstrip()
+                if rest:  # a line glued after the bar (see the module docstring)
+                    self._text(rec[: m.end()], batch)
+                    if rest.startswith(("Step ", "{", "[")) or any(map(rest.__contains__, _MARKERS)):
+                        self._generic([rest], batch, top=False)
+                    else:
+                        self.stats.other += 1  # ordinary text, as most glued lines are
+                    return
         if "Loss: " in rec:
             m = _PROGRESS_RE.search(rec)
             if m is not None:
@@ -858,6 +1065,7 @@ def parse_text(
     parser.parse(records, batch)
     parser.parse_plain(plain, batch)
     parser.parse(splitter.finish(), batch)
+    parser.flush(batch)
     return batch.points(), parser
 
 
@@ -898,6 +1106,7 @@ def parse_file(
         parser.parse_plain(plain, batch)
         if final:
             parser.parse(splitter.finish(), batch)
+            parser.flush(batch)
         if on_batch is not None:
             on_batch(batch)
 
