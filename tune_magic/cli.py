@@ -259,7 +259,25 @@ def _job_json(job) -> dict:
 #: source is called as ``source(job, follow=bool)`` and yields the bytes to print in chunks of at most
 #: :data:`CHUNK_BYTES`; at most one of these flags is given. The failing rank's traceback
 #: (``--error``) plugs in here.
-_LOG_PARTS: dict[str, tuple[str, str, Callable[..., Iterator[bytes]]]] = {}
+def _error_part(job, follow: bool = False) -> Iterator[bytes]:
+    """Why a failed job failed: the one plain line, then the whole traceback (failure.json)."""
+    if follow:
+        raise CliError("--error and --follow do not go together: the reason exists once the job has failed")
+    reason = job.failure()
+    if reason is None:
+        raise CliError(f"job {job.id} is {job.record.state.label}, not failed: there is no error to show "
+                       f"(tune-magic logs {job.id} prints its log)")
+    text = reason.line + "\n"
+    if reason.traceback and reason.traceback.strip() != reason.line:
+        text += "\n" + reason.traceback.rstrip("\n") + "\n"
+    data = text.encode("utf-8", "replace")
+    for i in range(0, len(data), CHUNK_BYTES):
+        yield data[i : i + CHUNK_BYTES]
+
+
+_LOG_PARTS: dict[str, tuple[str, str, Callable[..., Iterator[bytes]]]] = {
+    "error": ("--error", "print why the job failed: its failure line, then the whole traceback", _error_part),
+}
 
 
 def _logs(argv: Sequence[str]) -> int:

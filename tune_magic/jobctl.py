@@ -251,6 +251,22 @@ class Job:
         self._settle_supervisor()
         return self._record.state
 
+    def failure(self):
+        """Why the job failed, in full (:class:`tune_magic.failure.FailureReason`: the one plain line,
+        the failing rank and host, the exception, the whole traceback), or ``None`` when it did not
+        fail or nothing more than :attr:`error` is known."""
+        from .failure import FailureReason
+
+        if self.refresh()._record.status != FAILED:
+            return None
+        try:
+            data = jobstore.read_json(self.dir / jobstore.FAILURE, 4 << 20)
+            return FailureReason(**{k: data.get(k) for k in FailureReason.__dataclass_fields__})
+        except (OSError, ValueError, TypeError):
+            r = self._record
+            return FailureReason(line=r.error or f"exited with code {r.returncode}", kind="exit_code",
+                                 exitcode=r.returncode) if r.error or r.returncode is not None else None
+
     def summary(self):
         """Return the job's :class:`tune_magic.summary.Summary`: last step and loss, epoch,
         progress text, last metric values, whether it is saving a checkpoint, the failure reason.
@@ -275,7 +291,7 @@ class Job:
 
         r = self._record
         with JobMetricsFollower(r.log_path, log_dir=r.metric_log_dir, started_after=r.started_at - 1,
-                                max_lines=1, cwd=r.cwd) as follower:
+                                max_lines=1, cwd=r.cwd, rank_log_dir=r.rank_log_dir) as follower:
             follower.finish() if not self.status.is_live else follower.poll()
             return follower.points()
 
@@ -482,7 +498,7 @@ def launch(
             if config_overlay is not None:  # the job reads it at its final place, once registered
                 tokens = _apply_overlay(tokens, config_overlay, cwd, stage / "config.yaml")
             plan, dirs, resolved = _checked_plan(tokens, job_id, gpus=gpus, cwd=cwd, env=caller_env, root=root,
-                                                 force=force)
+                                                 force=force, job_dir=final)
             if config_overlay is not None:
                 plan = _replace_config(plan, str(final / "config.yaml"))
             sched.prepare(plan, options, caller_env)
@@ -493,7 +509,7 @@ def launch(
                 output_dir=dirs.output_dir, metric_log_dir=dirs.metric_log_dir, checkpoint_dir=dirs.checkpoint_dir,
                 gpus=plan.gpus, physical_gpus=resolved.physical if resolved else None, distributed=plan.distributed, nproc_per_node=plan.nproc_per_node,
                 rendezvous=plan.rendezvous, rendezvous_endpoint=plan.endpoint, warnings=dirs.warnings,
-                recipe=plan.recipe, config=plan.config, scheduler=sched.name,
+                recipe=plan.recipe, config=plan.config, rank_log_dir=plan.rank_log_dir, scheduler=sched.name,
                 status=getattr(sched, "initial_status", Status.RUNNING).value,
             )
             jobstore.write_record(stage, record)
@@ -588,7 +604,7 @@ def _apply_overlay(tokens: list[str], overlay: str, cwd: str, dest: Path) -> lis
 
 
 def _plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, busy, force: bool = False,
-          launching: bool = False) -> "tuple[LaunchPlan, gpu_mod.ResolvedGpus | None]":
+          launching: bool = False, job_dir: Path | None = None) -> "tuple[LaunchPlan, gpu_mod.ResolvedGpus | None]":
     """The plan and, when launching with GPUs, the GPUs resolved through the kernel's
     ``CUDA_VISIBLE_DEVICES`` (the plan's env then carries the job's real ``CUDA_VISIBLE_DEVICES``).
     Explicit ids are checked at launch only: dry runs for GPU nodes stay buildable here."""
@@ -599,7 +615,7 @@ def _plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, busy, force: b
         n = int(nproc) if nproc.isdigit() else 1
         resolved = gpu_mod.resolve_gpus("auto", n, busy, env, force=force)
         gpus = resolved.typed
-    plan = build_plan(tokens, env=env, cwd=cwd, gpus=gpus, job_id=job_id)
+    plan = build_plan(tokens, env=env, cwd=cwd, gpus=gpus, job_id=job_id, job_dir=job_dir)
     if plan.gpus and launching:
         if resolved is None:
             resolved = gpu_mod.resolve_gpus(plan.gpus, len(plan.gpus), busy, env, force=force)
@@ -607,12 +623,12 @@ def _plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, busy, force: b
     return plan, resolved
 
 
-def _checked_plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, root: Path, force: bool):
+def _checked_plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, root: Path, force: bool, job_dir: Path):
     """Build the plan and check it against this machine (GPUs visible and free, inputs exist, dirs
     resolve). Busy GPUs are checked again under the launch lock."""
     running = _live_jobs(jobstore.list_records(root))
     plan, resolved = _plan(tokens, job_id, gpus=gpus, cwd=cwd, env=env, busy=_busy_gpus(running), force=force,
-                           launching=True)
+                           launching=True, job_dir=job_dir)
     dirs = resolve_dirs(plan, cwd=cwd)
     if dirs.errors:
         raise PlanError(dirs.errors[0] + "; nothing was started")

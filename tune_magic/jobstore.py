@@ -14,6 +14,7 @@ Layout (``$TUNE_MAGIC_HOME/jobs``, directories mode 0700)::
     jobs/<id>/stop_requested       present once a user asked to stop the job
     jobs/<id>/output.log           the job's combined stdout+stderr (appended by the job itself)
     jobs/<id>/supervisor.log       the supervisor's own messages
+    jobs/<id>/failure.json         why a failed job failed, with the whole traceback (failure.py)
 
 Both the launching process and the job's supervisor update the record, so every update is a
 read-modify-write under an exclusive ``flock``. Files inside a job directory, the directory itself
@@ -52,6 +53,7 @@ EXIT_CODE = "exit_code"
 STOP_REQUESTED = "stop_requested"
 OUTPUT_LOG = "output.log"
 SUPERVISOR_LOG = "supervisor.log"
+FAILURE = "failure.json"
 LAUNCH_LOCK = ".launch.lock"
 STAGING_PREFIX = ".staging-"
 #: Record schema written now. 1: before the status model (no ``scheduler``, four statuses).
@@ -124,6 +126,7 @@ class JobRecord:
     warnings: list[str] = field(default_factory=list)
     recipe: str | None = None
     config: str | None = None
+    rank_log_dir: str | None = None
     scheduler: str = "local"
     log_lost_at: float | None = None
     schema: int = SCHEMA
@@ -229,7 +232,8 @@ _FIELD_TYPES: dict[str, tuple[tuple, bool]] = {
     "supervisor": ((dict, type(None)), False), "agent": ((dict, type(None)), False), "workers": ((list,), False),
     "ended_at": ((int, float, type(None)), False), "returncode": ((int, type(None)), False),
     "error": (_OPT_STR, False), "stop_requested": ((bool,), False), "warnings": ((list,), False),
-    "recipe": (_OPT_STR, False), "config": (_OPT_STR, False), "scheduler": ((str,), False),
+    "recipe": (_OPT_STR, False), "config": (_OPT_STR, False), "rank_log_dir": (_OPT_STR, False),
+    "scheduler": ((str,), False),
     "log_lost_at": ((int, float, type(None)), False), "schema": ((int,), False),
 }
 

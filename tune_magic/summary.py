@@ -57,6 +57,8 @@ class Summary:
         log_offset, log_ident: bytes of the combined log consumed (at a record boundary), and
             that file's ``[st_dev, st_ino]`` (another file at the path starts over).
         metrics_path, metrics_offset: the metric file followed and bytes of it consumed.
+        rank_offsets: bytes consumed of each rank's file under torchrun's ``--log-dir`` (jobs run
+            with ``--redirects``/``--tee``, whose workers write there).
     """
 
     step: int | None = None
@@ -71,6 +73,7 @@ class Summary:
     log_ident: list[int] | None = None
     metrics_path: str | None = None
     metrics_offset: int = 0
+    rank_offsets: dict[str, int] = field(default_factory=dict)
     progress_step: int | None = None
     progress_loss: float | None = None
     metric_step: int | None = None
@@ -112,6 +115,8 @@ def _type_ok(name: str, value: Any) -> bool:
         return value is None or isinstance(value, str)
     if name == "metrics":
         return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, (int, float)) for k, v in value.items())
+    if name == "rank_offsets":
+        return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, int) for k, v in value.items())
     if name == "saving":
         return isinstance(value, bool)
     if name == "log_ident":
@@ -197,6 +202,7 @@ class SummaryTracker:
             if got is not None:
                 records, s.log_offset = got
                 self._combined(records)
+        self._rank_files(budget, final)
         self._find_metric_file()
         if s.metrics_path and _size(s.metrics_path) > s.metrics_offset:
             got = _read_records(Path(s.metrics_path), s.metrics_offset, budget, final)
@@ -239,6 +245,23 @@ class SummaryTracker:
             if _STEP_RECORD.search(r):
                 s.saving = False
                 break
+
+    def _rank_files(self, budget: int, final: bool) -> None:
+        """Read what each rank's own file gained (``--redirects``/``--tee`` send output there)."""
+        if not self.record.rank_log_dir:
+            return
+        from .follow import rank_log_files
+
+        s = self.summary
+        for f in rank_log_files(self.record.rank_log_dir, self.record.started_at - 1):
+            key = str(f.path)
+            offset = s.rank_offsets.get(key, 0)
+            if _size(key) <= offset:
+                continue
+            got = _read_records(f.path, offset, budget, final)
+            if got is not None:
+                records, s.rank_offsets[key] = got
+                self._combined(records)
 
     def _find_metric_file(self) -> None:
         s = self.summary

@@ -153,9 +153,10 @@ class LocalScheduler(Scheduler):
     @staticmethod
     def failure_reason(record: JobRecord, code: int | None) -> str:
         """The failure line from the job's log (see :mod:`tune_magic.failure`), else the exit code."""
-        from .supervisor import FAILURE_TAIL_BYTES, failure_line, read_tail
+        from .supervisor import explain
 
-        return failure_line(read_tail(record.log_path, FAILURE_TAIL_BYTES)) or exit_text(code)
+        reason = explain(record, code)
+        return reason.line if reason is not None else exit_text(code)
 
     # -- stopping -----------------------------------------------------------------------------
     def cancel(self, job_dir: Path, record: JobRecord | None, grace_s: float) -> None:

@@ -20,6 +20,7 @@ restarted or killed. Keep imports light: this starts on every launch.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
 import stat
@@ -101,6 +102,17 @@ def failure_line(log_text: str) -> str | None:
 
     reason = describe_failure(log_text)
     return getattr(reason, "line", reason)
+
+
+def explain(record: JobRecord, code: int | None, *, stopped: bool = False, oom=None, pid: int | None = None):
+    """The job's :class:`~tune_magic.failure.FailureReason` from the end of its log and of each
+    rank's files (``--redirects``/``--tee``), with the OOM killer's evidence, or ``None``."""
+    from ...failure import Evidence, describe_failure
+    from ...follow import read_rank_logs
+
+    rank_logs = read_rank_logs(record.rank_log_dir, record.started_at - 1) if record.rank_log_dir else None
+    return describe_failure(read_tail(record.log_path, FAILURE_TAIL_BYTES), rank_logs=rank_logs or None,
+                            evidence=Evidence(stopped=stopped, oom=oom, returncode=code, pid=pid))
 
 
 class Supervisor:
@@ -247,6 +259,9 @@ class Supervisor:
             wrapper_ref = procs.ref_of(psutil.Process(wrapper.pid))
         except psutil.Error:
             wrapper_ref = ProcessRef(wrapper.pid, time.time())
+        from ...oom import OomWatch
+
+        oom_watch = OomWatch.start(wrapper.pid)
         self._find_agent(wrapper, wrapper_ref)
         known: tuple = ()
         next_look = 0.0
@@ -293,7 +308,19 @@ class Supervisor:
         self._copy_log()
         error = None
         if code != 0 and not jobstore.stop_was_requested(self.dir, self.record):
-            error = failure_line(read_tail(self.record.log_path, FAILURE_TAIL_BYTES)) or _exit_text(code)
+            pids = [w.pid for w in self.workers] + ([self.agent.pid] if self.agent else [])
+            try:
+                oom = oom_watch.killed(pids)
+            except Exception:  # evidence is a bonus: never lose the end for it
+                oom = None
+            reason = explain(self.record, code, oom=oom, pid=self.agent.pid if self.agent else None)
+            error = reason.line if reason is not None else _exit_text(code)
+            if reason is not None:
+                try:
+                    jobstore.write_atomic(self.dir / jobstore.FAILURE, json.dumps(reason.to_dict()).encode(),
+                                          fsync=False)
+                except OSError:
+                    pass
         # the summary first: a reader that sees the end in the record finds the final summary too
         self.tracker.record.error = self.record.error or error
         while self.tracker.advance(final=True):
