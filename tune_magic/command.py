@@ -80,6 +80,16 @@ class LaunchPlan:
         rank_log_dir: torchrun's ``--log-dir`` (the user's, or the ``<job dir>/ranks`` this plan
             added for ``--redirects``/``--tee``), where each rank's stdout/stderr files go; ``None``
             when the workers write to the job's combined log only.
+        scheduler: ``"local"`` or ``"slurm"``. For SLURM, ``argv`` is the command each node runs
+            (one torchrun agent per node); it names ``${SLURM_JOB_NUM_NODES}``, ``${SLURM_JOB_ID}``
+            and ``${TUNE_MAGIC_RDZV_ENDPOINT}``, which the batch script fills in; ``rendezvous`` is
+            ``"scheduler"`` (the head node's address and a port picked there at start),
+            ``"user"`` or ``"standalone"`` (one node).
+        rdzv_conf: the user's ``--rdzv-conf`` under SLURM (merged on each node with the
+            scheduler's ``is_host``), else ``None``.
+        warnings: things a dry run should say (e.g. every node must reach your endpoint).
+        batch_script, sbatch_argv: under SLURM, the batch script and the sbatch command that
+            submits it (id-dependent paths as for ``output_dir``); ``None`` for local plans.
     """
 
     argv: list[str]
@@ -100,13 +110,21 @@ class LaunchPlan:
     output_dir: str | None = None
     job_id: str | None = None
     rank_log_dir: str | None = None
+    scheduler: str = "local"
+    rdzv_conf: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    batch_script: str | None = None
+    sbatch_argv: list[str] | None = None
 
     def __repr__(self) -> str:
         mode = f"torchrun, rendezvous={self.rendezvous}" if self.distributed else "one process"
         return f"<LaunchPlan {self.recipe_name or self.recipe} ({mode}): {self.command_line()}>"
 
     def command_line(self) -> str:
-        """Return one copy-pasteable shell line: ``VAR=value ... <shlex.join(argv)>``."""
+        """Return one copy-pasteable shell line: ``VAR=value ... <shlex.join(argv)>`` (for a SLURM
+        plan with its batch script written, the sbatch line)."""
+        if self.sbatch_argv:
+            return shlex.join(self.sbatch_argv)
         prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
         return f"{prefix} {shlex.join(self.argv)}" if prefix else shlex.join(self.argv)
 
@@ -247,6 +265,7 @@ def check_job_id(job_id: str) -> str:
 @dataclass
 class _Parsed:
     torchrun_tokens: list[str] = field(default_factory=list)
+    groups: list[tuple[str, list[str]]] = field(default_factory=list)  # (dest, its tokens) in order
     torchrun: dict[str, str | bool] = field(default_factory=dict)  # dest -> value (True for switches)
     recipe: str | None = None
     config: str | None = None
@@ -331,6 +350,7 @@ def _tokenise(tokens: list[str]) -> _Parsed:
             continue  # the same flag again (maybe the other spelling): pass it through once
         parsed.torchrun[opt.dest] = value
         parsed.torchrun_tokens += group
+        parsed.groups.append((opt.dest, group))
     if i >= len(tokens):
         raise PlanError("no recipe given: [torchrun options] RECIPE --config CONFIG [key=value ...]; see tune-magic ls")
     parsed.recipe = tokens[i]
@@ -522,6 +542,9 @@ def build_plan(
     gpus: str | Iterable[int] | None = None,
     job_id: str | None = None,
     job_dir: str | os.PathLike | None = None,
+    scheduler: str = "local",
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
 ) -> LaunchPlan:
     """Build the launch plan for ``tune run``-style arguments, without starting anything.
 
@@ -543,6 +566,11 @@ def build_plan(
             worker output to files and no ``--log-dir`` is given, the plan adds
             ``--log-dir <job_dir>/ranks`` so the files can be found (:data:`JOB_DIR_PLACEHOLDER`
             in its place when ``None``).
+        scheduler: ``"local"`` (this machine) or ``"slurm"``: the plan is then what each node of
+            one SLURM job runs (see :class:`LaunchPlan`); rendezvous flags the scheduler sets per
+            node are refused, ``--nnodes`` must agree with ``nodes``.
+        nodes: SLURM nodes (default 1, or ``--nnodes``).
+        gpus_per_node: SLURM GPUs per node: the processes per node unless ``--nproc_per_node``.
 
     Returns:
         The :class:`LaunchPlan`.
@@ -600,6 +628,12 @@ def build_plan(
     common = dict(env=plan_env, recipe=str(recipe_path), recipe_name=recipe_name, recipe_source=recipe_source,
                   config=str(config_path), config_name=config_name, gpus=gpu_ids, overrides=overrides,
                   output_dir=added_output_dir, job_id=job_id)
+    if scheduler == "slurm":
+        if gpu_ids is not None:
+            raise PlanError("--gpus picks GPUs of this machine; under --scheduler slurm SLURM allocates them: "
+                            "give --gpus-per-node G instead")
+        return _slurm_plan(parsed, env, common, recipe_args, recipe_name, supports_distributed, nodes=nodes,
+                           gpus_per_node=gpus_per_node, job_dir=job_dir, cwd=cwd_path)
     if not distributed:
         return LaunchPlan(argv=[sys.executable, *recipe_args], distributed=False, rendezvous=None, endpoint=None,
                           nproc_per_node=None, nnodes=None, torchrun_args=[], **common)
@@ -627,6 +661,75 @@ def build_plan(
     return LaunchPlan(argv=[sys.executable, "-m", "torch.distributed.run", *torchrun_args, *recipe_args],
                       distributed=True, rendezvous=rendezvous, endpoint=endpoint, nproc_per_node=str(nproc),
                       nnodes=str(nnodes), torchrun_args=torchrun_args, rank_log_dir=rank_log_dir, **common)
+
+
+#: torchrun options the SLURM scheduler sets on each node itself: refused under SLURM.
+_SLURM_REFUSED = ("node_rank", "master_addr", "master_port", "local_addr", "standalone")
+#: torchrun options the SLURM scheduler takes from the user and places itself.
+_SLURM_PLACED = ("nnodes", "nproc_per_node", "rdzv_endpoint", "rdzv_backend", "rdzv_id", "rdzv_conf")
+
+
+def _slurm_plan(parsed: _Parsed, env: Mapping[str, str], common: dict, recipe_args: list[str],
+                recipe_name: str | None, supports_distributed: bool | None, *, nodes: int | None,
+                gpus_per_node: int | None, job_dir, cwd: Path) -> LaunchPlan:
+    """The per-node command of a SLURM job (one torchrun agent per node), from the same words."""
+    opts = parsed.torchrun
+
+    def given(dest: str) -> tuple[str | None, str]:
+        if dest in opts:
+            return str(opts[dest]), lookup("--" + dest.replace("_", "-")).display
+        return _env_value(env, dest), "PET_" + dest.upper()
+
+    for dest in _SLURM_REFUSED:
+        value, src = given(dest)
+        if value is not None and (dest != "standalone" or _truthy(value)):
+            fix = f"unset {src}" if src.startswith("PET_") else f"drop {src}"
+            raise PlanError(f"{src} is set per node by the SLURM scheduler (head address, a free port, each node's "
+                            f"address); {fix}, or use --scheduler local")
+    nnodes, nnodes_src = given("nnodes")
+    if nnodes is not None:
+        lo, hi = parse_nnodes(nnodes, nnodes_src)
+        if lo != hi:
+            raise PlanError(f"{nnodes_src} {nnodes}: an elastic range is not supported under SLURM, which allocates "
+                            "a fixed number of nodes; give --nodes N")
+        if nodes is not None and nodes != lo:
+            raise PlanError(f"{nnodes_src} {nnodes} and --nodes {nodes} differ; give one of them (they mean the same)")
+        nodes = lo
+    nodes = nodes or 1
+    warnings = []
+    endpoint, endpoint_src = given("rdzv_endpoint")
+    if endpoint is not None:
+        check_endpoint(endpoint, endpoint_src)
+        warnings.append(f"every node must reach your rendezvous endpoint {endpoint} ({endpoint_src}); it goes "
+                        "unchanged to every node (leave it out and the scheduler uses the head node and a free port)")
+    backend = given("rdzv_backend")[0] or "c10d"
+    rdzv_id, id_src = given("rdzv_id")
+    if rdzv_id is not None:
+        warnings.append(f"{id_src} {rdzv_id} is replaced by the SLURM job id ($SLURM_JOB_ID): one id per job")
+    conf = given("rdzv_conf")[0]
+    nproc, nproc_src = given("nproc_per_node")
+    if nproc is not None:
+        check_nproc(nproc, nproc_src)
+    else:
+        nproc = str(gpus_per_node) if gpus_per_node else "1"
+    if supports_distributed is False and (nodes > 1 or nproc not in ("1",)):
+        raise PlanError(f"recipe {recipe_name} runs on one device and cannot use {nodes} node(s) x {nproc} processes; "
+                        "use a *_distributed recipe")
+    keep = [t for dest, group in parsed.groups if dest not in _SLURM_REFUSED + _SLURM_PLACED for t in group]
+    added_log_dir, rank_log_dir = _rank_log_dir(opts, env, job_dir, cwd)
+    keep += added_log_dir
+    if nodes == 1 and endpoint is None:
+        torchrun_args = ["--standalone", "--nproc_per_node", nproc, *keep]
+        rendezvous = "standalone"
+    else:
+        torchrun_args = ["--nnodes", "${SLURM_JOB_NUM_NODES}", "--nproc_per_node", nproc, "--rdzv-backend", backend,
+                         "--rdzv-endpoint", endpoint or "${TUNE_MAGIC_RDZV_ENDPOINT}", "--rdzv-id", "${SLURM_JOB_ID}",
+                         *keep]
+        rendezvous = "user" if endpoint is not None else "scheduler"
+    return LaunchPlan(argv=[sys.executable, "-m", "torch.distributed.run", *torchrun_args, *recipe_args],
+                      distributed=True, rendezvous=rendezvous, endpoint=endpoint, nproc_per_node=nproc,
+                      nnodes=str(nodes), torchrun_args=torchrun_args, rank_log_dir=rank_log_dir, scheduler="slurm",
+                      rdzv_conf=conf, warnings=warnings, **common)
 
 
 def _rank_log_dir(opts: Mapping[str, str | bool], env: Mapping[str, str], job_dir: str | os.PathLike | None,
