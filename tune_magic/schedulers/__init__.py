@@ -1,0 +1,1 @@
+"""Where jobs run: one module or package per scheduler (local processes, SLURM)."""
