@@ -21,3 +21,89 @@ os.environ["TUNE_MAGIC_HOME"] = str(_SESSION_HOME)
 def session_home() -> Path:
     """The TUNE_MAGIC_HOME shared by this test session."""
     return _SESSION_HOME
+
+
+# --- the SLURM test cluster (tests/slurmcluster.py) ----------------------------------------------
+# Tests that use `slurm_cluster` are marked `slurm` and `e2e`. Without SLURM installed they skip,
+# unless TUNE_MAGIC_REQUIRE_SLURM=1 (CI), where they fail. REQUIRE also demands the namespace
+# mode; otherwise a machine that cannot make namespaces gets the loopback mode, where
+# `slurm_netns_cluster` (the trap-dependent tests) skips. TUNE_MAGIC_SLURM_MODE=loopback forces it.
+
+_SLURM_FIXTURES = {"slurm_cluster", "slurm_netns_cluster"}
+_slurm_timings: dict[str, object] = {}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _SLURM_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.slurm)
+            item.add_marker(pytest.mark.e2e)
+
+
+def _slurm_required() -> bool:
+    return os.environ.get("TUNE_MAGIC_REQUIRE_SLURM") == "1"
+
+
+def _no_slurm(reason: str):
+    if _slurm_required():
+        pytest.fail(f"{reason} (TUNE_MAGIC_REQUIRE_SLURM=1)", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A running two-node SLURM cluster for this session (tests/slurmcluster.py's SlurmCluster).
+
+    Use ``slurm_cluster.env`` for every SLURM client (its own SLURM_CONF; no inherited
+    SBATCH_*, SLURM_* or TUNE_MAGIC_SCHEDULER), ``node_names``/``node_addresses``, ``mode``,
+    ``run_in_node``/``node_processes`` and ``shared_dir``. Stopped, with everything it made, at
+    the end of the session.
+    """
+    import slurmcluster
+
+    missing = slurmcluster.missing_programs()
+    if missing:
+        _no_slurm(f"SLURM is not installed (missing {', '.join(missing)}); run scripts/install-slurm")
+    slurmcluster.reap_stale_clusters()
+    forced = os.environ.get("TUNE_MAGIC_SLURM_MODE", "")
+    if forced not in ("", "netns", "loopback"):
+        pytest.fail(f"TUNE_MAGIC_SLURM_MODE={forced!r}: use netns or loopback", pytrace=False)
+    if forced == "loopback" and _slurm_required():
+        pytest.fail("TUNE_MAGIC_SLURM_MODE=loopback contradicts TUNE_MAGIC_REQUIRE_SLURM=1 (needs netns)", pytrace=False)
+    cluster, why_loopback = None, "forced by TUNE_MAGIC_SLURM_MODE=loopback"
+    if forced != "loopback":
+        try:
+            cluster = slurmcluster.start_cluster("netns")
+        except slurmcluster.ClusterError as exc:
+            if _slurm_required() or forced == "netns":
+                pytest.fail(f"cannot start the namespace-mode SLURM test cluster: {exc}", pytrace=False)
+            why_loopback = f"no namespace mode here: {exc}"
+    if cluster is None:
+        try:
+            cluster = slurmcluster.start_cluster("loopback")
+        except slurmcluster.ClusterError as exc:
+            _no_slurm(f"cannot start the SLURM test cluster: {exc}")
+        cluster.why_loopback = why_loopback
+    _slurm_timings["cluster"] = cluster
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def slurm_netns_cluster(slurm_cluster):
+    """``slurm_cluster`` in the namespace mode; skips (with the reason) in the loopback mode."""
+    if slurm_cluster.mode != "netns":
+        pytest.skip(f"needs the namespace-mode SLURM cluster (the loopback mode hides the rendezvous traps); "
+                    f"loopback here: {getattr(slurm_cluster, 'why_loopback', '')}")
+    return slurm_cluster
+
+
+def pytest_terminal_summary(terminalreporter):
+    cluster = _slurm_timings.get("cluster")
+    if cluster is not None:
+        stop = f"{cluster.stop_s:.2f} s" if cluster.stop_s is not None else "not stopped"
+        terminalreporter.write_line(
+            f"SLURM test cluster ({cluster.mode}): started in {cluster.start_s:.2f} s, stopped in {stop}"
+        )
