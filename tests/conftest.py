@@ -107,3 +107,26 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(
             f"SLURM test cluster ({cluster.mode}): started in {cluster.start_s:.2f} s, stopped in {stop}"
         )
+
+
+# --- shared by the end-to-end and SLURM tests ---------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_assets(session_home):
+    """The tiny offline model/tokenizer/dataset under the session's TUNE_MAGIC_HOME."""
+    from tune_magic.assets import make_assets
+
+    return make_assets()
+
+
+@pytest.fixture
+def cleanup_jobs():
+    """Collect jobs a test starts; stop any still running at the end so no test leaks processes."""
+    started = []
+    yield started
+    for job in started:
+        try:
+            job.stop(grace_s=2)
+        except Exception:
+            pass

@@ -251,8 +251,9 @@ def _job_json(job) -> dict:
     return {"id": r.id, "name": r.name, "status": r.status, "returncode": r.returncode, "error": r.error,
             "output_dir": r.output_dir, "log_path": r.log_path, "rendezvous_endpoint": r.rendezvous_endpoint,
             "pid": job.pid, "gpus": r.gpus, "physical_gpus": r.physical_gpus, "argv": r.argv, "env": r.env, "cwd": r.cwd,
-            "started_at": r.started_at, "ended_at": r.ended_at,
-            "workers": [w.pid for w in r.workers]}
+            "started_at": r.started_at, "ended_at": r.ended_at, "workers": job.workers,
+            "scheduler": job.scheduler, "slurm_job_id": job.slurm_job_id, "num_nodes": job.num_nodes,
+            "nodes": job.nodes, "pending_reason": r.pending_reason}
 
 
 #: What ``tune-magic logs`` can print instead of the whole log: ``dest -> (flag, help, source)``. A

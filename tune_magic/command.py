@@ -90,6 +90,7 @@ class LaunchPlan:
         warnings: things a dry run should say (e.g. every node must reach your endpoint).
         batch_script, sbatch_argv: under SLURM, the batch script and the sbatch command that
             submits it (id-dependent paths as for ``output_dir``); ``None`` for local plans.
+        cwd: the working directory the job runs in (relative paths were resolved from it).
     """
 
     argv: list[str]
@@ -115,6 +116,7 @@ class LaunchPlan:
     warnings: list[str] = field(default_factory=list)
     batch_script: str | None = None
     sbatch_argv: list[str] | None = None
+    cwd: str | None = None
 
     def __repr__(self) -> str:
         mode = f"torchrun, rendezvous={self.rendezvous}" if self.distributed else "one process"
@@ -627,7 +629,7 @@ def build_plan(
     recipe_args = [str(recipe_path), "--config", str(config_path), *overrides]
     common = dict(env=plan_env, recipe=str(recipe_path), recipe_name=recipe_name, recipe_source=recipe_source,
                   config=str(config_path), config_name=config_name, gpus=gpu_ids, overrides=overrides,
-                  output_dir=added_output_dir, job_id=job_id)
+                  output_dir=added_output_dir, job_id=job_id, cwd=str(cwd_path))
     if scheduler == "slurm":
         if gpu_ids is not None:
             raise PlanError("--gpus picks GPUs of this machine; under --scheduler slurm SLURM allocates them: "

@@ -165,7 +165,43 @@ class Job:
         """Pid of the torchrun agent (or of the one recipe process); ``None`` where the job has no
         local process (a SLURM job) or before it started."""
         agent = self._record.agent
-        return agent.pid if agent else None
+        return agent.pid if agent and self._record.scheduler == "local" else None
+
+    @property
+    def nodes(self) -> list[str]:
+        """Host names the job runs on: this host for a local job; a SLURM job's allocation
+        (``[]`` while it is pending)."""
+        r = self._record
+        if r.scheduler == "local":
+            import socket
+
+            return [socket.gethostname()]
+        return list(r.nodes)
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes the job asked for (1 for a local job)."""
+        return self._record.num_nodes
+
+    @property
+    def pending_reason(self) -> str | None:
+        """Why a pending job waits (SLURM's reason: ``Resources``, ``Priority``...), else ``None``."""
+        return self.refresh()._record.pending_reason
+
+    @property
+    def slurm_job_id(self) -> str | None:
+        """SLURM's id of a SLURM job once submitted, else ``None``."""
+        return self._record.slurm_job_id
+
+    @property
+    def workers(self) -> list[dict]:
+        """The rank processes: ``{"host", "rank", "pid"}`` for a local job, ``{"host", "rank"}``
+        for a SLURM job (as its nodes reported them)."""
+        r = self._record
+        if r.scheduler == "local":
+            host = self.nodes[0]
+            return [{"host": host, "rank": w.rank, "pid": w.pid} for w in r.workers]
+        return [dict(x) for x in r.rank_hosts]
 
     @property
     def rendezvous_endpoint(self) -> str | None:
@@ -477,9 +513,10 @@ def launch(
         if config_overlay is not None:
             d = Path(tempfile.mkdtemp(prefix="tune_magic_dry_run_"))
             tokens = _apply_overlay(tokens, config_overlay, cwd, d / "config.yaml")
-        plan, _ = _plan(tokens, job_id, gpus=gpus, cwd=cwd, env=caller_env, busy={})
-        sched.prepare(plan, options, caller_env)
-        return plan
+        plan, _ = _plan(tokens, job_id, gpus=gpus, cwd=cwd, env=caller_env, busy={}, options=options)
+        # the job's directory as it would be (the same id-dependent paths a launch gets)
+        would_be = jobstore.jobs_root(caller_env, create=False) / job_id
+        return replace(plan, **sched.prepare(plan, options, caller_env, would_be))
     root = jobs_root_for_launch(caller_env)
     _collect_staging(root)
     stage = jobstore.staging_dir(job_id, root)
@@ -498,19 +535,21 @@ def launch(
             if config_overlay is not None:  # the job reads it at its final place, once registered
                 tokens = _apply_overlay(tokens, config_overlay, cwd, stage / "config.yaml")
             plan, dirs, resolved = _checked_plan(tokens, job_id, gpus=gpus, cwd=cwd, env=caller_env, root=root,
-                                                 force=force, job_dir=final)
+                                                 force=force, job_dir=final, options=options)
             if config_overlay is not None:
                 plan = _replace_config(plan, str(final / "config.yaml"))
-            sched.prepare(plan, options, caller_env)
+            plan = replace(plan, **sched.prepare(plan, options, caller_env, final))
             _launch_step("planned")
             record = JobRecord(
                 id=job_id, name=name or plan.recipe_name or Path(plan.recipe).stem, argv=plan.argv, env=plan.env,
                 cwd=cwd, log_path=str(final / jobstore.OUTPUT_LOG), started_at=time.time(),
                 output_dir=dirs.output_dir, metric_log_dir=dirs.metric_log_dir, checkpoint_dir=dirs.checkpoint_dir,
                 gpus=plan.gpus, physical_gpus=resolved.physical if resolved else None, distributed=plan.distributed, nproc_per_node=plan.nproc_per_node,
-                rendezvous=plan.rendezvous, rendezvous_endpoint=plan.endpoint, warnings=dirs.warnings,
+                rendezvous=plan.rendezvous, rendezvous_endpoint=plan.endpoint,
+                warnings=list(dict.fromkeys(dirs.warnings + plan.warnings)),
                 recipe=plan.recipe, config=plan.config, rank_log_dir=plan.rank_log_dir, scheduler=sched.name,
                 status=getattr(sched, "initial_status", Status.RUNNING).value,
+                num_nodes=int(plan.nnodes) if (plan.nnodes or "").isdigit() else 1, time_limit=options.time_limit,
             )
             jobstore.write_record(stage, record)
             os.close(jobstore.open_nofollow(stage / jobstore.LOCK, os.O_WRONLY | os.O_CREAT))
@@ -525,7 +564,7 @@ def launch(
         except OSError as exc:
             raise _state_error(exc, root) from None
         try:
-            sched.submit(final, record, options, caller_env, lock_fd)
+            sched.submit(final, record, plan, options, caller_env, lock_fd)
         except UserError:
             jobstore.remove_tree(final)  # the engine refused it as described: nothing runs, nothing listed
             raise
@@ -604,7 +643,8 @@ def _apply_overlay(tokens: list[str], overlay: str, cwd: str, dest: Path) -> lis
 
 
 def _plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, busy, force: bool = False,
-          launching: bool = False, job_dir: Path | None = None) -> "tuple[LaunchPlan, gpu_mod.ResolvedGpus | None]":
+          launching: bool = False, job_dir: Path | None = None,
+          options: SchedulerOptions | None = None) -> "tuple[LaunchPlan, gpu_mod.ResolvedGpus | None]":
     """The plan and, when launching with GPUs, the GPUs resolved through the kernel's
     ``CUDA_VISIBLE_DEVICES`` (the plan's env then carries the job's real ``CUDA_VISIBLE_DEVICES``).
     Explicit ids are checked at launch only: dry runs for GPU nodes stay buildable here."""
@@ -615,7 +655,9 @@ def _plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, busy, force: b
         n = int(nproc) if nproc.isdigit() else 1
         resolved = gpu_mod.resolve_gpus("auto", n, busy, env, force=force)
         gpus = resolved.typed
-    plan = build_plan(tokens, env=env, cwd=cwd, gpus=gpus, job_id=job_id, job_dir=job_dir)
+    options = options or SchedulerOptions()
+    plan = build_plan(tokens, env=env, cwd=cwd, gpus=gpus, job_id=job_id, job_dir=job_dir,
+                      scheduler=options.scheduler, nodes=options.nodes, gpus_per_node=options.gpus_per_node)
     if plan.gpus and launching:
         if resolved is None:
             resolved = gpu_mod.resolve_gpus(plan.gpus, len(plan.gpus), busy, env, force=force)
@@ -623,12 +665,13 @@ def _plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, busy, force: b
     return plan, resolved
 
 
-def _checked_plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, root: Path, force: bool, job_dir: Path):
+def _checked_plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, root: Path, force: bool, job_dir: Path,
+                  options: SchedulerOptions):
     """Build the plan and check it against this machine (GPUs visible and free, inputs exist, dirs
     resolve). Busy GPUs are checked again under the launch lock."""
     running = _live_jobs(jobstore.list_records(root))
     plan, resolved = _plan(tokens, job_id, gpus=gpus, cwd=cwd, env=env, busy=_busy_gpus(running), force=force,
-                           launching=True, job_dir=job_dir)
+                           launching=True, job_dir=job_dir, options=options)
     dirs = resolve_dirs(plan, cwd=cwd)
     if dirs.errors:
         raise PlanError(dirs.errors[0] + "; nothing was started")

@@ -96,7 +96,9 @@ class JobRecord:
     ``env`` holds only the job's additions to the launching process's environment. ``status`` is
     a :class:`tune_magic.status.Status` value; change it only through :meth:`set_status`.
     ``log_lost_at`` is set when the job's directory was deleted while it ran and the supervisor
-    recreated it: the log before that moment is gone.
+    recreated it: the log before that moment is gone. The ``slurm_*``, ``num_nodes``, ``nodes``,
+    ``rank_hosts`` (``{host, rank}`` the batch script reported), ``pending_reason`` and
+    ``time_limit`` fields belong to SLURM jobs (a local job has one node, this host).
     """
 
     id: str
@@ -128,6 +130,13 @@ class JobRecord:
     config: str | None = None
     rank_log_dir: str | None = None
     scheduler: str = "local"
+    slurm_job_id: str | None = None
+    slurm_conf: str | None = None
+    num_nodes: int = 1
+    nodes: list[str] = field(default_factory=list)
+    rank_hosts: list[dict] = field(default_factory=list)
+    pending_reason: str | None = None
+    time_limit: str | None = None
     log_lost_at: float | None = None
     schema: int = SCHEMA
 
@@ -188,6 +197,11 @@ class JobRecord:
         if kwargs.get("physical_gpus") is not None and not all(
                 isinstance(x, (int, str)) and not isinstance(x, bool) for x in kwargs["physical_gpus"]):
             raise CorruptRecord("field 'physical_gpus' has items of the wrong type")
+        if not all(isinstance(x, str) for x in kwargs.get("nodes") or []):
+            raise CorruptRecord("field 'nodes' has items of the wrong type")
+        if not all(isinstance(x, dict) and isinstance(x.get("host"), str) and isinstance(x.get("rank"), int)
+                   for x in kwargs.get("rank_hosts") or []):
+            raise CorruptRecord("field 'rank_hosts' must hold {host, rank} objects")
         for key in ("gpus", "warnings"):
             if kwargs.get(key) is not None and not all(
                 isinstance(x, int if key == "gpus" else str) and not isinstance(x, bool) for x in kwargs[key]
@@ -233,7 +247,9 @@ _FIELD_TYPES: dict[str, tuple[tuple, bool]] = {
     "ended_at": ((int, float, type(None)), False), "returncode": ((int, type(None)), False),
     "error": (_OPT_STR, False), "stop_requested": ((bool,), False), "warnings": ((list,), False),
     "recipe": (_OPT_STR, False), "config": (_OPT_STR, False), "rank_log_dir": (_OPT_STR, False),
-    "scheduler": ((str,), False),
+    "scheduler": ((str,), False), "slurm_job_id": (_OPT_STR, False), "slurm_conf": (_OPT_STR, False),
+    "num_nodes": ((int,), False), "nodes": ((list,), False), "rank_hosts": ((list,), False),
+    "pending_reason": (_OPT_STR, False), "time_limit": (_OPT_STR, False),
     "log_lost_at": ((int, float, type(None)), False), "schema": ((int,), False),
 }
 

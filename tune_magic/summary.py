@@ -36,6 +36,10 @@ LOSS = "loss"
 _RECORD_SPLIT = re.compile(r"\r\n|\n|\r")
 # a progress-bar step or a "Step N | ..." metric line; torchtune 0.6.1 recipes print "Saving
 # checkpoint. This may take some time. ..." before saving (or the checkpointer's "Saving checkpoint")
+# lines the SLURM batch script and node helper print (tune_magic.schedulers.slurm.node's format)
+_NODE_LINE = re.compile(r"^node (\S+) ([0-9a-fA-F.:]+)$")
+_WORKER_LINE = re.compile(r"^worker (\S+) (\d+)$")
+_RDZV_LINE = re.compile(r"^rendezvous (\S+:\d+)$")
 _STEP_RECORD = re.compile(r"\d+\|\d+\|Loss: |Step \d+ \|")
 
 
@@ -59,6 +63,10 @@ class Summary:
         metrics_path, metrics_offset: the metric file followed and bytes of it consumed.
         rank_offsets: bytes consumed of each rank's file under torchrun's ``--log-dir`` (jobs run
             with ``--redirects``/``--tee``, whose workers write there).
+        nodes, rank_hosts, endpoint: what a SLURM job's batch script and node helper printed
+            (``node <host> <address>``, ``worker <host> <rank>``, ``rendezvous <address>:<port>``;
+            :mod:`tune_magic.schedulers.slurm.node`): host -> address, ``[host, rank]`` pairs, and
+            the rendezvous endpoint.
     """
 
     step: int | None = None
@@ -74,6 +82,9 @@ class Summary:
     metrics_path: str | None = None
     metrics_offset: int = 0
     rank_offsets: dict[str, int] = field(default_factory=dict)
+    nodes: dict[str, str] = field(default_factory=dict)
+    rank_hosts: list[list] = field(default_factory=list)
+    endpoint: str | None = None
     progress_step: int | None = None
     progress_loss: float | None = None
     metric_step: int | None = None
@@ -115,6 +126,12 @@ def _type_ok(name: str, value: Any) -> bool:
         return value is None or isinstance(value, str)
     if name == "metrics":
         return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, (int, float)) for k, v in value.items())
+    if name == "nodes":
+        return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+    if name == "rank_hosts":
+        return isinstance(value, list) and all(isinstance(x, list) and len(x) == 2 for x in value)
+    if name == "endpoint":
+        return value is None or isinstance(value, str)
     if name == "rank_offsets":
         return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, int) for k, v in value.items())
     if name == "saving":
@@ -238,6 +255,9 @@ class SummaryTracker:
             path = os.path.normpath(os.path.join(self.record.cwd, parser.log_path))
             if path != s.metrics_path and path != os.path.normpath(self.record.log_path):
                 s.metrics_path, s.metrics_offset = path, 0
+        for r in records:
+            if r[:1] in "nwr" and (r.startswith("node ") or r.startswith("worker ") or r.startswith("rendezvous ")):
+                self._placement(r.strip())
         for r in reversed(records):  # the later of "a step" and "saving" decides
             if "Saving checkpoint" in r:
                 s.saving = True
@@ -245,6 +265,18 @@ class SummaryTracker:
             if _STEP_RECORD.search(r):
                 s.saving = False
                 break
+
+    def _placement(self, line: str) -> None:
+        s = self.summary
+        if m := _NODE_LINE.match(line):
+            s.nodes[m[1]] = m[2]
+        elif m := _WORKER_LINE.match(line):
+            pair = [m[1], int(m[2])]
+            if pair not in s.rank_hosts:
+                s.rank_hosts.append(pair)
+                s.rank_hosts.sort(key=lambda x: (x[1], x[0]))
+        elif m := _RDZV_LINE.match(line):
+            s.endpoint = m[1]
 
     def _rank_files(self, budget: int, final: bool) -> None:
         """Read what each rank's own file gained (``--redirects``/``--tee`` send output there)."""

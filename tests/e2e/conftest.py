@@ -15,29 +15,9 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.e2e)
 
 
-@pytest.fixture(scope="session")
-def tiny_assets(session_home):
-    """The tiny offline model/tokenizer/dataset under the session's TUNE_MAGIC_HOME."""
-    from tune_magic.assets import make_assets
-
-    return make_assets()
-
-
 @pytest.fixture
 def fake_gpus(tmp_path, monkeypatch):
     """Put a FAKE nvidia-smi listing 4 GPUs first on PATH (this machine has no GPU)."""
     write_fake_nvidia_smi(tmp_path / "fakebin", 4)
     monkeypatch.setenv("PATH", f"{tmp_path / 'fakebin'}{os.pathsep}{os.environ['PATH']}")
     return 4
-
-
-@pytest.fixture
-def cleanup_jobs():
-    """Collect jobs a test starts; stop any still running at the end so no test leaks processes."""
-    started = []
-    yield started
-    for job in started:
-        try:
-            job.stop(grace_s=2)
-        except Exception:
-            pass

@@ -90,17 +90,21 @@ class Scheduler(ABC):
     name: str = ""
 
     @abstractmethod
-    def prepare(self, plan: "LaunchPlan", options: SchedulerOptions, env: Mapping[str, str]) -> dict[str, Any]:
-        """Validate ``options`` for ``plan``; return the extras a dry run shows (``{}`` if none).
+    def prepare(self, plan: "LaunchPlan", options: SchedulerOptions, env: Mapping[str, str],
+                job_dir: Path) -> dict[str, Any]:
+        """Validate ``options`` for ``plan``; return plan fields to set (``{}`` if none), e.g. the
+        batch script and submit command a dry run shows. ``job_dir`` is where the job's directory
+        is (or would be, for a dry run).
 
         Raises:
             PlanError: an option this scheduler cannot honour; the message names the fix.
         """
 
     @abstractmethod
-    def submit(self, job_dir: Path, record: "JobRecord", options: SchedulerOptions, env: Mapping[str, str],
-               lock_fd: int | None) -> None:
-        """Start the registered job. ``lock_fd`` is the launcher's held ``supervisor.lock``.
+    def submit(self, job_dir: Path, record: "JobRecord", plan: "LaunchPlan", options: SchedulerOptions,
+               env: Mapping[str, str], lock_fd: int | None) -> None:
+        """Start the registered job (``plan`` as :meth:`prepare` completed it). ``lock_fd`` is the
+        launcher's held ``supervisor.lock``.
 
         Raises:
             JobStartError: the engine did not start the job (the record says why).

@@ -53,14 +53,14 @@ class LocalScheduler(Scheduler):
     initial_status = Status.RUNNING
 
     # -- launching ----------------------------------------------------------------------------
-    def prepare(self, plan, options: SchedulerOptions, env: Mapping[str, str]) -> dict[str, Any]:
+    def prepare(self, plan, options: SchedulerOptions, env: Mapping[str, str], job_dir: Path) -> dict[str, Any]:
         given = options.given()
         if given:
             flags = ", ".join(_OPTION_FLAGS.get(k, k) for k in given)
             raise PlanError(f"{flags}: {_SLURM_ONLY}")
         return {}
 
-    def submit(self, job_dir: Path, record: JobRecord, options: SchedulerOptions, env: Mapping[str, str],
+    def submit(self, job_dir: Path, record: JobRecord, plan, options: SchedulerOptions, env: Mapping[str, str],
                lock_fd: int | None) -> None:
         argv = [sys.executable, "-m", "tune_magic.schedulers.local.supervisor", str(job_dir)]
         if lock_fd is not None:

@@ -1,1 +1,348 @@
-"""The SLURM scheduler: sbatch, srun, squeue and scancel, read and written by pure helpers."""
+"""The SLURM scheduler: one tune_magic job is one SLURM batch job, on any number of nodes.
+
+Through the engine itself — ``sbatch`` to submit, ``squeue`` to follow, ``scancel`` to stop —
+never a scheduler of our own. The job's directory (record, batch script, combined log, exit code)
+lives under ``TUNE_MAGIC_HOME``, which must be on a filesystem every node shares; the batch job's
+output file is the job's combined log, so following it and the loss card work as for local jobs.
+
+Status comes from the exit file the batch script writes (a job with it never queries squeue),
+else from squeue: at most one ``squeue --jobs=... --json`` per process every
+:data:`SQUEUE_INTERVAL_S` seconds for every live SLURM job at once, shared by every card and
+listing (a plain ``--format`` query where ``--json`` fails). ``sacct`` is not needed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from ... import jobstore
+from ...errors import JobStartError, PlanError
+from ...jobstore import FAILED, PENDING, RUNNING, STOPPED, SUCCEEDED, UNKNOWN, JobRecord
+from ...status import Status
+from ..base import Scheduler, SchedulerOptions
+from . import options as sopts
+from . import squeue as sq
+from .script import batch_script, sbatch_argv
+
+#: Seconds between squeue queries in one process (all live SLURM jobs in one query).
+SQUEUE_INTERVAL_S = 5.0
+#: Seconds a job may be missing from squeue without an exit file before it is called failed.
+MISSING_GRACE_S = 60.0
+#: Seconds to wait for a SLURM client command.
+CLIENT_TIMEOUT_S = 60.0
+#: The batch script's file name in the job directory.
+SCRIPT = "job.sbatch"
+
+_CLIENTS_MISSING = ("--scheduler slurm needs SLURM's client tools (sbatch, squeue, scancel) on PATH: install them "
+                    "(e.g. apt install slurm-client, or load your cluster's slurm module), or use --scheduler local")
+
+
+def _client_env(env: Mapping[str, str] | None, record: JobRecord | None = None) -> dict[str, str]:
+    """The environment SLURM clients run with: the caller's, without a surrounding job's
+    ``SLURM_*`` variables, and with the job's own ``SLURM_CONF`` (the cluster it went to)."""
+    out, _ = sopts.sbatch_env(os.environ if env is None else env)
+    conf = record.slurm_conf if record is not None else None
+    if conf:
+        out["SLURM_CONF"] = conf
+    return out
+
+
+def _run(argv: list[str], env: Mapping[str, str], timeout: float = CLIENT_TIMEOUT_S) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=timeout)
+
+
+class SqueueWatcher:
+    """One process's view of squeue: at most one query every :data:`SQUEUE_INTERVAL_S` seconds,
+    for every live SLURM job of the registry at once (so a listing of many jobs and many cards
+    cost one query). A job that was not among the last query's ids is "not asked yet", never
+    "gone"."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last = float("-inf")
+        self._asked: frozenset[str] = frozenset()
+        self._jobs: dict[str, sq.SlurmJob] = {}
+        self.queries = 0  #: squeue runs by this process (tests and benchmarks read it)
+
+    def get(self, slurm_id: str, env: Mapping[str, str]) -> "sq.SlurmJob | None | bool":
+        """Return squeue's view of ``slurm_id``: the job, ``None`` when squeue did not list it,
+        or ``False`` when it has not been asked about yet (or squeue failed)."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self._last >= SQUEUE_INTERVAL_S:
+                self._last = now
+                self._query(env, extra=slurm_id)
+            if slurm_id not in self._asked:
+                return False
+            return self._jobs.get(slurm_id)
+
+    def forget(self) -> None:
+        """Drop what is cached (the next get() queries at once)."""
+        with self._lock:
+            self._last = float("-inf")
+
+    def _query(self, env: Mapping[str, str], extra: str) -> None:
+        ids = {extra}
+        try:
+            for r in jobstore.list_records():
+                if r.scheduler == "slurm" and r.slurm_job_id and not r.state.is_terminal:
+                    ids.add(r.slurm_job_id)
+        except Exception:  # a listing problem never blocks the query for this job
+            pass
+        ids = sorted(ids, key=lambda x: int(x.split("_")[0]) if x.split("_")[0].isdigit() else 0)
+        self.queries += 1
+        try:
+            r = _run(sq.squeue_argv(ids, json_output=True), env)
+            jobs = sq.parse_squeue_json(r.stdout, ids) if r.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError, sq.SqueueParseError, ValueError):
+            jobs = None
+        if jobs is None:  # older or odd squeue: the plain format
+            try:
+                r = _run(sq.squeue_argv(ids, json_output=False), env)
+                jobs = sq.parse_squeue_format(r.stdout) if r.returncode in (0, 1) else None
+            except (OSError, subprocess.SubprocessError, sq.SqueueParseError, ValueError):
+                jobs = None
+        if jobs is None:
+            self._asked = frozenset()  # squeue failed: nothing is known, nothing is "gone"
+            return
+        self._asked = frozenset(ids)
+        self._jobs = {k: v for k, v in jobs.items() if k in self._asked}
+
+
+WATCHER = SqueueWatcher()
+
+
+def find_by_name(job_id: str, env: Mapping[str, str]) -> str | None:
+    """SLURM's id of the job submitted as ``tune_magic-<job_id>`` (a launcher killed between
+    sbatch and recording the id leaves only the name), or ``None``."""
+    try:
+        r = _run(["squeue", f"--name=tune_magic-{job_id}", "--states=all", "--noheader", "--format=%i"], env)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    ids = [line.strip() for line in r.stdout.splitlines() if line.strip().isdigit()]
+    return ids[0] if r.returncode == 0 and ids else None
+
+
+def _gpus_asked(options: SchedulerOptions, words: tuple[str, ...]) -> bool:
+    if options.gpus_per_node:
+        return True
+    return any(w.startswith(("--gres=gpu", "--gpus", "-G", "--gpus-per-task", "--gpus-per-node")) or
+               ("gpu" in w and w.startswith("--gres")) for w in words)
+
+
+class SlurmScheduler(Scheduler):
+    """Jobs as SLURM batch jobs (see the module docstring)."""
+
+    name = "slurm"
+    initial_status = Status.PENDING
+
+    # -- launching ----------------------------------------------------------------------------
+    def prepare(self, plan, options: SchedulerOptions, env: Mapping[str, str], job_dir: Path) -> dict[str, Any]:
+        if shutil.which("sbatch", path=env.get("PATH")) is None:
+            raise PlanError(_CLIENTS_MISSING)
+        time_limit = sopts.check_time(options.time_limit) if options.time_limit is not None else None
+        extra = sopts.check_sbatch_options(list(options.sbatch))
+        if plan.recipe_source == "torchtune" and (plan.recipe_name or "").endswith("_distributed") \
+                and not _gpus_asked(options, extra.argv):
+            raise PlanError(f"torchtune's {plan.recipe_name} initialises NCCL, which needs GPUs: ask SLURM for them with "
+                            "--gpus-per-node G (or run tune_magic's own recipes, which use gloo on CPUs)")
+        nodes = int(plan.nnodes or 1)
+        warnings = list(plan.warnings)
+        if not options.cpus_per_node:
+            warnings.append("no --cpus-per-node: the torchrun agent and all its workers on a node share SLURM's "
+                            "default CPUs per task (often 1); add --cpus-per-node C")
+        _, env_warnings = sopts.sbatch_env(env)
+        warnings += env_warnings
+        script = batch_script(plan, job_id=plan.job_id, job_dir=str(job_dir), cwd=plan.cwd or os.getcwd(),
+                              python=sys.executable, nodes=nodes, cpus_per_node=options.cpus_per_node,
+                              rdzv_conf=plan.rdzv_conf, user_endpoint=plan.rendezvous == "user")
+        argv = sbatch_argv(job_id=plan.job_id, job_dir=str(job_dir), script_path=str(job_dir / SCRIPT),
+                           cwd=plan.cwd or os.getcwd(), nodes=nodes, gpus_per_node=options.gpus_per_node,
+                           cpus_per_node=options.cpus_per_node, partition=options.partition, time_limit=time_limit,
+                           account=options.account, user_options=extra.argv, requeue=extra.requeue)
+        return {"batch_script": script, "sbatch_argv": argv, "warnings": warnings}
+
+    def submit(self, job_dir: Path, record: JobRecord, plan, options: SchedulerOptions, env: Mapping[str, str],
+               lock_fd: int | None) -> None:
+        script = job_dir / SCRIPT
+        fd = jobstore.open_nofollow(script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
+        with os.fdopen(fd, "w") as f:
+            f.write(plan.batch_script)
+        client_env, _ = sopts.sbatch_env(env)
+        client_env.pop("CUDA_VISIBLE_DEVICES", None)  # the kernel's GPUs are not the job's: SLURM allocates them
+        try:
+            r = _run(list(plan.sbatch_argv), client_env)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise PlanError(f"sbatch could not run ({exc}); nothing was submitted") from None
+        if r.returncode != 0:
+            message = " ".join((r.stderr or r.stdout).split()) or f"exit code {r.returncode}"
+            raise PlanError(f"sbatch refused the job: {message}")
+        slurm_id = r.stdout.strip().split(";")[0].strip()
+        if not slurm_id.split("_")[0].isdigit():
+            raise JobStartError(f"sbatch answered {r.stdout.strip()!r}, not a job id; see {job_dir}")
+        jobstore.update(job_dir, slurm_job_id=slurm_id, slurm_conf=client_env.get("SLURM_CONF"))
+
+    # -- following ----------------------------------------------------------------------------
+    def describe(self, job_dir: Path, record: JobRecord) -> dict[str, Any]:
+        state = record.state
+        if state.is_terminal:
+            return {}
+        exit_info = jobstore.read_exit_code(job_dir)
+        stop = jobstore.stop_was_requested(job_dir, record)
+        changes: dict[str, Any] = self._from_log(job_dir, record)
+        if exit_info is not None:
+            code = exit_info.returncode
+            status = STOPPED if stop else SUCCEEDED if code == 0 else FAILED
+            changes.update(status=status, returncode=code, ended_at=record.ended_at or exit_info.ended_at,
+                           pending_reason=None)
+            if status == FAILED and not record.error:
+                changes["error"] = self.failure_reason(job_dir, record, code)
+            return changes
+        env = _client_env(None, record)
+        slurm_id = record.slurm_job_id
+        if slurm_id is None:
+            if jobstore.lock_is_held(job_dir / jobstore.SUPERVISOR_LOCK):
+                return changes  # the launcher is submitting it right now
+            slurm_id = find_by_name(record.id, env)
+            if slurm_id is None:
+                if time.time() - record.started_at > MISSING_GRACE_S:
+                    changes.update(status=FAILED, ended_at=time.time(),
+                                   error=f"the submission did not complete: squeue lists no job tune_magic-{record.id}")
+                return changes
+            changes["slurm_job_id"] = slurm_id
+        job = WATCHER.get(slurm_id, env)
+        if job is False:
+            return changes
+        if job is None:  # squeue no longer lists it and it left no exit code
+            if state is Status.UNKNOWN:
+                if time.time() - (record.ended_at or time.time()) > MISSING_GRACE_S:
+                    changes.update(status=FAILED, error=(f"SLURM no longer lists job {slurm_id} and it left no exit "
+                                                         f"code in {job_dir}; its outcome cannot be known"))
+            elif stop:
+                changes.update(status=STOPPED, ended_at=time.time(), pending_reason=None)
+            else:
+                changes.update(status=UNKNOWN, ended_at=time.time(), pending_reason=None)
+            return changes
+        outcome = sq.job_outcome(job, stopped_by_us=stop, time_limit=record.time_limit)
+        if job.nodes:
+            changes["nodes"] = list(job.nodes)
+        if outcome.status is Status.PENDING:
+            changes.update(status=PENDING, pending_reason=outcome.reason)
+        elif outcome.status is Status.RUNNING:
+            changes.update(status=RUNNING, pending_reason=outcome.reason)
+        elif outcome.status is Status.UNKNOWN:
+            changes.update(status=UNKNOWN, pending_reason=None)
+        else:  # ended per squeue; the exit file (written just before) wins when it turns up first
+            # our stop signals the batch script: 22.05 then says FAILED (signal 15), not CANCELLED
+            status = STOPPED if stop else outcome.status
+            changes.update(status=status, ended_at=time.time(), pending_reason=None)
+            if job.exit_code is not None:
+                changes["returncode"] = job.exit_code
+            if status == FAILED:
+                changes["error"] = outcome.reason or self.failure_reason(job_dir, record, job.exit_code)
+            elif status == STOPPED and outcome.reason and not stop:
+                changes["error"] = outcome.reason
+        return changes
+
+    @staticmethod
+    def _from_log(job_dir: Path, record: JobRecord) -> dict[str, Any]:
+        """Nodes, ranks and the rendezvous endpoint the batch script printed (via the summary)."""
+        from ...summary import current_summary
+
+        s = current_summary(job_dir, record, kept=False, final=False)
+        out: dict[str, Any] = {}
+        if s.endpoint and s.endpoint != record.rendezvous_endpoint and record.rendezvous != "user":
+            out["rendezvous_endpoint"] = s.endpoint
+        if s.nodes and sorted(s.nodes) != sorted(record.nodes or []):
+            out["nodes"] = sorted(s.nodes)
+        hosts = [{"host": h, "rank": r} for h, r in s.rank_hosts]
+        if hosts and hosts != record.rank_hosts:
+            out["rank_hosts"] = hosts
+        return out
+
+    @staticmethod
+    def failure_reason(job_dir: Path, record: JobRecord, code: int | None) -> str:
+        """The failure line from the job's log (the failing rank, its host and its error)."""
+        from ..local import exit_text
+        from ..local.supervisor import explain
+
+        reason = explain(record, code)
+        if reason is not None:
+            try:
+                jobstore.write_atomic(job_dir / jobstore.FAILURE, __import__("json").dumps(reason.to_dict()).encode(),
+                                      fsync=False)
+            except OSError:
+                pass
+            if reason.host and reason.host not in reason.line:
+                return f"{reason.line} (on {reason.host})"
+            return reason.line
+        return exit_text(code)
+
+    def keeps_summary(self, job_dir: Path, record: JobRecord) -> bool:
+        return False
+
+    # -- stopping -----------------------------------------------------------------------------
+    def cancel(self, job_dir: Path, record: JobRecord | None, grace_s: float) -> None:
+        if record is None:
+            return
+        if record.state.is_terminal:
+            return
+        jobstore.mark_stop_requested(job_dir)
+        env = _client_env(None, record)
+        slurm_id = record.slurm_job_id or find_by_name(record.id, env)
+        if slurm_id is None:
+            return
+        WATCHER.forget()
+        job = WATCHER.get(slurm_id, env)
+        if job and sq.job_outcome(job).status is Status.PENDING:
+            _run(["scancel", slurm_id], env)
+        else:
+            # the agents forward SIGTERM to their workers; what ignores it goes after the grace
+            _run(["scancel", "--signal=TERM", "--full", slurm_id], env)
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline and self._alive(slurm_id, env):
+                time.sleep(0.5)
+            _run(["scancel", slurm_id], env)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and self._alive(slurm_id, env):
+            time.sleep(0.5)
+        WATCHER.forget()
+
+    @staticmethod
+    def _alive(slurm_id: str, env: Mapping[str, str]) -> bool:
+        try:
+            r = _run(sq.squeue_argv([slurm_id], json_output=False), env)
+        except (OSError, subprocess.SubprocessError):
+            return False
+        try:
+            jobs = sq.parse_squeue_format(r.stdout) if r.returncode == 0 else {}
+        except sq.SqueueParseError:
+            return False
+        job = jobs.get(slurm_id)
+        return job is not None and sq.job_outcome(job).status.is_live
+
+    def settle_after_cancel(self, job_dir: Path, record: JobRecord) -> dict[str, Any]:
+        WATCHER.forget()
+        changes = self.describe(job_dir, record)
+        if changes.get("status") in (None, RUNNING, PENDING, UNKNOWN):
+            changes.update(status=STOPPED, ended_at=time.time(), pending_reason=None)
+        return changes
+
+    def has_live_parts(self, job_dir: Path, record: JobRecord | None) -> bool:
+        if jobstore.lock_is_held(job_dir / jobstore.SUPERVISOR_LOCK):
+            return True
+        if record is None:
+            return False
+        if record.state.is_live:
+            return True
+        if record.slurm_job_id is None:
+            return False
+        return self._alive(record.slurm_job_id, _client_env(None, record))
+

@@ -1,0 +1,228 @@
+"""The SLURM scheduler against a real two-node SLURM cluster (tests/slurmcluster.py).
+
+Each case once, through the one interface (tune_magic.launch / Job, the CLI, a kernel). The
+project's LoRA recipe runs where the loss matters; the stand-in recipe (tests/recipes/toy_recipe.py)
+everywhere else. Nodes are network namespaces with their own addresses and Debian's
+``127.0.1.1 <hostname>`` line, so an unhandled rendezvous trap fails these tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import tune_magic
+import tune_magic.jobctl as J
+from tune_magic import jobstore
+from tune_magic.errors import PlanError
+from tune_magic.schedulers import slurm as slurm_sched
+
+from jobhelpers import toy_args
+
+pytestmark = pytest.mark.slurm
+TIMEOUT = 240
+
+
+@pytest.fixture
+def cluster(slurm_netns_cluster, monkeypatch):
+    """The test cluster, with this process's environment set for its SLURM clients."""
+    c = slurm_netns_cluster
+    for key in list(os.environ):
+        if key.startswith(("SLURM_", "SBATCH_", "SQUEUE_")) or key == "TUNE_MAGIC_SCHEDULER":
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("SLURM_CONF", c.env["SLURM_CONF"])
+    monkeypatch.setenv("PATH", c.env["PATH"])
+    slurm_sched.WATCHER.forget()
+    started: list[J.Job] = []
+    c.started = started
+    yield c
+    for job in started:
+        try:
+            job.stop(grace_s=1)
+        except Exception:
+            pass
+    c.wait_idle(60)
+
+
+def launch(c, args: str, **kw) -> J.Job:
+    job = tune_magic.launch(args, scheduler="slurm", **{"nodes": 2, "cpus_per_node": 1, **kw})
+    c.started.append(job)
+    return job
+
+
+def wait_status(job: J.Job, wanted, timeout=TIMEOUT) -> str:
+    deadline = time.monotonic() + timeout
+    while job.status not in wanted:
+        assert time.monotonic() < deadline, f"{job.id} still {job.status}: {job.tail(20)}"
+        time.sleep(0.5)
+    return job.status
+
+
+def job_processes(c, job: J.Job) -> list:
+    out = []
+    for node in c.node_names:
+        for p in c.node_processes(node):
+            try:
+                if any(job.id in a for a in p.cmdline()):
+                    out.append(p)
+            except Exception:
+                continue
+    return out
+
+
+def test_two_node_lora_is_one_job_with_the_loss_of_one_node_two_processes(cluster, tiny_assets, cleanup_jobs):
+    lora = "lora_finetune --config tiny/lora max_steps_per_epoch=5 epochs=1"
+    two_nodes = launch(cluster, f"--nproc_per_node 1 {lora}", name="two-nodes")
+    local = tune_magic.launch(f"--nproc_per_node 2 {lora}", name="one-node")
+    cleanup_jobs.append(local)
+    assert two_nodes.wait(TIMEOUT) == "succeeded", two_nodes.tail(40)
+    assert local.wait(TIMEOUT) == "succeeded", local.tail(40)
+    losses = {p.step: p.value for p in two_nodes.metric_points() if p.name == "loss"}
+    here = {p.step: p.value for p in local.metric_points() if p.name == "loss"}
+    assert sorted(losses) == [1, 2, 3, 4, 5]
+    assert abs(losses[5] - here[5]) <= 1e-4, (losses, here)  # world size 2 both ways
+    assert sorted(two_nodes.nodes) == sorted(cluster.node_names)
+    summary = two_nodes.summary()
+    assert sorted(summary.nodes) == sorted(cluster.node_names)  # a "node" line from each
+    assert sorted(summary.nodes.values()) == sorted(cluster.node_addresses)
+    assert sorted(w["rank"] for w in two_nodes.workers) == [0, 1]
+    assert {w["host"] for w in two_nodes.workers} == set(cluster.node_names)
+    host, _, port = two_nodes.rendezvous_endpoint.rpartition(":")
+    assert host in cluster.node_addresses and int(port) > 0 and two_nodes.pid is None
+    assert len(jobstore.list_records()) >= 2 and two_nodes.record.num_nodes == 2
+
+
+def test_two_two_node_jobs_at_once_share_the_head_node(cluster):
+    a = launch(cluster, toy_args("steps=4", "step_s=0.5", nproc=1))
+    b = launch(cluster, toy_args("steps=4", "step_s=0.5", nproc=1))
+    assert (a.wait(TIMEOUT), b.wait(TIMEOUT)) == ("succeeded", "succeeded"), (a.tail(30), b.tail(30))
+    (ha, _, pa), (hb, _, pb) = (j.rendezvous_endpoint.rpartition(":") for j in (a, b))
+    assert pa != pb or ha != hb
+    assert (a.summary().step, b.summary().step) == (4, 4)
+
+
+@pytest.mark.parametrize("ignore_sigterm", [False, True])
+def test_cli_stop_of_a_running_two_node_job_leaves_nothing(cluster, ignore_sigterm):
+    job = launch(cluster, toy_args("steps=100000", "step_s=0.2", f"ignore_sigterm={str(ignore_sigterm).lower()}",
+                                   nproc=1))
+    wait_status(job, ("running",))
+    deadline = time.monotonic() + 120
+    while len(job.refresh().workers) < 2:  # both ranks started on their nodes
+        assert time.monotonic() < deadline, job.tail(30)
+        time.sleep(0.5)
+    assert job_processes(cluster, job)
+    r = subprocess.run([sys.executable, "-m", "tune_magic", "stop", "--grace", "2", job.id], capture_output=True,
+                       text=True, timeout=TIMEOUT)
+    assert r.returncode == 0 and r.stdout.split() == [job.id, "stopped"], (r.stdout, r.stderr)
+    assert job_processes(cluster, job) == []
+    assert J.get_job(job.id).status == "stopped"
+
+
+def test_a_rank_raising_on_the_second_node_names_rank_host_and_exception(cluster):
+    job = launch(cluster, toy_args("crash_rank=1", "steps=5", nproc=1))
+    assert job.wait(TIMEOUT) == "failed"
+    host = next(w["host"] for w in job.workers if w["rank"] == 1)
+    assert "rank 1" in job.error and "RuntimeError: toy recipe crashed on purpose" in job.error, job.error
+    assert host in job.error, job.error
+    reason = job.failure()
+    assert (reason.rank, reason.exc_type) == (1, "RuntimeError") and "Traceback" in reason.traceback
+
+
+def test_pending_with_a_reason_then_runs_and_a_pending_job_is_cancelled(cluster):
+    blocker = launch(cluster, toy_args("steps=100000", "step_s=0.2", nproc=1), cpus_per_node=4)
+    wait_status(blocker, ("running",))
+    waiting = launch(cluster, toy_args("steps=2", nproc=1))
+    cancelled = launch(cluster, toy_args("steps=2", nproc=1))
+    deadline = time.monotonic() + 60
+    while not (waiting.status == "pending" and waiting.pending_reason):
+        assert time.monotonic() < deadline, (waiting.status, waiting.pending_reason)
+        time.sleep(0.5)
+    assert waiting.pending_reason in ("Resources", "Priority"), waiting.pending_reason
+    assert waiting.nodes == []
+    with pytest.raises(PlanError, match="stop it first"):
+        J.remove(waiting.id)  # a pending job is live
+    assert cancelled.stop(grace_s=1) == "stopped"
+    assert blocker.stop(grace_s=1) == "stopped"
+    assert waiting.wait(TIMEOUT) == "succeeded", waiting.tail(30)
+
+
+def test_polluted_kernel_environment_still_runs_the_two_node_job(cluster, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "1")
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "7")
+    monkeypatch.setenv("SBATCH_TIMELIMIT", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    job = launch(cluster, toy_args("steps=3", nproc=1))
+    assert job.wait(TIMEOUT) == "succeeded", job.tail(30)
+    environ = Path(job.log_path).read_text()
+    assert "toy recipe done" in environ
+
+
+def test_dry_run_script_and_submitted_script_differ_only_in_the_id(cluster):
+    args = toy_args("steps=2", nproc=1)
+    plan = tune_magic.launch(args, scheduler="slurm", nodes=2, cpus_per_node=1, dry_run=True)
+    assert plan.batch_script and plan.sbatch_argv[0] == "sbatch" and plan.job_id in plan.batch_script
+    job = launch(cluster, args, sbatch=["--hold"])
+    submitted = (job.dir / slurm_sched.SCRIPT).read_text()
+    assert submitted == plan.batch_script.replace(plan.job_id, job.id)
+    assert J.get_job(job.id).status == "pending"
+    assert job.stop(grace_s=1) == "stopped"
+
+
+def test_squeue_runs_at_most_once_per_5_s_for_a_listing_and_live_cards(cluster, tmp_path, monkeypatch):
+    """A PATH wrapper counts squeue calls while 20 held (pending) SLURM jobs are listed again and
+    again and 4 live cards follow 4 of them for 30 s: at most 7 calls."""
+    from tune_magic.views import JobCard, JobsTable
+
+    held = [launch(cluster, toy_args("steps=1", nproc=1), sbatch=["--hold"]) for _ in range(20)]
+    real = subprocess.run(["which", "squeue"], capture_output=True, text=True).stdout.strip()
+    wrapper_dir, count = tmp_path / "bin", tmp_path / "squeue-calls"
+    wrapper_dir.mkdir()
+    (wrapper_dir / "squeue").write_text(f'#!/bin/sh\necho x >> {count}\nexec {real} "$@"\n')
+    (wrapper_dir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrapper_dir}:{os.environ['PATH']}")
+    slurm_sched.WATCHER.forget()
+    time.sleep(slurm_sched.SQUEUE_INTERVAL_S)  # what launching queried is over
+    count.write_text("")
+    cards = [JobCard(J.get_job(j.id), interval_s=0.25) for j in held[:4]]
+    t0 = time.monotonic()
+    tables = 0
+    while time.monotonic() - t0 < 30:
+        listed = [j for j in tune_magic.jobs() if j.id in {h.id for h in held}]
+        JobsTable(listed)
+        tables += 1
+        assert {j.status for j in listed} == {"pending"}
+        time.sleep(1)
+    for card in cards:
+        card.close()
+    calls = len(count.read_text().split())
+    assert tables >= 20 and 1 <= calls <= 7, calls
+    for j in held:
+        j.stop(grace_s=0)
+
+
+def test_bad_input_submits_nothing_and_leaves_no_record(cluster):
+    before = {r.id for r in jobstore.list_records()}
+    args = toy_args("steps=2", nproc=1)
+    cases = [
+        ({"partition": "nosuchpartition"}, "sbatch refused the job"),
+        ({"sbatch": ["--constraint=nosuchfeature"]}, "sbatch refused the job"),
+        ({"time_limit": "2h"}, "--time"),
+        ({"sbatch": ["--output=/tmp/x"]}, "--output"),
+    ]
+    for kw, words in cases:
+        with pytest.raises(PlanError, match=words):
+            tune_magic.launch(args, scheduler="slurm", **{"nodes": 2, "cpus_per_node": 1, **kw})
+    r = subprocess.run([sys.executable, "-m", "tune_magic", "run", "--scheduler", "slurm", "--nodes", "2",
+                        "--partition", "nosuchpartition", *args.split()], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "sbatch refused the job" in r.stderr and "Traceback" not in r.stderr
+    assert {r.id for r in jobstore.list_records()} == before
+    listed = json.loads(subprocess.run([sys.executable, "-m", "tune_magic", "jobs", "--json"], capture_output=True,
+                                       text=True, timeout=60).stdout)
+    assert not [j for j in listed if j["status"] in ("pending", "running") and j["id"] not in before]
