@@ -119,10 +119,17 @@ def test_pet_variables_set_per_node_are_refused_FAKE_sbatch(fake_sbatch, monkeyp
         dry(toy_args(nproc=1), nodes=2)
 
 
-def test_without_sbatch_the_message_says_how_to_get_it(monkeypatch, tmp_path):
+def test_without_sbatch_the_message_says_how_to_get_it_and_nothing_is_left(monkeypatch, tmp_path):
+    from tune_magic import jobstore
+
     monkeypatch.setenv("PATH", str(tmp_path))
+    before = {r.id for r in jobstore.list_records()}
     with pytest.raises(PlanError, match="install them .* or use --scheduler local"):
-        tune_magic.launch(toy_args(nproc=1), scheduler="slurm", nodes=2, dry_run=True)
+        tune_magic.launch(toy_args(nproc=1), scheduler="slurm", nodes=2, cpus_per_node=1)
+    assert {r.id for r in jobstore.list_records()} == before
+    assert not [p for p in jobstore.jobs_root().iterdir() if p.name.startswith(".staging")]
+    plan = tune_magic.launch(toy_args(nproc=1), scheduler="slurm", nodes=2, cpus_per_node=1, dry_run=True)
+    assert plan.batch_script and any("sbatch is not on PATH here" in w for w in plan.warnings)
 
 
 @pytest.mark.parametrize("kw", [{"nodes": 1}, {"gpus_per_node": 2}, {"cpus_per_node": 4}, {"partition": "gpu"},

@@ -226,3 +226,31 @@ def test_bad_input_submits_nothing_and_leaves_no_record(cluster):
     listed = json.loads(subprocess.run([sys.executable, "-m", "tune_magic", "jobs", "--json"], capture_output=True,
                                        text=True, timeout=60).stdout)
     assert not [j for j in listed if j["status"] in ("pending", "running") and j["id"] not in before]
+
+
+def test_cluster_notebook_runs_the_two_node_job_and_the_70b_dry_run(cluster, tiny_assets, tmp_path):
+    import nbformat
+    from nbclient import NotebookClient
+
+    repo = Path(__file__).resolve().parents[2]
+    nb = nbformat.read(repo / "notebooks" / "cluster.ipynb", as_version=4)
+    out = repo / "test-artifacts" / "notebooks"
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    finally:
+        nbformat.write(nb, out / "cluster.executed.ipynb")
+
+    def text(cell_id):
+        c = next(c for c in nb.cells if c.get("id") == cell_id)
+        return "".join(o.get("text", "") for o in c.outputs if o.output_type == "stream")
+
+    assert "sbatch on PATH: True" in text("setup")
+    result = text("two-nodes-result")
+    assert result.splitlines()[0] == "succeeded", result
+    assert f"nodes: {' '.join(sorted(cluster.node_names))}" in result and "step 5 loss " in result
+    assert "0@" in result and "1@" in result
+    dry = text("dry-run")
+    assert dry.startswith("sbatch --parsable") and "--gpus-per-node=8" in dry and "--partition=gpu" in dry
+    assert "--time=2:00:00" in dry and "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=64" in dry
+    assert "nodes: 2  processes per node: 8  rendezvous: scheduler" in text("dry-run-result")

@@ -145,8 +145,6 @@ class SlurmScheduler(Scheduler):
 
     # -- launching ----------------------------------------------------------------------------
     def prepare(self, plan, options: SchedulerOptions, env: Mapping[str, str], job_dir: Path) -> dict[str, Any]:
-        if shutil.which("sbatch", path=env.get("PATH")) is None:
-            raise PlanError(_CLIENTS_MISSING)
         time_limit = sopts.check_time(options.time_limit) if options.time_limit is not None else None
         extra = sopts.check_sbatch_options(list(options.sbatch))
         if plan.recipe_source == "torchtune" and (plan.recipe_name or "").endswith("_distributed") \
@@ -160,6 +158,8 @@ class SlurmScheduler(Scheduler):
                             "default CPUs per task (often 1); add --cpus-per-node C")
         _, env_warnings = sopts.sbatch_env(env)
         warnings += env_warnings
+        if shutil.which("sbatch", path=env.get("PATH")) is None:  # a dry run still shows the script
+            warnings.append("sbatch is not on PATH here: " + _CLIENTS_MISSING.split(" on PATH: ", 1)[1])
         script = batch_script(plan, job_id=plan.job_id, job_dir=str(job_dir), cwd=plan.cwd or os.getcwd(),
                               python=sys.executable, nodes=nodes, cpus_per_node=options.cpus_per_node,
                               rdzv_conf=plan.rdzv_conf, user_endpoint=plan.rendezvous == "user")
@@ -171,6 +171,8 @@ class SlurmScheduler(Scheduler):
 
     def submit(self, job_dir: Path, record: JobRecord, plan, options: SchedulerOptions, env: Mapping[str, str],
                lock_fd: int | None) -> None:
+        if shutil.which("sbatch", path=env.get("PATH")) is None:
+            raise PlanError(_CLIENTS_MISSING)
         script = job_dir / SCRIPT
         fd = jobstore.open_nofollow(script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
         with os.fdopen(fd, "w") as f:
