@@ -173,9 +173,15 @@ def _write_chunks(chunks: Iterable[bytes], out=None) -> None:
         out.flush()
 
 
+#: The job a command is following right now (what Ctrl-C leaves running).
+_FOLLOWING: dict[str, str] = {}
+
+
 def _stream_log(job, out=None, poll_s: float = 0.2) -> None:
     """Copy the job's log to ``out`` (stdout) as it grows, until the job ends."""
+    _FOLLOWING["job"] = job.id  # left set if Ctrl-C ends it: main() says the job runs on
     _write_chunks(_whole_log(job, follow=True, poll_s=poll_s), out)
+    _FOLLOWING.pop("job", None)
 
 
 def _run(argv: Sequence[str]) -> int:
@@ -198,9 +204,25 @@ def _run(argv: Sequence[str]) -> int:
     print(result.id, flush=True)
     if own.get("wait"):
         _stream_log(result)
+        print(end_line(result), flush=True)
         code = result.returncode
-        return 1 if code is None else (code if 0 <= code < 256 else 128 + abs(code))
+        if result.status == "succeeded":
+            return 0
+        return 1 if code is None or code == 0 else (code if 0 < code < 256 else 128 + abs(code))
     return 0
+
+
+def end_line(job) -> str:
+    """One line saying how a job ended: status, last step and loss, the reason on failure."""
+    s = job.summary()
+    parts = [f"job {job.id} {job.status.label}"]
+    if s.step is not None:
+        parts.append(f"step {s.step}" + (f" loss {s.loss:.6g}" if s.loss is not None else ""))
+    if job.status == "failed" and job.error:
+        parts.append(escape(job.error))
+    elif job.record.returncode is not None and job.status != "succeeded":
+        parts.append(f"exit code {job.record.returncode}")
+    return " · ".join(parts)
 
 
 def _job_arg(parser: argparse.ArgumentParser, argv: Sequence[str]):
@@ -289,7 +311,10 @@ def _logs(argv: Sequence[str]) -> int:
         part.add_argument(flag, dest=dest, action="store_true", help=help_)
     ns, job = _job_arg(parser, argv)
     source = next((src for dest, (_, _, src) in _LOG_PARTS.items() if getattr(ns, dest)), _whole_log)
+    if ns.follow:
+        _FOLLOWING["job"] = job.id
     _write_chunks(source(job, follow=ns.follow))
+    _FOLLOWING.pop("job", None)
     return 0
 
 
@@ -374,6 +399,15 @@ def _demo(argv: Sequence[str]) -> int:
     return demo_main(argv)
 
 
+def _help(argv: Sequence[str]) -> int:
+    if not argv:
+        print(_usage())
+        return 0
+    if argv[0] not in _COMMANDS or argv[0] == "help":
+        raise CliError(f"no command {argv[0]!r}; the commands: {', '.join(c for c in _COMMANDS if c != 'help')}")
+    return _COMMANDS[argv[0]][0](["--help"])
+
+
 _COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "cmd": (_cmd, "print the command a tune run-style line launches"),
     "ls": (_ls, "list recipes and configs (torchtune's and tune_magic's)"),
@@ -385,12 +419,16 @@ _COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "rm": (_rm, "remove finished jobs"),
     "metrics": (_metrics, "print a job's metric points (--json, --csv)"),
     "demo": (_demo, "run the demo"),
+    "help": (_help, "show help for a command: tune-magic help COMMAND"),
 }
 
 
 def _usage() -> str:
-    lines = ["usage: tune-magic COMMAND [ARGS...]", "", "commands:"]
+    lines = ["usage: tune-magic COMMAND [ARGS...]   (tune-magic help COMMAND, or COMMAND --help)", "",
+             "commands:"]
     lines += [f"  {name:<8} {help_}" for name, (_, help_) in _COMMANDS.items()]
+    lines += ["", "Jobs, their logs and the tiny assets live under $TUNE_MAGIC_HOME (default ~/.cache/tune_magic);",
+              "every process that sets the same TUNE_MAGIC_HOME sees the same jobs."]
     return "\n".join(lines)
 
 
@@ -414,6 +452,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except SystemExit as exc:  # argparse's own usage errors already printed
         return int(exc.code or 0)
+    except KeyboardInterrupt:  # Ctrl-C while following (run --wait, logs --follow): the job runs on
+        following = _FOLLOWING.get("job")
+        if following is not None:
+            print(f"\ntune-magic: stopped following; job {following} keeps running "
+                  f"(tune-magic stop {following} stops it)", file=sys.stderr)
+        else:
+            print("\ntune-magic: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # output piped into `head` and the like
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
