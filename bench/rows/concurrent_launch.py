@@ -12,12 +12,14 @@ The job: the test-only toy recipe, one process (no ``--nproc_per_node``), ``step
   a warm-up launch, median of N.
 Goal, each: every launch returns and the last ≤ 1.5 × 10 × that CPU time ÷ usable cores.
 
-Also recorded, to tell waiting from CPU sharing: the CPU of every process of one launch until it
-returns (the launcher's, plus the job's supervisor and exit wrapper, read with psutil at the
-return), each job's whole CPU (launcher, supervisor, wrapper and the recipe process, collected
-with ``getrusage(RUSAGE_CHILDREN)`` once everything has exited: the measuring process is a child
-subreaper, so orphans are reaped by it), the burst's total CPU, and how busy the whole machine
-was during the burst (``/proc/stat``; other work on the machine slows a CPU-bound burst).
+The goal's CPU time is the launcher's alone, while each launch also starts its job's supervisor,
+exit wrapper and recipe process on the same cores. Also recorded, to tell waiting from CPU
+sharing: the CPU of every process of one launch until it returns (the launcher's, plus the job's
+supervisor and exit wrapper, read with psutil at the return), each job's whole CPU (launcher,
+supervisor, wrapper and the recipe process, collected with ``getrusage(RUSAGE_CHILDREN)`` once
+everything has exited: the measuring process is a child subreaper, so orphans are reaped by it),
+the burst's total CPU and how long after that CPU ÷ cores the last launch returned, and how busy
+the whole machine was during the burst (``/proc/stat``; other work there slows a CPU-bound burst).
 The tool cache is filled by a warm-up launch first (row 8 measures a launch without it). Every
 job is waited for (they end after 2 steps) or stopped; processes mentioning their ids are checked.
 """
@@ -292,7 +294,9 @@ def _row(suffix: str, what: str, got: dict, cores: int, how: str, anchor_what: s
             f"{tree_bound:.3f} s, last/bound {of(tree_bound)}); the whole job (launcher, supervisor, wrapper, recipe "
             f"process) {fmt(total1)} (bound {total_bound:.3f} s, last/bound {of(total_bound)}). A burst's processes "
             f"used {fmt(burst_total)} CPU in all (median; ÷ {cores} cores = {burst_total / cores:.3f} s), its "
-            f"launchers {fmt(median([b['launcher_cpu_s'] for b in bursts]))}; the whole machine was "
+            f"launchers {fmt(median([b['launcher_cpu_s'] for b in bursts]))}: the last return came "
+            f"{'—' if last is None else f'{last - burst_total / cores:+.3f} s'} after that CPU ÷ cores (waiting "
+            f"beyond sharing the CPU, if positive); the whole machine was "
             f"{median([b['machine_busy'] for b in bursts]) * 100:.0f}% busy during the bursts (median). Jobs that "
             f"then succeeded: {statuses.count('succeeded')}/{len(statuses)}; every process reaped: "
             f"{all(b['all_reaped'] for b in bursts)}; leftover processes: {len(left)}.")
