@@ -45,6 +45,8 @@ ROWS = [
     ("concurrency", "bench.rows.concurrency", "6", 1200, 150),
     ("demo_recipe", "bench.rows.demo_recipe", "7", 1200, 300),
     ("first_launch", "bench.rows.first_launch", "8", 600, 120),
+    ("listing_scale", "bench.rows.listing_scale", "9", 600, 120),
+    ("concurrent_launch", "bench.rows.concurrent_launch", "10", 600, 120),
 ]
 QUICK_BUDGET_S = 600
 OUT = REPO / "bench" / "out"
@@ -173,7 +175,7 @@ def render(rows: list[dict], mach: dict, seconds: dict, cold: dict | None) -> st
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="every row at its smallest size (CI); never writes BENCHMARKS.md")
-    ap.add_argument("--only", nargs="+", metavar="ROW", help="rows to run, by number (1-8) or name")
+    ap.add_argument("--only", nargs="+", metavar="ROW", help="rows to run, by number (1-10) or name")
     ap.add_argument("--write", action="store_true", help="rewrite BENCHMARKS.md (full mode only)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of a markdown table")
     ap.add_argument("--render", action="store_true",

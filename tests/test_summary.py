@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import io
 import json
 import os
 import time
@@ -144,5 +145,67 @@ def test_listings_open_no_log(tmp_path, monkeypatch):
     assert cli.main(["jobs"]) == 0
     text = demo.summary(listed)
     assert "2.5000" in text
+    logs = [p for p in opened if p.endswith(".log") or "/logs/log_" in p]
+    assert logs == [], logs
+
+
+def _million_step_job(root: Path, job_id: str, steps: int = 1_000_000) -> JobRecord:
+    """A finished job whose DiskLogger file has ``steps`` lines (about 80 MB), as no supervisor
+    summarised it (a job of another machine, or one run before summaries existed)."""
+    rec = make_job(root, job_id, steps=1, bar=False)
+    metric_file = root.parent / "runs" / job_id / "logs" / "log_1.txt"
+    with open(metric_file, "w") as f:
+        for lo in range(1, steps + 1, 100_000):
+            f.write("".join(f"Step {i} | loss:{10 / i} lr:0.001 tokens_per_second_per_gpu:{100 + i % 7} \n"
+                            for i in range(lo, min(lo + 100_000, steps + 1))))
+    with open(rec.log_path, "a") as f:
+        f.write(f"\r1|{steps}|Loss: {10 / steps}: 100%|##########| {steps}/{steps}\ndone\n")
+    return rec
+
+
+def test_second_listing_of_a_million_step_job_reads_only_record_and_summary_files(tmp_path, monkeypatch, capsys):
+    """The first listing of jobs nobody summarised reads each log once and writes the summaries;
+    every listing after it (jobs(), the %tune_jobs table, tune-magic jobs, the demo's summary)
+    opens only record.json and summary.json, however long the logs are."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("TUNE_MAGIC_HOME", str(home))
+    root = home / "jobs"
+    for i in range(3):
+        make_job(root, f"j{i}", steps=2 + i)
+    big = _million_step_job(root, "jbig")
+    metric_size = os.path.getsize(root.parent / "runs" / "jbig" / "logs" / "log_1.txt")
+    assert all(S.read_summary(root / f"j{i}") is None for i in range(3)) and S.read_summary(root / "jbig") is None
+
+    first = {j.id: j.summary() for j in J.jobs()}  # the first reader: reads what no one summarised
+    assert (first["jbig"].step, first["jbig"].loss) == (1_000_000, 10 / 1_000_000)
+    written = S.read_summary(root / "jbig")
+    assert (written.step, written.metrics_offset, written.log_offset) == (
+        1_000_000, metric_size, os.path.getsize(big.log_path))
+
+    opened: list[str] = []
+    real_open, real_os_open, real_io_open = builtins.open, os.open, io.open
+
+    def spy(real):
+        def wrapper(file, *a, **kw):
+            opened.append(os.fspath(file) if isinstance(file, (str, bytes, os.PathLike)) else repr(file))
+            return real(file, *a, **kw)
+        return wrapper
+
+    monkeypatch.setattr(builtins, "open", spy(real_open))
+    monkeypatch.setattr(io, "open", spy(real_io_open))
+    monkeypatch.setattr(os, "open", spy(real_os_open))
+    from tune_magic import cli, demo
+    from tune_magic.views import JobsTable
+
+    listed = J.jobs()
+    table = JobsTable(listed)
+    assert table.summaries["jbig"][2:4] == (1_000_000, 10 / 1_000_000)
+    capsys.readouterr()
+    assert cli.main(["jobs"]) == 0
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("jbig"))
+    assert line.split()[3:5] == ["1000000", "1e-05"]
+    assert "1000000" in demo.summary(listed)
+    in_registry = {Path(p).name for p in opened if p.startswith(str(root))}
+    assert in_registry == {"record.json", "summary.json"}, in_registry
     logs = [p for p in opened if p.endswith(".log") or "/logs/log_" in p]
     assert logs == [], logs

@@ -730,13 +730,22 @@ def jobs(skipped: list | None = None) -> list[Job]:
     """
     root = jobstore.jobs_root(create=False)
     _collect_staging(root)
-    records, bad = jobstore.list_records_checked(root)
+    stamps: dict[str, tuple] = {}
+    records, bad = jobstore.list_records_checked(root, stamps)
     if skipped is not None:
         skipped.extend(bad)
     else:
         for s in bad:
             warnings.warn(f"skipped job directory {s.path}: {s.reason}", RuntimeWarning, stacklevel=2)
-    return [Job(jobstore.job_dir(r.id, root), r).refresh() for r in records]
+    return [_listed_job(root, r, stamps) for r in records]
+
+
+def _listed_job(root: Path, record: JobRecord, stamps: Mapping[str, tuple]) -> Job:
+    """A refreshed Job for a record a listing just read: the record is not read a second time
+    unless it changed since (the listing's stamp was taken before its read)."""
+    job = Job(jobstore.job_dir(record.id, root), record)
+    job._stamp = stamps.get(record.id)
+    return job.refresh()
 
 
 def damaged_live_jobs() -> list[Job]:

@@ -288,8 +288,22 @@ def read_bytes(path: Path, limit: int = MAX_RECORD_BYTES) -> bytes:
         OSError: missing, a link (``ELOOP``), unreadable.
     """
     fd = open_nofollow(path, os.O_RDONLY)
-    with os.fdopen(fd, "rb") as f:
-        return f.read(limit + 1)
+    try:
+        want = limit + 1
+        # a read of n bytes allocates n bytes first: size the first one by the file (a 4 MiB buffer
+        # per record cost more than the read itself, and listings read a record per job)
+        step = min(want, os.fstat(fd).st_size + 1)
+        chunks, got = [], 0
+        while got < want:
+            chunk = os.read(fd, min(step, want - got))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+            step = 64 << 10  # small: at the end of the file this read only meets EOF
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def write_atomic(path: Path, data: bytes, *, fsync: bool = True) -> None:
@@ -515,8 +529,15 @@ def list_records(root: Path | None = None, skipped: list | None = None) -> list[
     return records
 
 
-def list_records_checked(root: Path | None = None) -> tuple[list[JobRecord], list[Skipped]]:
-    """As :func:`list_records`, also returning the skipped directories with one-line reasons."""
+def list_records_checked(root: Path | None = None, stamps: dict[str, tuple] | None = None,
+                         ) -> tuple[list[JobRecord], list[Skipped]]:
+    """As :func:`list_records`, also returning the skipped directories with one-line reasons.
+
+    Args:
+        stamps: when given, filled with job id -> :func:`stamp` of its record file, taken just
+            before the record was read (so a record replaced meanwhile has another stamp and is
+            read again by whoever compares them: never an old record under a new stamp).
+    """
     root = root or jobs_root(create=False)
     out, bad = [], []
     try:
@@ -535,7 +556,11 @@ def list_records_checked(root: Path | None = None) -> tuple[list[JobRecord], lis
                 if entry.is_symlink():
                     bad.append(Skipped(d, "a symbolic link, not a job directory (tune_magic never follows it)"))
                 continue
-            out.append(read(d))
+            before = stamp(d) if stamps is not None else None
+            record = read(d)
+            out.append(record)
+            if stamps is not None:
+                stamps[record.id] = before
         except CorruptRecord as exc:
             bad.append(Skipped(d, str(exc).splitlines()[0][:300]))
         except Exception as exc:  # a listing never fails because one record is bad

@@ -19,12 +19,13 @@ import math
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from . import jobstore
-from .logparse import SOURCE_PROGRESS, LogParser, strip_ansi
+
+# tune_magic.logparse is imported where a log is read: a listing of summarised jobs never needs it
 
 SUMMARY = "summary.json"
 VERSION = 1
@@ -93,7 +94,9 @@ class Summary:
 
     def to_json(self) -> bytes:
         """The file's bytes (non-finite losses as JSON's ``NaN``/``Infinity`` tokens)."""
-        return json.dumps(asdict(self)).encode()
+        # the same bytes as json.dumps(asdict(self)) (every value is JSON-native), without
+        # asdict's deep copy: listings call this for every job
+        return json.dumps({name: getattr(self, name) for name in _FIELD_NAMES}).encode()
 
     @classmethod
     def from_dict(cls, data: Any) -> "Summary":
@@ -113,6 +116,7 @@ class Summary:
         return out
 
 
+_FIELD_NAMES = tuple(f.name for f in fields(Summary))
 _INTS = ("step", "epoch", "log_offset", "metrics_offset", "progress_step", "metric_step")
 _FLOATS = ("loss", "progress_loss", "metric_loss", "updated_at")
 
@@ -179,6 +183,8 @@ def _read_records(path: Path, offset: int, budget: int, final: bool) -> tuple[li
     cut = len(data) if final and len(data) < budget else max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
     if cut <= 0:
         return [], offset  # one unfinished record so far
+    from .logparse import strip_ansi
+
     # "\r" and "\n" never occur inside a UTF-8 multibyte character, so the cut never splits one
     text = strip_ansi(data[:cut].decode("utf-8", errors="replace"))
     return [r for r in _RECORD_SPLIT.split(text) if r], offset + cut
@@ -235,6 +241,8 @@ class SummaryTracker:
         return changed
 
     def _combined(self, records: list[str]) -> None:
+        from .logparse import SOURCE_PROGRESS, LogParser
+
         s = self.summary
         parser = LogParser(strict=False)
         batch = parser.parse(records)
@@ -305,6 +313,8 @@ class SummaryTracker:
                 s.metrics_path, s.metrics_offset = str(found), 0
 
     def _metric_file(self, records: list[str]) -> None:
+        from .logparse import LogParser
+
         s = self.summary
         batch = LogParser(strict=True).parse(records)
         if not batch.steps:

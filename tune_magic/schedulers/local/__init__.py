@@ -10,6 +10,7 @@ process of the job, found by session (:mod:`.procs`).
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
 import time
@@ -65,16 +66,34 @@ class LocalScheduler(Scheduler):
         argv = [sys.executable, "-m", "tune_magic.schedulers.local.supervisor", str(job_dir)]
         if lock_fd is not None:
             argv += ["--lock-fd", str(lock_fd)]
-        fd = jobstore.open_nofollow(job_dir / jobstore.SUPERVISOR_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        # the supervisor writes to this pipe once the job's first process is in the record (and exiting
+        # closes it), so the wait below sleeps until then instead of re-reading the record every few
+        # milliseconds (half of what ten launches from threads at once cost their process went to it)
+        ready, ready_w = os.pipe()
+        argv += ["--ready-fd", str(ready_w)]
         try:
-            # start_new_session: Jupyter's interrupt/restart signal the kernel's process group, not this one
-            sup = subprocess.Popen(argv, cwd=record.cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=fd,
-                                   stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
-                                   pass_fds=(lock_fd,) if lock_fd is not None else ())
+            try:
+                fd = jobstore.open_nofollow(job_dir / jobstore.SUPERVISOR_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+                try:
+                    # start_new_session: Jupyter's interrupt/restart signal the kernel's process group, not this one
+                    sup = subprocess.Popen(argv, cwd=record.cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=fd,
+                                           stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                                           pass_fds=(ready_w,) if lock_fd is None else (lock_fd, ready_w))
+                finally:
+                    os.close(fd)
+            finally:
+                os.close(ready_w)  # the supervisor holds the only write end now: its exit means EOF
+            self._wait_started(job_dir, record, sup, ready)
         finally:
-            os.close(fd)
+            os.close(ready)
+
+    @staticmethod
+    def _wait_started(job_dir: Path, record: JobRecord, sup: subprocess.Popen, ready: int) -> None:
+        """Return once the record names the job's first process (or its end); raise JobStartError
+        if the supervisor exits first or takes longer than :data:`START_TIMEOUT_S`."""
         deadline = time.monotonic() + START_TIMEOUT_S
         log = job_dir / jobstore.SUPERVISOR_LOG
+        signalled = False
         while True:
             try:
                 rec = jobstore.read(job_dir)
@@ -90,7 +109,10 @@ class LocalScheduler(Scheduler):
                 raise JobStartError(f"job {record.id} did not start: {why}; see {log}")
             if time.monotonic() > deadline:
                 raise JobStartError(f"job {record.id} did not start within {START_TIMEOUT_S:.0f} s; see {log}")
-            time.sleep(0.005)
+            if signalled:  # written or closed: the record or the exit shows within moments
+                time.sleep(0.005)
+            else:  # a look every 0.1 s all the same, should a wake-up never come
+                signalled = bool(select.select([ready], [], [], 0.1)[0])
 
     # -- following ----------------------------------------------------------------------------
     @staticmethod

@@ -118,9 +118,10 @@ def explain(record: JobRecord, code: int | None, *, stopped: bool = False, oom=N
 class Supervisor:
     """One job's supervisor (see the module docstring). ``run()`` returns the job's exit code."""
 
-    def __init__(self, job_dir: Path, lock_fd: int | None = None):
+    def __init__(self, job_dir: Path, lock_fd: int | None = None, ready_fd: int | None = None):
         self.dir = job_dir
         self.lock_fd = lock_fd
+        self.ready_fd = ready_fd  # the launcher waits on it: written once the agent is recorded
         self.record: JobRecord = jobstore.read(job_dir)  # the last good record: rewritten from if damaged
         self.me = procs.ref_of(psutil.Process())
         self.agent: ProcessRef | None = None
@@ -263,6 +264,7 @@ class Supervisor:
 
         oom_watch = OomWatch.start(wrapper.pid)
         self._find_agent(wrapper, wrapper_ref)
+        self._tell_launcher()
         known: tuple = ()
         next_look = 0.0
         expected = int(rec.nproc_per_node) if (rec.nproc_per_node or "").isdigit() else 1
@@ -356,6 +358,17 @@ class Supervisor:
         self._write_procs()
         self._update()
 
+    def _tell_launcher(self) -> None:
+        """Wake the launcher waiting for the agent's record (best effort: it also looks by itself)."""
+        if self.ready_fd is not None:
+            try:
+                os.write(self.ready_fd, b"1")
+            except OSError:
+                pass
+            finally:
+                os.close(self.ready_fd)
+                self.ready_fd = None
+
     def _final(self, code: int, error: str | None) -> None:
         """Write the end into the record, retrying until it succeeds (a full disk frees up)."""
         delay = 0.1
@@ -412,16 +425,18 @@ def _exit_text(code: int | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: ``python -m tune_magic.schedulers.local.supervisor JOB_DIR [--lock-fd N]``."""
+    """Entry point: ``python -m tune_magic.schedulers.local.supervisor JOB_DIR [--lock-fd N] [--ready-fd N]``
+    (``--ready-fd``: a pipe written and closed once the job's first process is recorded)."""
     argv = sys.argv[1:] if argv is None else argv
     job_dir = Path(argv[0])
     lock_fd = int(argv[argv.index("--lock-fd") + 1]) if "--lock-fd" in argv else None
+    ready_fd = int(argv[argv.index("--ready-fd") + 1]) if "--ready-fd" in argv else None
     # interrupts of a terminal or kernel never reach this session; a SIGTERM meant for it (e.g. a
     # shutdown) reaches the job through the wrapper, which ends normally and gets recorded
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     try:
-        return Supervisor(job_dir, lock_fd).run()
+        return Supervisor(job_dir, lock_fd, ready_fd).run()
     except Exception as exc:  # never leave a record saying "running" for a job nobody watches
         try:
             jobstore.update(job_dir, status=FAILED, ended_at=time.time(), error=f"supervisor error: {exc!r}")

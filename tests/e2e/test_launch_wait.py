@@ -1,0 +1,43 @@
+"""A launch waits for its supervisor without polling: the supervisor wakes it through a pipe once
+the job's first process is recorded, or by exiting. (Ten launches from threads at once used to
+spend half their process's CPU re-reading their records every 5 ms; bench row 10b.)"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import tune_magic.jobctl as J
+from tune_magic import jobstore
+
+from jobhelpers import toy_args
+
+SLOW_START_S = 0.6
+
+
+def _slow_python(tmp_path, body: str) -> dict:
+    """An environment whose every Python process first runs ``body`` (a sitecustomize)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(body)
+    return {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+def test_a_slow_supervisor_is_waited_for_without_polling_the_record(tmp_path, monkeypatch, cleanup_jobs):
+    env = _slow_python(tmp_path, f"import time\ntime.sleep({SLOW_START_S})\n")
+    reads = []
+    real_read = jobstore.read
+    monkeypatch.setattr(jobstore, "read", lambda d: reads.append((Path(d).name, time.monotonic())) or real_read(d))
+    t0 = time.monotonic()
+    job = J.launch(toy_args("steps=1000", "step_s=0.1", nproc=None), env=env)
+    waited = time.monotonic() - t0
+    cleanup_jobs.append(job)
+    assert job.record.agent is not None and job.status == "running"
+    assert waited >= SLOW_START_S
+    # polling every 5 ms read it > 100 times in this wait; woken by the pipe, with a look every 0.1 s
+    # should no wake-up come, it is read about waited / 0.1 times
+    during = [at for job_id, at in reads if job_id == job.id and at <= t0 + waited]  # (listings read the others)
+    assert len(during) <= waited / 0.1 + 4, (len(during), waited)
+    assert job.stop(grace_s=5) == "stopped"
+
