@@ -136,3 +136,14 @@ def test_lora_job_card_shows_the_losses_the_recipe_logged(kernel, tiny_assets):
     logged = [float(m) for m in re.findall(r"^Step \d+ \| loss:(\S+) ", next(Path(job.record.metric_log_dir).glob("log_*.txt")).read_text(), re.M)]
     assert len(logged) == 5
     assert shown == pytest.approx(logged)
+
+
+def test_empty_cell_magic_runs_as_the_line_magic_in_a_real_kernel(tmp_path):
+    k = Kernel(cwd=str(tmp_path))
+    try:
+        k.run("%load_ext tune_magic")
+        out = k.run(f"%%tune_run --dry-run {toy_args('steps=3', nproc=None)}\n")
+        assert "steps=3" in out.stdout and out.error is None
+        assert k.value("type(_).__name__") == "LaunchPlan"
+    finally:
+        k.shutdown()

@@ -254,3 +254,49 @@ def test_cluster_notebook_runs_the_two_node_job_and_the_70b_dry_run(cluster, tin
     assert dry.startswith("sbatch --parsable") and "--gpus-per-node=8" in dry and "--partition=gpu" in dry
     assert "--time=2:00:00" in dry and "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=64" in dry
     assert "nodes: 2  processes per node: 8  rendezvous: scheduler" in text("dry-run-result")
+
+
+LAUNCHER = """
+import sys
+import tune_magic
+tune_magic.launch(sys.argv[1], scheduler="slurm", nodes=2, cpus_per_node=1)
+"""
+
+
+def test_a_launcher_killed_after_sbatch_leaves_a_job_that_is_found_by_name(cluster):
+    before = {r.id for r in jobstore.list_records()}
+    p = subprocess.run([sys.executable, "-c", LAUNCHER, toy_args("steps=2", nproc=1)],
+                       env={**os.environ, J.TEST_KILL_ENV: "sbatch-returned"}, capture_output=True, timeout=120)
+    assert p.returncode == -9, p.stderr[-2000:]
+    (new,) = [r for r in jobstore.list_records() if r.id not in before]
+    assert new.slurm_job_id is None and new.status == "pending"  # the id never got written
+    job = J.get_job(new.id)
+    cluster.started.append(job)
+    assert job.wait(TIMEOUT) == "succeeded", job.tail(30)
+    assert job.slurm_job_id is not None and job.record.slurm_job_id == job.slurm_job_id
+
+
+def test_a_job_squeue_no_longer_lists_without_an_exit_file_is_unknown_then_failed(cluster, monkeypatch):
+    job = launch(cluster, toy_args("steps=1", nproc=1))
+    assert job.wait(TIMEOUT) == "succeeded"
+    # a second record pointing at a SLURM id squeue never had: what a job gone past MinJobAge looks like
+    rec = jobstore.read(job.dir)
+    ghost_dir = job.dir.parent / (job.id[:-6] + "0g0s7e")
+    ghost_dir.mkdir()
+    rec.id, rec.status, rec.slurm_job_id, rec.returncode, rec.ended_at = ghost_dir.name, "running", "999999", None, None
+    rec.log_path = str(ghost_dir / "output.log")
+    jobstore.write_record(ghost_dir, rec)
+    ghost = J.get_job(ghost_dir.name)
+    cluster.started.append(ghost)
+    slurm_sched.WATCHER.forget()
+    deadline = time.monotonic() + 30
+    while ghost.status != "unknown":
+        assert time.monotonic() < deadline, ghost.status
+        time.sleep(0.5)
+    assert ghost.status.label == "outcome unknown"
+    monkeypatch.setattr(slurm_sched, "MISSING_GRACE_S", 0.0)
+    slurm_sched.WATCHER.forget()
+    ghost._checked = 0.0
+    time.sleep(1.1)
+    assert ghost.status == "failed"
+    assert "SLURM no longer lists job 999999 and it left no exit code" in ghost.error

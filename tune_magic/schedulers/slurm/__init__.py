@@ -189,6 +189,9 @@ class SlurmScheduler(Scheduler):
         slurm_id = r.stdout.strip().split(";")[0].strip()
         if not slurm_id.split("_")[0].isdigit():
             raise JobStartError(f"sbatch answered {r.stdout.strip()!r}, not a job id; see {job_dir}")
+        from ...jobctl import _launch_step
+
+        _launch_step("sbatch-returned")  # fault tests: the launcher dies before it records SLURM's id
         jobstore.update(job_dir, slurm_job_id=slurm_id, slurm_conf=client_env.get("SLURM_CONF"))
 
     # -- following ----------------------------------------------------------------------------
