@@ -7,62 +7,71 @@ job running on another node; and when the kernel runs out of inotify instances o
 (``EMFILE`` from ``inotify_init``, ``ENOSPC`` from ``inotify_add_watch``), a subscription simply
 stays unwatched, without an error, and is tried again :data:`RETRY_S` later.
 
-Backend: `watchdog <https://pypi.org/project/watchdog/>`_'s platform observer (inotify on Linux:
-one inotify instance for all of its watches since watchdog 7). Idle watches cost nothing: its
-threads block until the kernel has an event, and the kernel merges repeated writes to one file
-that were not read yet into one event. A platform without a native backend (where watchdog would
-stat directories itself) gets no notifications: the followers' own polling does that already.
+Backend: Linux inotify through `inotify_simple <https://pypi.org/project/inotify_simple/>`_ (a
+thin ``ctypes`` wrapper): one inotify instance and one daemon thread for the whole process. The
+thread blocks in ``poll(2)`` while nothing happens, so an idle watch costs nothing. After the
+first event it sleeps :data:`DEBOUNCE_S` before reading, so the rest of a burst (a progress
+redraw, a metric line, log lines) lands first and wakes each follower once.
 
-Watches are on directories (a followed file's parent), so a file that appears later or is
-replaced under its name (rotation, ``os.replace``) is still seen. Subscriptions on one directory
-share its watch; the watch is removed when the last of them releases it.
+Two kinds of watch, so that the cost under load follows the followers' reads, not the job's writes:
 
-No IPython here. Callbacks run on watchdog's dispatch thread and must only set flags (e.g.
+* each followed file has a one-shot watch (``IN_MODIFY | IN_ONESHOT``) that fires on the first
+  write and then stays quiet until the follower re-arms it with :meth:`Subscription.watch`, which
+  it calls just before it reads: a write before the re-arm is in what it reads, a write after it
+  fires the watch again. A job writing 200 lines a second costs one event per read of it.
+* each followed file's directory (and each followed directory) has a lasting watch on its names
+  only (created, moved in or out, deleted): a file that appears later, or is replaced under its
+  name (``os.replace``, rotation), still wakes the follower.
+
+Subscriptions following one path share its watch; a watch goes when the last of them releases it.
+Elsewhere than Linux there is no notification: the followers' own polling does the work.
+
+No IPython here. Callbacks run on the notifier's thread and must only set flags (e.g.
 ``threading.Event.set``).
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import select
 import threading
 import time
 from typing import Callable, Iterable
 
-__all__ = ["Notifier", "Subscription", "get_notifier", "RETRY_S"]
+__all__ = ["Notifier", "Subscription", "get_notifier", "DEBOUNCE_S", "RETRY_S"]
 
-#: Seconds before a directory whose watch could not be added (missing, no inotify watch or
-#: instance left, deleted while watched) is tried again.
+#: Seconds between the first event of a burst and reading the burst (the debounce).
+DEBOUNCE_S = 0.02
+
+#: Seconds before a watch that could not be added (no inotify watch or instance left, no
+#: permission) is tried again. A missing directory is tried again as soon as it exists.
 RETRY_S = 5.0
 
+# inotify(7) event bits (<sys/inotify.h>)
+IN_MODIFY, IN_ATTRIB, IN_MOVED_FROM, IN_MOVED_TO = 0x2, 0x4, 0x40, 0x80
+IN_CREATE, IN_DELETE, IN_DELETE_SELF, IN_MOVE_SELF = 0x100, 0x200, 0x400, 0x800
+IN_Q_OVERFLOW, IN_IGNORED, IN_ONLYDIR, IN_ONESHOT = 0x4000, 0x8000, 0x01000000, 0x80000000
+#: A followed file's watch: its writes (a truncation is one too), its removal or renaming.
+FILE_MASK = IN_MODIFY | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONESHOT
+#: A directory's watch: names created, moved in or out, deleted. Not writes (the files' own
+#: watches have those), nor opens and closes, so the followers' own reads wake nobody.
+DIR_MASK = IN_CREATE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR
 
-def _default_observer():
-    """Start and return watchdog's observer for this platform, or ``None`` where it has no
-    native backend.
+
+def _default_backend():
+    """A new inotify instance (``inotify_simple.INotify``: ``add_watch(path, mask) -> wd``,
+    ``rm_watch(wd)``, ``read(timeout=0)`` -> events ``(wd, mask, cookie, name)``, ``fileno()``,
+    ``close()``), or ``None`` where there is no inotify (not Linux).
 
     Raises:
-        OSError: the backend could not start (``EMFILE``: no inotify instance left).
+        OSError: ``EMFILE`` (no inotify instance left for this user), ``ENFILE``.
     """
-    from watchdog.observers import Observer
-    from watchdog.observers.polling import PollingObserver
-
-    if Observer is PollingObserver:  # it would only stat what the followers poll anyway
+    try:
+        from inotify_simple import INotify
+    except ImportError:  # not Linux (the dependency is Linux-only)
         return None
-    observer = Observer()
-    observer.daemon = True
-    observer.name = "tune_magic-notify"
-    observer.start()
-    return observer
-
-
-def _event_filter() -> list:
-    """Event types that can mean new data: writes, new files, files moved into place, removals.
-    Opens and read-only closes (``IN_OPEN``, ``IN_CLOSE_NOWRITE``) are left out of the inotify
-    mask, so the followers' own reads wake nobody."""
-    from watchdog.events import (DirCreatedEvent, DirDeletedEvent, FileCreatedEvent, FileDeletedEvent,
-                                 FileModifiedEvent, FileMovedEvent)
-
-    return [FileModifiedEvent, FileCreatedEvent, FileMovedEvent, FileDeletedEvent, DirCreatedEvent,
-            DirDeletedEvent]
+    return INotify()
 
 
 class Subscription:
@@ -73,7 +82,8 @@ class Subscription:
     Attributes:
         wake: called on the notifier's thread when a followed path changes.
         files: followed files (absolute paths, as given: links are not resolved).
-        dirs: directories any entry of which wakes it (e.g. where a metric file will appear).
+        dirs: directories any name created or moved in which wakes it (e.g. where a metric file
+            will appear).
         wakes: notifications delivered so far.
         closed: True after :meth:`close`.
     """
@@ -83,24 +93,40 @@ class Subscription:
         self.wake = wake
         self.files: frozenset[str] = frozenset()
         self.dirs: frozenset[str] = frozenset()
-        self.needs: frozenset[str] = frozenset()  # directories watched for it
+        #: the directories watched for it: its files' parents and its ``dirs``
+        self.needs: frozenset[str] = frozenset()
         self.wakes = 0
         self.closed = False
 
     def watch(self, files: Iterable[str | os.PathLike] = (), dirs: Iterable[str | os.PathLike] = ()) -> None:
-        """Follow ``files`` (through watches on their parent directories) and any entry of
-        ``dirs``; replaces what was followed. Cheap when nothing changed and no failed watch is
-        due for a retry."""
+        """Follow ``files`` and the names in ``dirs``, replacing what was followed, and re-arm
+        the files' one-shot watches that fired. Call it just before reading the followed files:
+        a write before it is in what is read; a write after it fires the watch again. (A watch
+        the kernel fired whose event the notifier's thread has not read yet still counts as
+        armed: that event is about to wake this subscription, whose next call re-arms it.)
+        No system call and no lock when nothing changed and nothing fired."""
         files = frozenset(os.path.abspath(f) for f in files)
         dirs = frozenset(os.path.abspath(d) for d in dirs)
-        if files != self.files or dirs != self.dirs or self.notifier._retry_due(self.needs):
-            self.notifier._update(self, files, dirs)
+        wds = self.notifier._wds
+        if files == self.files and dirs == self.dirs and all(p in wds for p in files) \
+                and all(d in wds for d in self.needs):
+            return
+        self.notifier._update(self, files, dirs)
+
+    def rearm(self) -> None:
+        """Re-arm the followed files' watches that fired (as :meth:`watch` with the same paths,
+        cheaper: no path to normalise). No system call and no lock when none fired."""
+        wds = self.notifier._wds
+        if all(p in wds for p in self.files) and all(d in wds for d in self.needs):
+            return
+        self.notifier._update(self, self.files, self.dirs)
 
     @property
     def watching(self) -> bool:
-        """Whether every directory it needs has a live watch, so that each local write to a
-        followed file wakes it (``False`` while notification is unavailable for it)."""
-        return self.notifier._watching(self.needs)
+        """Whether a local write to any followed file wakes it: every directory it needs has a
+        watch and no file's watch failed for a reason other than the file not existing yet
+        (``False`` while notification is unavailable for it)."""
+        return self.notifier._watching(self)
 
     def close(self) -> None:
         """Stop following; watches no other subscription needs are removed."""
@@ -111,35 +137,39 @@ class Notifier:
     """A process's file-change notifier. Use :func:`get_notifier`; tests build their own.
 
     Args:
-        observer_factory: returns a started watchdog-style observer (``schedule(handler, path,
-            recursive=, event_filter=)`` returning a handle, ``unschedule(handle)``, ``stop()``,
-            ``join(timeout)``), or ``None`` when the platform has no native backend. It may raise
-            ``OSError`` (e.g. ``EMFILE``); so may ``schedule`` (``ENOSPC``, ``ENOENT``). Such
-            errors are kept in :attr:`failures`, never raised.
+        backend_factory: returns a new inotify instance (see :func:`_default_backend`), or
+            ``None`` where there is none. It may raise ``OSError`` (``EMFILE``: no inotify
+            instance left), and its ``add_watch`` may (``ENOSPC``: no watch left; ``ENOENT``;
+            ``EACCES``). Such errors are kept in :attr:`failures`, never raised.
         clock: monotonic seconds, for the retry delays.
+        debounce_s: seconds from the first event of a burst to reading it (at most 0.05).
 
     Attributes:
-        failures: ``{directory: OSError}`` for watches that could not be added or were lost
-            (``""``: the backend itself could not start), until a retry succeeds.
+        failures: ``{path: OSError}`` for watches that could not be added or were lost (``""``:
+            the backend itself could not start), until a retry succeeds.
+        reads: bursts read from the kernel so far.
     """
 
-    def __init__(self, observer_factory: Callable[[], object] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
-        self._factory = observer_factory or _default_observer
+    def __init__(self, backend_factory: Callable[[], object] | None = None,
+                 clock: Callable[[], float] = time.monotonic, debounce_s: float = DEBOUNCE_S):
+        self._factory = backend_factory or _default_backend
         self._clock = clock
+        self.debounce_s = min(max(debounce_s, 0.0), 0.05)
         self._lock = threading.Lock()
-        self._observer = None
+        self._ino = None
+        self._thread: threading.Thread | None = None
+        self._stop_w: int | None = None  # write end of the pipe that stops the reader thread
         self._no_backend = False
-        self._handles: dict[str, object] = {}  # directory -> the observer's handle of its watch
-        self._holders: dict[str, set[Subscription]] = {}  # directory -> subscriptions needing it
+        self._holders: dict[str, set[Subscription]] = {}  # watched path -> subscriptions needing it
+        self._is_dir: dict[str, bool] = {}
+        self._wds: dict[str, int] = {}  # path -> its armed watch descriptor (read without the lock)
+        self._paths_by_wd: dict[int, set[str]] = {}
         self.failures: dict[str, OSError] = {}
         self._failed_at: dict[str, float] = {}
-        self._lost: list[str] = []  # watched directories deleted; released by the next update
         self._subs: set[Subscription] = set()
-        # Dispatch reads this without the lock (swapped whole under it): watchdog calls handlers
-        # holding its own lock, and _update holds ours while calling watchdog.
+        self.reads = 0
+        # read by the reader thread without the lock; replaced whole under it
         self._routes: dict[str, tuple[Subscription, ...]] = {}
-        self._handler = None
 
     # -- subscriptions ------------------------------------------------------------------------
 
@@ -160,50 +190,56 @@ class Notifier:
     def watches(self) -> dict[str, int]:
         """``{directory: subscriptions sharing its watch}`` for the directories watched now."""
         with self._lock:
-            return {d: len(self._holders.get(d, ())) for d in self._handles}
+            return {p: len(self._holders[p]) for p in self._wds if self._is_dir.get(p)}
+
+    @property
+    def armed(self) -> set[str]:
+        """Followed files whose one-shot watch is armed (it has not fired since it was re-armed)."""
+        with self._lock:
+            return {p for p in self._wds if not self._is_dir.get(p)}
 
     @property
     def running(self) -> bool:
-        """Whether the backend is started (it stops when the last watch is released)."""
-        return self._observer is not None
+        """Whether the inotify instance and its thread exist (they go with the last watch)."""
+        return self._ino is not None
+
+    def _watching(self, sub: Subscription) -> bool:
+        with self._lock:
+            needs = sub.needs
+            return (bool(needs) and all(d in self._wds for d in needs)
+                    and not any(f in self.failures and not isinstance(self.failures[f], FileNotFoundError)
+                                for f in sub.files))
 
     def _update(self, sub: Subscription, files: frozenset, dirs: frozenset, closing: bool = False) -> None:
         stop = None
         with self._lock:
             if sub.closed:
                 return
-            self._drop_lost()
-            needs = frozenset(os.path.dirname(f) for f in files) | dirs
-            for d in sub.needs - needs:
-                holders = self._holders.get(d)
+            old = sub.files | sub.needs
+            sub.files, sub.dirs = files, dirs
+            sub.needs = frozenset(os.path.dirname(f) for f in files) | dirs
+            new = files | sub.needs
+            for p in old - new:
+                holders = self._holders.get(p)
                 if holders is not None:
                     holders.discard(sub)
                     if not holders:
-                        del self._holders[d]
-                        self._release(d)
-            for d in needs:
-                self._holders.setdefault(d, set()).add(sub)
-            sub.files, sub.dirs, sub.needs = files, dirs, needs
+                        del self._holders[p]
+                        self._release(p)
+            for p in new:
+                self._holders.setdefault(p, set()).add(sub)
+                self._is_dir[p] = p not in files
             if closing:
                 sub.closed = True
                 self._subs.discard(sub)
-            for d in needs:
-                if d not in self._handles:
-                    self._acquire(d)
-            self._routes = {d: tuple(h) for d, h in self._holders.items()}
-            if not self._handles and self._observer is not None:
-                stop, self._observer = self._observer, None
+            for p in new:
+                if p not in self._wds:  # a directory's watch lasts; a file's, until it fires
+                    self._arm(p, is_dir=p not in files)
+            self._routes = {p: tuple(h) for p, h in self._holders.items()}
+            if not self._holders and self._ino is not None:
+                stop = self._detach()
         if stop is not None:
-            _stop(stop)
-
-    def _retry_due(self, needs: frozenset) -> bool:
-        if not self._failed_at and not self._lost:
-            return False
-        return bool(self._lost) or any(d in self._failed_at and self._due(d) for d in (*needs, ""))
-
-    def _watching(self, needs: frozenset) -> bool:
-        with self._lock:
-            return bool(needs) and all(d in self._handles and d not in self._lost for d in needs)
+            stop()
 
     # -- watches (the lock is held) -----------------------------------------------------------
 
@@ -211,8 +247,10 @@ class Notifier:
         t = self._failed_at.get(key)
         if t is None or self._clock() - t >= RETRY_S:
             return True
-        # a directory that was missing is tried again as soon as it exists (one stat)
-        return isinstance(self.failures.get(key), FileNotFoundError) and os.path.isdir(key)
+        # missing: tried again as soon as it exists (a file: at once, its directory's watch
+        # reports it when it appears)
+        exc = self.failures.get(key)
+        return key != "" and isinstance(exc, FileNotFoundError) and (not self._is_dir.get(key) or os.path.isdir(key))
 
     def _fail(self, key: str, exc: OSError) -> None:
         self.failures[key] = exc
@@ -222,89 +260,155 @@ class Notifier:
         self.failures.pop(key, None)
         self._failed_at.pop(key, None)
 
-    def _acquire(self, d: str) -> None:
-        if not self._due(d):
+    def _arm(self, p: str, is_dir: bool) -> None:
+        if not self._due(p):
             return
-        observer = self._start_observer()
-        if observer is None:
+        ino = self._attach()
+        if ino is None:
             return
         try:
-            self._handles[d] = observer.schedule(self._get_handler(), d, recursive=False,
-                                                 event_filter=_event_filter())
+            wd = ino.add_watch(p, DIR_MASK if is_dir else FILE_MASK)
         except OSError as exc:  # ENOENT (not there yet), ENOSPC (no inotify watch left), EACCES
-            self._fail(d, exc)
-        else:
-            self._ok(d)
+            self._fail(p, exc)
+            old = self._wds.get(p)
+            if old is not None:
+                self._forget(p, old)
+            return
+        self._ok(p)
+        old = self._wds.get(p)
+        if old is not None and old != wd:  # the old watch fired, or followed a replaced file
+            self._forget(p, old)
+        self._wds[p] = wd
+        self._paths_by_wd.setdefault(wd, set()).add(p)
 
-    def _release(self, d: str) -> None:
-        self._ok(d)
-        handle = self._handles.pop(d, None)
-        if handle is not None and self._observer is not None:
+    def _forget(self, p: str, wd: int) -> None:
+        if self._wds.get(p) == wd:
+            del self._wds[p]
+        paths = self._paths_by_wd.get(wd)
+        if paths is not None:
+            paths.discard(p)
+            if not paths:
+                del self._paths_by_wd[wd]
+
+    def _release(self, p: str) -> None:
+        self._ok(p)
+        self._is_dir.pop(p, None)
+        wd = self._wds.get(p)
+        if wd is None:
+            return
+        self._forget(p, wd)
+        # two spellings of one file or directory (a link) share the kernel's watch
+        if wd not in self._paths_by_wd and self._ino is not None:
             try:
-                self._observer.unschedule(handle)
-            except (KeyError, OSError):  # already gone
+                self._ino.rm_watch(wd)
+            except OSError:  # EINVAL: it fired (one-shot) or its file went meanwhile
                 pass
 
-    def _drop_lost(self) -> None:
-        while self._lost:
-            d = self._lost.pop()
-            if d in self._handles:
-                self._release(d)
-                self._fail(d, FileNotFoundError(2, "watched directory was deleted", d))
-
-    def _start_observer(self):
-        if self._observer is None and not self._no_backend and self._due(""):
+    def _attach(self):
+        """The inotify instance, made (with its reader thread) on first need."""
+        if self._ino is None and not self._no_backend and self._due(""):
             try:
-                self._observer = self._factory()
+                ino = self._factory()
             except OSError as exc:  # EMFILE: no inotify instance left for this user
                 self._fail("", exc)
                 return None
             self._ok("")
-            self._no_backend = self._observer is None
-        return self._observer
+            if ino is None:  # no inotify on this platform: never retry
+                self._no_backend = True
+                return None
+            stop_r, self._stop_w = os.pipe()
+            self._ino = ino
+            self._thread = threading.Thread(target=self._reader, args=(ino, stop_r), name="tune_magic-notify",
+                                            daemon=True)
+            self._thread.start()
+        return self._ino
+
+    def _detach(self) -> Callable[[], None]:
+        """Forget the inotify instance; return what stops its thread (to call without the lock:
+        the thread closes the instance itself once it is out of ``poll``)."""
+        thread, stop_w = self._thread, self._stop_w
+        self._ino = self._thread = self._stop_w = None
+        self._wds.clear()
+        self._paths_by_wd.clear()
+
+        def stop() -> None:
+            try:
+                os.write(stop_w, b"x")
+            finally:
+                os.close(stop_w)
+            if thread is not threading.current_thread():
+                thread.join(2.0)
+
+        return stop
 
     def close(self) -> None:
-        """Close every subscription and stop the backend."""
+        """Close every subscription and stop the reader thread."""
         for sub in list(self._subs):
             sub.close()
         with self._lock:
-            stop, self._observer = self._observer, None
-            self._handles.clear()
+            stop = self._detach() if self._ino is not None else None
         if stop is not None:
-            _stop(stop)
+            stop()
 
     # -- events -------------------------------------------------------------------------------
 
-    def _get_handler(self):
-        if self._handler is None:
-            from watchdog.events import FileSystemEventHandler
+    def _reader(self, ino, stop_r: int) -> None:
+        poller = select.poll()
+        poller.register(ino.fileno(), select.POLLIN)
+        poller.register(stop_r, select.POLLIN)
+        try:
+            while True:
+                if any(fd == stop_r for fd, _ in poller.poll()):
+                    return
+                time.sleep(self.debounce_s)  # let the rest of the burst land
+                events = ino.read(timeout=0)
+                self.reads += 1
+                self._dispatch_events(events)
+        except Exception:  # closed under us, or a failure of the backend: the followers poll on
+            return
+        finally:
+            os.close(stop_r)
+            try:
+                ino.close()
+            except OSError:
+                pass
 
-            dispatch = self.dispatch
+    def _dispatch_events(self, events) -> None:
+        paths: set[str] = set()
+        overflow = False
+        with self._lock:
+            for wd, mask, _cookie, name in events:
+                if mask & IN_Q_OVERFLOW:  # the kernel dropped events: anyone may have missed one
+                    overflow = True
+                    continue
+                for p in list(self._paths_by_wd.get(wd, ())):
+                    if self._is_dir.get(p):
+                        if mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF):
+                            self._forget(p, wd)  # gone (or renamed): added again when it exists
+                            self._fail(p, FileNotFoundError(errno.ENOENT, "watched directory went", p))
+                    else:
+                        self._forget(p, wd)  # one-shot: fired (IN_IGNORED follows)
+                    if not mask & IN_IGNORED:
+                        paths.add(os.path.join(p, name) if name else p)
+        if overflow:
+            self.wake_all()
+        elif paths:
+            self.dispatch(*paths)
 
-            class _Handler(FileSystemEventHandler):
-                def dispatch(self, event) -> None:  # every event, without watchdog's per-type calls
-                    dispatch(event.src_path, getattr(event, "dest_path", ""),
-                             deleted_dir=event.is_directory and event.event_type == "deleted")
-
-            self._handler = _Handler()
-        return self._handler
-
-    def dispatch(self, src: str | bytes, dest: str | bytes = "", *, deleted_dir: bool = False) -> int:
-        """Wake the subscriptions following ``src`` or ``dest`` (a move's target), or the
-        directory either is in. Called by the backend for each event; public so that tests (or
-        another backend) can feed events.
+    def dispatch(self, *paths: str | bytes) -> int:
+        """Wake, once each, the subscriptions that follow one of ``paths`` (a file, or a name in
+        a followed directory). Called by the reader thread for each burst; public so that tests
+        (or another backend) can feed events.
 
         Returns:
             How many subscriptions were woken.
         """
         routes = self._routes
         woken = set()
-        for p in (src, dest):
-            if not p:
-                continue
+        for p in paths:
             p = os.fsdecode(p)
-            if deleted_dir and p in routes:
-                self._lost.append(p)  # its watch died with it; the next update re-adds it
+            for sub in routes.get(p, ()):  # a followed file, or a followed directory itself
+                woken.add(sub)
             parent = os.path.dirname(p)
             for sub in routes.get(parent, ()):
                 if p in sub.files or parent in sub.dirs:
@@ -314,13 +418,13 @@ class Notifier:
             sub.wake()
         return len(woken)
 
-
-def _stop(observer) -> None:
-    try:
-        observer.stop()
-        observer.join(2.0)
-    except Exception:  # it is dropped either way; a daemon thread cannot outlive the process
-        pass
+    def wake_all(self) -> int:
+        """Wake every subscription (the kernel's event queue overflowed). Returns how many."""
+        subs = {s for holders in self._routes.values() for s in holders}
+        for sub in subs:
+            sub.wakes += 1
+            sub.wake()
+        return len(subs)
 
 
 _NOTIFIER: Notifier | None = None
@@ -328,8 +432,8 @@ _NOTIFIER_LOCK = threading.Lock()
 
 
 def get_notifier() -> Notifier:
-    """Return this process's notifier, made on first use. Its backend starts with the first
-    watch and stops when the last one is released."""
+    """Return this process's notifier, made on first use. Its inotify instance and thread start
+    with the first watch and stop when the last one is released."""
     global _NOTIFIER
     with _NOTIFIER_LOCK:
         if _NOTIFIER is None:

@@ -96,18 +96,19 @@ class JobWatcher:
 
     With ``notify`` (the default) the watcher waits for "a followed file changed or the interval
     elapsed": a file-change notification (:mod:`tune_magic.notify`, inotify) wakes it early, so a
-    new loss reaches the sink about ``debounce_s`` after it was written, and it still polls at
-    least every ``max_interval_s`` whatever notification says, because inotify never reports
+    new loss reaches the sink about the notifier's debounce (20 ms) after it was written, and it
+    still polls at least every ``max_interval_s`` whatever notification says, because inotify never reports
     writes made on another node of a network filesystem (NFS, Lustre) and may be unavailable
     (no inotify instance or watch left): both fall back to polling silently. When polls keep
     finding writes that no notification announced (such a filesystem), it polls on the
     ``notify=False`` schedule until a notification comes again.
 
-    Woken polls are spaced at least ``interval_s`` apart; while the job writes faster than that
-    (a notification is already waiting when a poll ends), the spacing grows x1.5 a poll up to
-    ``2 * interval_s``, so a chatty job costs fewer polls, and goes back to ``interval_s`` once the
-    job is quiet for a while. A poll that finds the log, the metric file and the record as they
-    were (one ``stat`` each) reads nothing.
+    Woken polls are spaced at least ``interval_s`` apart, and ``2 * interval_s`` apart while the
+    job is chatty (it wrote again within ``interval_s / 2`` of a poll that answered a notification
+    at once) until it is quiet for ``interval_s`` after a poll: a job writing hundreds of lines a
+    second costs two polls a second, one writing a loss every few seconds is shown within the
+    notifier's debounce. A poll that finds the log, the metric file and the record as they were
+    (one ``stat`` each) reads nothing.
 
     Args:
         job: the job to follow.
@@ -123,8 +124,6 @@ class JobWatcher:
             almost nothing; any change brings it back to ``interval_s``.
         notify: wait for file-change notifications (True), or only poll (False: the behaviour
             before notification existed, reading the logs on every poll; the benchmarks' anchor).
-        debounce_s: seconds a woken watcher waits for the rest of a burst of writes (a progress
-            redraw and a metric line) before polling (at most 0.05).
         notifier: the :class:`tune_magic.notify.Notifier` to use (default: the process's one).
     """
 
@@ -134,8 +133,7 @@ class JobWatcher:
 
     def __init__(self, job: Job, sink: Callable[[JobSnapshot], None] | None = None, *,
                  interval_s: float = 0.25, tail_lines: int = 20, max_points: int = 2000,
-                 max_interval_s: float = 1.0, notify: bool = True, debounce_s: float = 0.025,
-                 notifier=None):
+                 max_interval_s: float = 1.0, notify: bool = True, notifier=None):
         self.job = job
         self.sink = sink
         self.interval_s = interval_s
@@ -143,12 +141,12 @@ class JobWatcher:
         self.max_points = max_points
         self.max_interval_s = max(max_interval_s, interval_s)
         self.notify = notify
-        self.debounce_s = min(max(debounce_s, 0.0), 0.05)
         self.notifier = notifier
         self.changed = False  # whether the last poll found something new
         self.polls = 0  #: polls done
         self.woken = 0  #: polls started by a notification
         self.missed = 0  #: polls since the last notification that found writes none announced
+        self.fast = False  #: the job writes more than twice an interval: woken polls are 2 intervals apart
         self.subscription = None  #: the notifier subscription while the thread runs (notify=True)
         r = job.record
         self.follower = JobMetricsFollower(r.log_path, log_dir=r.metric_log_dir, started_after=r.started_at - 1,
@@ -163,6 +161,8 @@ class JobWatcher:
         self._curve: tuple | None = None  # (steps, losses, step, loss) of the last snapshot
         self._seen: tuple | None = None  # identity of the record and the files at the last read
         self.files_changed = False  #: whether the last poll found a followed file changed
+        self._followed_key: tuple | None = None  # (metric file, metric dir) the subscription follows
+        self._followed: tuple[list, list] = ([], [])
 
     def poll_once(self) -> JobSnapshot:
         """Read what is new, return the snapshot, and hand it to the sink if it changed."""
@@ -231,17 +231,25 @@ class JobWatcher:
         sub = self.subscription
         return sub is not None and sub.watching and self.missed < self.BLIND_AFTER
 
-    def _follow(self) -> None:
-        """Point the subscription at the files the follower reads now (the metric file becomes
-        known, or its directory appears, after the job started)."""
+    def _follow(self) -> bool:
+        """Point the subscription at the files the follower reads now and re-arm their watches
+        (call just before reading). Returns whether that set changed (the metric file became
+        known after the job started; until then, names appearing in its directory wake)."""
         f = self.follower
-        files = [self.job.log_path, self._record_path]
-        dirs = []
-        if f.metrics_path is not None:
-            files.append(f.metrics_path)
-        elif f.log_dir is not None:
-            dirs.append(f.log_dir)
-        self.subscription.watch(files, dirs)
+        key = (f.metrics_path, f.log_dir)
+        if key != self._followed_key:
+            files = [self.job.log_path, self._record_path]
+            dirs = []
+            if f.metrics_path is not None:
+                files.append(f.metrics_path)
+            elif f.log_dir is not None:
+                dirs.append(f.log_dir)
+            self._followed = (files, dirs)
+            self._followed_key = key
+            self.subscription.watch(*self._followed)
+            return True
+        self.subscription.rearm()
+        return False
 
     def _run(self) -> None:
         if self.notify:
@@ -255,14 +263,18 @@ class JobWatcher:
                 self.subscription.close()
 
     def _loop(self) -> None:
-        delay = gap = self.interval_s
+        delay = self.interval_s
         woken, first = False, True
+        clean = False  # the last poll answered a notification at once: what came next paces the job
+        sub = self.subscription
         while not self._stop.is_set():
             started = time.monotonic()
             self._wake.clear()  # a write during the poll sets it again: the next wait ends at once
             try:
+                if sub is not None:
+                    self._follow()  # re-arm before reading: no write falls between
                 self.poll_once()
-                if self.subscription is not None:
+                if sub is not None and self._follow_changed():
                     self._follow()
             except Exception:  # a view must never kill the watcher; the next poll retries
                 pass
@@ -270,7 +282,7 @@ class JobWatcher:
                 return
             if woken:
                 self.missed = 0
-            elif self.files_changed and self.subscription is not None and not first:
+            elif self.files_changed and sub is not None and not first:
                 self.missed += 1  # written, yet nothing woke us since the last notification
             first = False
             delay = self.interval_s if self.changed else min(delay * 1.5, self.max_interval_s)
@@ -278,18 +290,22 @@ class JobWatcher:
             if self._stop.is_set():
                 return
             if not woken:
-                gap = self.interval_s
+                clean = False
                 continue
             self.woken += 1
-            # let the rest of the burst (progress redraw, metric line, more log lines) land
-            self._stop.wait(self.debounce_s)
-            hold = started + gap - time.monotonic()
-            if hold > 0:
-                # the job writes faster than the card refreshes: coalesce, and space polls more
-                self._stop.wait(hold)
-                gap = min(gap * 1.5, 2 * self.interval_s)
-            else:
-                gap = self.interval_s
+            since = time.monotonic() - started
+            if since >= self.interval_s:
+                self.fast = False  # quiet for a whole interval after a poll: not a chatty job
+            elif clean and since < self.interval_s / 2:
+                self.fast = True  # it wrote again within half an interval of being read
+            hold = started + self.interval_s * (2 if self.fast else 1) - time.monotonic()
+            clean = hold <= 0
+            if not clean:
+                self._stop.wait(hold)  # coalesce: at most one poll per interval (two while fast)
+
+    def _follow_changed(self) -> bool:
+        f = self.follower
+        return (f.metrics_path, f.log_dir) != self._followed_key
 
     def start(self) -> "JobWatcher":
         """Start the daemon thread ``tune_magic-watch-<job id>``; return self."""
