@@ -356,3 +356,20 @@ def test_a_notified_poll_that_finds_nothing_changed_reads_nothing(tmp_path):
     old.follower.poll = lambda: old_calls.append(1) or real_old()
     old.poll_once()
     assert old_calls == [1] and old.subscription is None
+
+
+def test_a_replaced_record_is_shown_without_waiting_for_the_poll_spacing(tmp_path):
+    n = notify.Notifier(DeafBackend)
+    job = pending_job(tmp_path)
+    snaps = []
+    # woken polls are spaced interval_s apart: a log write now would wait an hour
+    w = JobWatcher(job, snaps.append, notifier=n, interval_s=3600, max_interval_s=3600).start()
+    try:
+        wait_for(lambda: w.polls == 1 and w.subscription.watching, what="the first poll")
+        jobstore.update(job.dir, status="stopped", ended_at=time.time(), returncode=-15)
+        assert n.dispatch(os.path.join(job.dir, jobstore.RECORD)) == 1
+        wait_for(lambda: w.polls == 2, what="the poll the record change brings")
+        assert snaps[-1].status == "stopped" and w.finished
+    finally:
+        w.stop()
+        n.close()

@@ -97,6 +97,13 @@ class Subscription:
         self.needs: frozenset[str] = frozenset()
         self.wakes = 0
         self.closed = False
+        self._woken_by: set[str] = set()
+
+    def take_woken_by(self) -> set[str]:
+        """The paths whose changes woke it since the last call (followed files, or names in its
+        directories), and forget them."""
+        taken, self._woken_by = self._woken_by, set()
+        return taken
 
     def watch(self, files: Iterable[str | os.PathLike] = (), dirs: Iterable[str | os.PathLike] = ()) -> None:
         """Follow ``files`` and the names in ``dirs``, replacing what was followed, and re-arm
@@ -407,12 +414,12 @@ class Notifier:
         woken = set()
         for p in paths:
             p = os.fsdecode(p)
-            for sub in routes.get(p, ()):  # a followed file, or a followed directory itself
-                woken.add(sub)
+            hit = set(routes.get(p, ()))  # a followed file, or a followed directory itself
             parent = os.path.dirname(p)
-            for sub in routes.get(parent, ()):
-                if p in sub.files or parent in sub.dirs:
-                    woken.add(sub)
+            hit.update(sub for sub in routes.get(parent, ()) if p in sub.files or parent in sub.dirs)
+            for sub in hit:
+                sub._woken_by.add(p)
+            woken |= hit
         for sub in woken:
             sub.wakes += 1
             sub.wake()

@@ -104,10 +104,10 @@ class JobWatcher:
     ``notify=False`` schedule until a notification comes again.
 
     Woken polls are spaced at least ``interval_s`` apart, and ``2 * interval_s`` apart while the
-    job is chatty (it wrote again within ``interval_s / 2`` of a poll that answered a notification
-    at once) until it is quiet for ``interval_s`` after a poll: a job writing hundreds of lines a
-    second costs two polls a second, one writing a loss every few seconds is shown within the
-    notifier's debounce. A poll that finds the log, the metric file and the record as they were
+    job is chatty (three notifications in a row came within ``interval_s / 2`` of the poll before)
+    until it is quiet for ``interval_s`` after a poll: a job writing hundreds of lines a second
+    costs two polls a second, one writing a loss every few seconds is shown within the notifier's
+    debounce. A replaced record (the job ended, failed or was stopped) is shown at once. A poll that finds the log, the metric file and the record as they were
     (one ``stat`` each) reads nothing.
 
     Args:
@@ -146,7 +146,7 @@ class JobWatcher:
         self.polls = 0  #: polls done
         self.woken = 0  #: polls started by a notification
         self.missed = 0  #: polls since the last notification that found writes none announced
-        self.fast = False  #: the job writes more than twice an interval: woken polls are 2 intervals apart
+        self.fast = False  #: the job is chatty: woken polls are 2 intervals apart
         self.subscription = None  #: the notifier subscription while the thread runs (notify=True)
         r = job.record
         self.follower = JobMetricsFollower(r.log_path, log_dir=r.metric_log_dir, started_after=r.started_at - 1,
@@ -265,7 +265,7 @@ class JobWatcher:
     def _loop(self) -> None:
         delay = self.interval_s
         woken, first = False, True
-        clean = False  # the last poll answered a notification at once: what came next paces the job
+        short = 0  # notifications in a row that came within interval_s / 2 of the poll before
         sub = self.subscription
         while not self._stop.is_set():
             started = time.monotonic()
@@ -290,17 +290,19 @@ class JobWatcher:
             if self._stop.is_set():
                 return
             if not woken:
-                clean = False
+                short = 0
                 continue
             self.woken += 1
             since = time.monotonic() - started
+            short = short + 1 if since < self.interval_s / 2 else 0
             if since >= self.interval_s:
                 self.fast = False  # quiet for a whole interval after a poll: not a chatty job
-            elif clean and since < self.interval_s / 2:
-                self.fast = True  # it wrote again within half an interval of being read
+            elif short >= 3:
+                self.fast = True  # it wrote again within half an interval of each of 3 polls
+            if self._record_path in sub.take_woken_by():
+                continue  # the job's state changed (it ended, failed, was stopped): show it now
             hold = started + self.interval_s * (2 if self.fast else 1) - time.monotonic()
-            clean = hold <= 0
-            if not clean:
+            if hold > 0:
                 self._stop.wait(hold)  # coalesce: at most one poll per interval (two while fast)
 
     def _follow_changed(self) -> bool:
