@@ -107,7 +107,9 @@ class JobWatcher:
     job is chatty (three notifications in a row came within ``interval_s / 2`` of the poll before)
     until it is quiet for ``interval_s`` after a poll: a job writing hundreds of lines a second
     costs two polls a second, one writing a loss every few seconds is shown within the notifier's
-    debounce. A replaced record (the job ended, failed or was stopped) is shown at once. A poll that finds the log, the metric file and the record as they were
+    debounce. A replaced record (the job ended, failed or was stopped) is shown at once. While
+    nothing wakes it, it polls on the wall clock's whole seconds, so the idle cards of a process
+    wake together. A poll that finds the log, the metric file and the record as they were
     (one ``stat`` each) reads nothing.
 
     Args:
@@ -286,7 +288,15 @@ class JobWatcher:
                 self.missed += 1  # written, yet nothing woke us since the last notification
             first = False
             delay = self.interval_s if self.changed else min(delay * 1.5, self.max_interval_s)
-            woken = self._wake.wait(self.max_interval_s if self.trusting_notifications else delay)
+            if not self.trusting_notifications:
+                timeout = delay
+            elif woken or first:
+                timeout = self.max_interval_s
+            else:
+                # idle: poll on the wall clock's whole seconds, so that the idle cards of a process
+                # wake together rather than each on its own
+                timeout = self.max_interval_s - time.time() % self.max_interval_s
+            woken = self._wake.wait(timeout)
             if self._stop.is_set():
                 return
             if not woken:
