@@ -8,7 +8,7 @@ file-change notification, polling at least once a second) and today's polling ca
 (``notify=False``: a poll every 0.25 s, backing off to 1 s while nothing changes), never both at
 once, in the order notified, polling, polling, notified (half a window each, after a 3 s warm-up),
 on the same 4 jobs. Measured: this process's CPU time (user + system, all threads, so the
-notifier's threads count; ``psutil``). The anchor is the polling cards; 4 ``tail -n 0 -F``
+notifier's thread counts; ``time.process_time``, nanoseconds). The anchor is the polling cards; 4 ``tail -n 0 -F``
 processes, one per job on the same two files (combined log + DiskLogger file), output to
 ``/dev/null``, are reported beside, and so are the jobs' supervisors (tune_magic's per-job cost
 outside the kernel).
@@ -19,7 +19,6 @@ kernel also pays for sending comm messages (not measured here).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import threading
 import time
