@@ -56,6 +56,13 @@ def pending_job(root: Path, job_id: str = "20990101-000000-notif1") -> Job:
     return Job(d)
 
 
+def following(w: JobWatcher) -> bool:
+    """Whether ``w``'s first poll is over and its subscription follows the metric file it found."""
+    sub, metric = w.subscription, w.follower.metrics_path
+    return (w._last is not None and sub is not None and sub.watching and metric is not None
+            and str(metric) in sub.files)
+
+
 def append(path, text: str) -> None:
     with open(path, "a") as f:
         f.write(text)
@@ -282,7 +289,8 @@ def test_a_notification_wakes_the_watcher_before_its_interval(tmp_path):
     # an interval no test waits for: only a notification can bring the second poll
     w = JobWatcher(job, snaps.append, notifier=n, interval_s=0.05, max_interval_s=3600).start()
     try:
-        wait_for(lambda: w.polls == 1 and w.subscription.watching, what="the first poll")
+        wait_for(lambda: following(w), what="the first poll")
+        assert w.polls == 1
         append(w.follower.metrics_path, metric_line(2))
         assert n.dispatch(str(w.follower.metrics_path)) == 1
         wait_for(lambda: w.polls == 2, what="the notified poll")
@@ -301,8 +309,7 @@ def test_watchers_share_the_process_notifier_and_release_their_watches_on_stop(t
     shared = notify.get_notifier()
     cards = [JobCard(job), JobCard(job), JobCard(other)]
     try:
-        wait_for(lambda: all(c.watcher.subscription is not None and c.watcher.subscription.watching for c in cards),
-                 what="the cards to watch")
+        wait_for(lambda: all(following(c.watcher) for c in cards), what="the cards to follow their metric files")
         assert all(c.watcher.subscription.notifier is shared for c in cards)
         metric_dir = str(Path(cards[0].watcher.follower.metrics_path).parent)
         watches = shared.watches
@@ -365,7 +372,8 @@ def test_a_replaced_record_is_shown_without_waiting_for_the_poll_spacing(tmp_pat
     # woken polls are spaced interval_s apart: a log write now would wait an hour
     w = JobWatcher(job, snaps.append, notifier=n, interval_s=3600, max_interval_s=3600).start()
     try:
-        wait_for(lambda: w.polls == 1 and w.subscription.watching, what="the first poll")
+        wait_for(lambda: following(w), what="the first poll")
+        assert w.polls == 1
         jobstore.update(job.dir, status="stopped", ended_at=time.time(), returncode=-15)
         assert n.dispatch(os.path.join(job.dir, jobstore.RECORD)) == 1
         wait_for(lambda: w.polls == 2, what="the poll the record change brings")
