@@ -63,6 +63,8 @@ class JobCard(widgets.VBox):
         watch: start the watcher thread now (default True).
         interval_s: seconds between refreshes (at most a few per second).
         tail_lines: log lines shown.
+        notify: refresh when the job's files change (file-change notification, polling at least
+            once a second), or only poll every ``interval_s`` (False); see :class:`JobWatcher`.
     """
 
     _by_job: "weakref.WeakValueDictionary[str, JobCard]" = weakref.WeakValueDictionary()
@@ -72,7 +74,8 @@ class JobCard(widgets.VBox):
         """Return the most recent live card of ``job_id`` in this process, if any."""
         return cls._by_job.get(job_id)
 
-    def __init__(self, job: Job, *, watch: bool = True, interval_s: float = 0.25, tail_lines: int = 15):
+    def __init__(self, job: Job, *, watch: bool = True, interval_s: float = 0.25, tail_lines: int = 15,
+                 notify: bool = True):
         self.job = job
         self.error = widgets.HTML(layout=widgets.Layout(display="none"))
         self.header = widgets.HTML()
@@ -86,7 +89,7 @@ class JobCard(widgets.VBox):
         super().__init__(children=[self.error, self.header, self.progress, self.chart, self.log_tail, self.stop_button],
                          layout=widgets.Layout(border="1px solid #ddd", padding="6px"))
         self.add_class("tune-magic-card")
-        self.watcher = JobWatcher(job, self.update, interval_s=interval_s, tail_lines=tail_lines)
+        self.watcher = JobWatcher(job, self.update, interval_s=interval_s, tail_lines=tail_lines, notify=notify)
         JobCard._by_job[job.id] = self
         if watch:
             self.watcher.start()

@@ -8,6 +8,7 @@ browser however fast the job writes.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -17,6 +18,7 @@ from typing import Callable
 from .follow import JobMetricsFollower
 from .gpus import gpus_label
 from .jobctl import Job
+from .jobstore import RECORD
 
 #: Metric plotted by the views.
 LOSS = "loss"
@@ -95,88 +97,233 @@ class JobSnapshot:
 class JobWatcher:
     """Follow a job's log and metric file; call ``sink(snapshot)`` when something changed.
 
+    With ``notify`` (the default) the watcher waits for "a followed file changed or the interval
+    elapsed": a file-change notification (:mod:`tune_magic.notify`, inotify) wakes it early, so a
+    new loss reaches the sink about the notifier's debounce (20 ms) after it was written, and it
+    still polls at least every ``max_interval_s`` whatever notification says, because inotify never reports
+    writes made on another node of a network filesystem (NFS, Lustre) and may be unavailable
+    (no inotify instance or watch left): both fall back to polling silently. When polls keep
+    finding writes that no notification announced (such a filesystem), it polls on the
+    ``notify=False`` schedule until a notification comes again.
+
+    Woken polls are spaced at least ``interval_s`` apart, and ``2 * interval_s`` apart while the
+    job is chatty (three notifications in a row came within ``interval_s / 2`` of the poll before)
+    until it is quiet for ``interval_s`` after a poll: a job writing hundreds of lines a second
+    costs two polls a second, one writing a loss every few seconds is shown within the notifier's
+    debounce. A replaced record (the job ended, failed or was stopped) is shown at once. While
+    nothing wakes it, it polls on the wall clock's whole seconds, so the idle cards of a process
+    wake together. A poll that finds the log, the metric file and the record as they were
+    (one ``stat`` each) reads nothing.
+
     Args:
         job: the job to follow.
         sink: called with each new :class:`JobSnapshot`, from the watcher thread (or from the
             caller of :meth:`poll_once`). It must only set widget traits.
-        interval_s: seconds between polls (default 0.25: at most 4 updates a second).
+        interval_s: seconds between polls without notification, and the least spacing of woken
+            polls (default 0.25: at most 4 updates a second).
         tail_lines: log lines kept in snapshots.
         max_points: most points of the loss curve handed to a chart (older ones thinned; the full
             series stays on disk).
-        max_interval_s: while nothing changes the poll interval backs off (x1.5 a poll) up to this,
-            so idle jobs cost almost nothing; any change brings it back to ``interval_s``.
+        max_interval_s: the longest wait between two polls (seconds). Without notification the
+            interval backs off (x1.5 a poll) up to this while nothing changes, so idle jobs cost
+            almost nothing; any change brings it back to ``interval_s``.
+        notify: wait for file-change notifications (True), or only poll (False: the behaviour
+            before notification existed, reading the logs on every poll; the benchmarks' anchor).
+        notifier: the :class:`tune_magic.notify.Notifier` to use (default: the process's one).
     """
+
+    #: Polls that found writes no notification announced, since the last notification, before
+    #: the watcher stops trusting notifications for this job (its files are on a network filesystem).
+    BLIND_AFTER = 2
 
     def __init__(self, job: Job, sink: Callable[[JobSnapshot], None] | None = None, *,
                  interval_s: float = 0.25, tail_lines: int = 20, max_points: int = 2000,
-                 max_interval_s: float = 1.0):
+                 max_interval_s: float = 1.0, notify: bool = True, notifier=None):
         self.job = job
         self.sink = sink
         self.interval_s = interval_s
         self.tail_lines = tail_lines
         self.max_points = max_points
         self.max_interval_s = max(max_interval_s, interval_s)
+        self.notify = notify
+        self.notifier = notifier
         self.changed = False  # whether the last poll found something new
+        self.polls = 0  #: polls done
+        self.woken = 0  #: polls started by a notification
+        self.missed = 0  #: polls since the last notification that found writes none announced
+        self.fast = False  #: the job is chatty: woken polls are 2 intervals apart
+        self.subscription = None  #: the notifier subscription while the thread runs (notify=True)
         r = job.record
         self.follower = JobMetricsFollower(r.log_path, log_dir=r.metric_log_dir, started_after=r.started_at - 1,
+                                           rank_log_dir=r.rank_log_dir,
                                            max_lines=max(tail_lines, 1), cwd=r.cwd)
+        self._record_path = os.path.join(str(job.dir), RECORD)
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._poll_lock = threading.Lock()  # the thread and a caller (e.g. text()) may poll at once
         self._thread: threading.Thread | None = None
         self._last: JobSnapshot | None = None
         self._finished = False
+        self._curve: tuple | None = None  # (steps, losses, step, loss) of the last snapshot
+        self._seen: tuple | None = None  # identity of the record and the files at the last read
+        self.files_changed = False  #: whether the last poll found a followed file changed
+        self._followed_key: tuple | None = None  # (metric file, metric dir) the subscription follows
+        self._followed: tuple[list, list] = ([], [])
 
     def poll_once(self) -> JobSnapshot:
         """Read what is new, return the snapshot, and hand it to the sink if it changed."""
         with self._poll_lock:
+            self.polls += 1
             return self._poll()
+
+    def _files(self) -> tuple:
+        """Identity of what a poll reads: the record object, then (inode, size, mtime) of the
+        log and of the metric file, or of the directory where it will appear."""
+        f = self.follower
+        where = f.metrics_path if f.metrics_path is not None else f.log_dir
+        return (self.job.record, _stat(self.job.log_path), _stat(where) if where is not None else None)
 
     def _poll(self) -> JobSnapshot:
         status = self.job.status
-        if not status.is_live and not self._finished:
-            self.follower.finish()
-            self._finished = True
-        else:
-            self.follower.poll()
-        r = self.job.record
-        series = self.follower.series(LOSS, self.max_points)
-        last = self.follower.last(LOSS)
-        snap = JobSnapshot(
-            job_id=r.id, name=r.name, status=r.status, elapsed_s=self.job.elapsed_s,
-            gpus=tuple(r.gpus) if r.gpus else None,
-            physical_gpus=tuple(r.physical_gpus) if r.physical_gpus else None, endpoint=r.rendezvous_endpoint,
-            output_dir=r.output_dir,
-            progress=self.follower.latest_progress, tail=tuple(self.follower.tail(self.tail_lines)),
-            steps=tuple(series.steps), losses=tuple(series.values),
-            step=last.step if last else None, loss=last.value if last else None,
-            error=r.error, returncode=r.returncode,
-        )
+        seen = self._files() if self.notify else None
+        self.files_changed = seen is None or self._seen is None or seen[1:] != self._seen[1:]
         last = self._last
-        # elapsed time moves on every poll; "changed" means the job wrote something or changed state
-        self.changed = last is None or replace(snap, elapsed_s=0.0) != replace(last, elapsed_s=0.0)
+        if (seen is not None and last is not None and seen == self._seen and status.is_live
+                and self.follower.caught_up):
+            # nothing was written and the record is the same object: only the elapsed time moved
+            snap = replace(last, elapsed_s=self.job.elapsed_s)
+            self.changed = False
+        else:
+            snap = self._read(status)
+            self._seen = seen
+            # elapsed time moves on every poll; "changed" means the job wrote something or changed state
+            self.changed = last is None or replace(snap, elapsed_s=0.0) != replace(last, elapsed_s=0.0)
         ticked = last is None or int(snap.elapsed_s) != int(last.elapsed_s)
         self._last = snap
         if (self.changed or ticked) and self.sink is not None:
             self.sink(snap)
         return snap
 
+    def _read(self, status) -> JobSnapshot:
+        if not status.is_live and not self._finished:
+            changes = self.follower.finish()
+            self._finished = True
+        else:
+            changes = self.follower.poll()
+        if self._curve is None or any(p.name == LOSS for p in changes):
+            # the curve is copied only when a loss point was added or changed
+            series = self.follower.series(LOSS, self.max_points)
+            last = self.follower.last(LOSS)
+            self._curve = (tuple(series.steps), tuple(series.values),
+                           last.step if last else None, last.value if last else None)
+        steps, losses, step, loss = self._curve
+        r = self.job.record
+        return JobSnapshot(
+            job_id=r.id, name=r.name, status=r.status, elapsed_s=self.job.elapsed_s,
+            gpus=tuple(r.gpus) if r.gpus else None,
+            physical_gpus=tuple(r.physical_gpus) if r.physical_gpus else None, endpoint=r.rendezvous_endpoint,
+            output_dir=r.output_dir,
+            progress=self.follower.latest_progress, tail=tuple(self.follower.tail(self.tail_lines)),
+            steps=steps, losses=losses, step=step, loss=loss, error=r.error, returncode=r.returncode,
+        )
+
     @property
     def finished(self) -> bool:
         """True once the job ended and its logs were read to the end."""
         return self._finished
 
+    @property
+    def trusting_notifications(self) -> bool:
+        """Whether the watcher now waits on notifications (``max_interval_s`` between polls when
+        none comes) rather than on the polling schedule."""
+        sub = self.subscription
+        return sub is not None and sub.watching and self.missed < self.BLIND_AFTER
+
+    def _follow(self) -> bool:
+        """Point the subscription at the files the follower reads now and re-arm their watches
+        (call just before reading). Returns whether that set changed (the metric file became
+        known after the job started; until then, names appearing in its directory wake)."""
+        f = self.follower
+        key = (f.metrics_path, f.log_dir)
+        if key != self._followed_key:
+            files = [self.job.log_path, self._record_path]
+            dirs = []
+            if f.metrics_path is not None:
+                files.append(f.metrics_path)
+            elif f.log_dir is not None:
+                dirs.append(f.log_dir)
+            self._followed = (files, dirs)
+            self._followed_key = key
+            self.subscription.watch(*self._followed)
+            return True
+        self.subscription.rearm()
+        return False
+
     def _run(self) -> None:
+        if self.notify:
+            from .notify import get_notifier
+
+            self.subscription = (self.notifier or get_notifier()).subscribe(self._wake.set)
+        try:
+            self._loop()
+        finally:
+            if self.subscription is not None:
+                self.subscription.close()
+
+    def _loop(self) -> None:
         delay = self.interval_s
+        woken, first = False, True
+        short = 0  # notifications in a row that came within interval_s / 2 of the poll before
+        sub = self.subscription
         while not self._stop.is_set():
+            started = time.monotonic()
+            self._wake.clear()  # a write during the poll sets it again: the next wait ends at once
             try:
+                if sub is not None:
+                    self._follow()  # re-arm before reading: no write falls between
                 self.poll_once()
+                if sub is not None and self._follow_changed():
+                    self._follow()
             except Exception:  # a view must never kill the watcher; the next poll retries
                 pass
             if self._finished:
                 return
-            # elapsed time changes every poll; "changed" means the job wrote or changed state
+            if woken:
+                self.missed = 0
+            elif self.files_changed and sub is not None and not first:
+                self.missed += 1  # written, yet nothing woke us since the last notification
+            first = False
             delay = self.interval_s if self.changed else min(delay * 1.5, self.max_interval_s)
-            self._stop.wait(delay)
+            if not self.trusting_notifications:
+                timeout = delay
+            elif woken or first:
+                timeout = self.max_interval_s
+            else:
+                # idle: poll on the wall clock's whole seconds, so that the idle cards of a process
+                # wake together rather than each on its own
+                timeout = self.max_interval_s - time.time() % self.max_interval_s
+            woken = self._wake.wait(timeout)
+            if self._stop.is_set():
+                return
+            if not woken:
+                short = 0
+                continue
+            self.woken += 1
+            since = time.monotonic() - started
+            short = short + 1 if since < self.interval_s / 2 else 0
+            if since >= self.interval_s:
+                self.fast = False  # quiet for a whole interval after a poll: not a chatty job
+            elif short >= 3:
+                self.fast = True  # it wrote again within half an interval of each of 3 polls
+            if self._record_path in sub.take_woken_by():
+                continue  # the job's state changed (it ended, failed, was stopped): show it now
+            hold = started + self.interval_s * (2 if self.fast else 1) - time.monotonic()
+            if hold > 0:
+                self._stop.wait(hold)  # coalesce: at most one poll per interval (two while fast)
+
+    def _follow_changed(self) -> bool:
+        f = self.follower
+        return (f.metrics_path, f.log_dir) != self._followed_key
 
     def start(self) -> "JobWatcher":
         """Start the daemon thread ``tune_magic-watch-<job id>``; return self."""
@@ -186,8 +333,9 @@ class JobWatcher:
         return self
 
     def stop(self, timeout: float | None = 2.0) -> None:
-        """Stop following (the job keeps running)."""
+        """Stop following (the job keeps running); the thread releases its file watches."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
@@ -195,6 +343,15 @@ class JobWatcher:
         """Wait for the thread to end (it ends once the job ended and was read)."""
         if self._thread is not None:
             self._thread.join(timeout)
+
+
+def _stat(path) -> tuple | None:
+    """``(inode, size, mtime in ns)`` of ``path``, or ``None`` if it cannot be stat'ed."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def stream_text(job: Job, write: Callable[[str], None], *, interval_s: float = 0.5) -> JobSnapshot:

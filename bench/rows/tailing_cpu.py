@@ -3,12 +3,15 @@
 Busy: 4 toy jobs (2 processes each) that each write about 200 lines/s to their combined log
 (``lines_per_step=20``, ``step_s=0.1``; plus a progress redraw and a DiskLogger line per step).
 Idle: 4 toy jobs sleeping in their first step (they write nothing). Each phase: 4
-:class:`tune_magic.views.JobCard` live in this process (their watcher threads poll every 0.25 s,
-as in a notebook), after a warm-up this process's CPU time (user + system, all threads;
-``psutil``) is measured over a fixed window. The anchor is 4 ``tail -n 0 -F`` processes, one per
-job, on the same two files each (combined log + DiskLogger file), output to ``/dev/null``, measured
-over the same window. The jobs' supervisors' CPU over the window is reported beside (tune_magic's
-per-job cost outside the kernel).
+:class:`tune_magic.views.JobCard` live in this process, in turns: notified cards (the default:
+file-change notification, polling at least once a second) and today's polling cards
+(``notify=False``: a poll every 0.25 s, backing off to 1 s while nothing changes), never both at
+once, in the order notified, polling, polling, notified (half a window each, after a 3 s warm-up),
+on the same 4 jobs. Measured: this process's CPU time (user + system, all threads, so the
+notifier's thread counts; ``time.process_time``, nanoseconds). The anchor is the polling cards; 4 ``tail -n 0 -F``
+processes, one per job on the same two files (combined log + DiskLogger file), output to
+``/dev/null``, are reported beside, and so are the jobs' supervisors (tune_magic's per-job cost
+outside the kernel).
 
 No Jupyter frontend is connected: widget state changes are serialised but go nowhere, so a real
 kernel also pays for sending comm messages (not measured here).
@@ -16,8 +19,8 @@ kernel also pays for sending comm messages (not measured here).
 
 from __future__ import annotations
 
-import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -27,7 +30,8 @@ from bench.common import (REPO, cpu_s, leftovers, log, row, row_main, stop_all, 
 
 KEY, NUMBER = "tailing_cpu", "4"
 METRIC = "Tailing cost: CPU of the watching process, 4 live cards"
-GOAL_BUSY, GOAL_IDLE = 5.0, 1.0
+GOAL_BUSY, GOAL_IDLE = 5.0, 1.0  # % of one core
+GOAL_RATIO = 1.0  # notified cards / polling cards
 _POLLS = [0]
 
 
@@ -55,17 +59,63 @@ def _wait(pred, timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
-def phase(busy: bool, window_s: float, jobs_all: list, goal: float) -> dict:
-    import tune_magic
+def _thread_cpu(threads) -> float:
+    """CPU seconds of live threads of this process (their own CPU clocks, nanoseconds)."""
+    total = 0.0
+    for t in threads:
+        try:
+            total += time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+        except (OSError, TypeError):  # ended meanwhile
+            pass
+    return total
+
+
+def _measure(cards, jobs, tail_ps, window_s: float) -> dict:
+    """CPU of this process, of the cards' watcher threads and of the notifier's thread, of the
+    ``tail -F`` processes and of the jobs' supervisors over ``window_s`` seconds, and the cards'
+    polls meanwhile. This process's clocks (``time.process_time``, the threads' CPU clocks) count
+    nanoseconds, not psutil's 10 ms ticks: an idle window holds a few ms of CPU."""
+    sups = [psutil.Process(j.record.supervisor.pid) for j in jobs]
+    watchers = [c.watcher._thread for c in cards]
+    notifiers = [t for t in threading.enumerate() if t.name == "tune_magic-notify"]
+    polls0, woken0 = _POLLS[0], sum(c.watcher.woken for c in cards)
+    t0, s0 = [cpu_s(p) for p in tail_ps], [cpu_s(p) for p in sups]
+    w0, n0 = _thread_cpu(watchers), _thread_cpu(notifiers)
+    c0 = time.process_time()  # last: the reads above stay out of the window
+    wall0 = time.perf_counter()
+    time.sleep(window_s)
+    c1 = time.process_time()  # first
+    wall = time.perf_counter() - wall0
+    w1, n1 = _thread_cpu(watchers), _thread_cpu(notifiers)
+    t1, s1 = [cpu_s(p) for p in tail_ps], [cpu_s(p) for p in sups]
+    return {"wall": wall, "kernel": c1 - c0, "watchers": w1 - w0, "notifier": n1 - n0,
+            "tail": sum(b - a for a, b in zip(t0, t1)), "supervisors": sum(b - a for a, b in zip(s0, s1)),
+            "polls": _POLLS[0] - polls0, "woken": sum(c.watcher.woken for c in cards) - woken0}
+
+
+def _cards(jobs, notify: bool) -> list:
     from tune_magic.views import JobCard
+
+    return [JobCard(job, notify=notify) for job in jobs]
+
+
+def phase(busy: bool, window_s: float, jobs_all: list) -> dict:
+    """4 jobs; 4 notified cards and 4 polling cards (never live at once) measured in turns
+    A B B A (``window_s / 2`` each), so a drift in the jobs' load weighs on both alike."""
+    import tune_magic
 
     args = (toy_args("steps=1000000", "step_s=0.1", "lines_per_step=20") if busy
             else toy_args("steps=1", "step_s=3600"))
     jobs = [tune_magic.launch(args, cwd=REPO, name=f"{'busy' if busy else 'idle'}{i}") for i in range(4)]
     jobs_all += jobs
-    cards = [JobCard(job) for job in jobs]
-    tails = []
+    tails, live = [], []
+    totals = {mode: {"wall": 0.0, "kernel": 0.0, "watchers": 0.0, "notifier": 0.0, "tail": 0.0, "supervisors": 0.0,
+                     "polls": 0, "woken": 0} for mode in ("notify", "poll")}
+    trusting = []
     try:
+        cards = _cards(jobs, notify=False)
+        live += cards
+
         def started():
             return all(c.watcher.follower.metrics_path is not None and c.watcher.follower.metrics_path.exists()
                        and (not busy or (c.snapshot is not None and (c.snapshot.step or 0) >= 3)) for c in cards)
@@ -74,55 +124,49 @@ def phase(busy: bool, window_s: float, jobs_all: list, goal: float) -> dict:
         for job, card in zip(jobs, cards):
             tails.append(subprocess.Popen(["tail", "-n", "0", "-F", job.log_path, str(card.watcher.follower.metrics_path)],
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        time.sleep(4.0)  # warm-up: steady state (an idle card backs off its polling)
-        me = psutil.Process()
         tail_ps = [psutil.Process(t.pid) for t in tails]
-        sups = [psutil.Process(j.record.supervisor.pid) for j in jobs]
-        watcher_tids = {c.watcher._thread.native_id for c in cards}
         logs = [Path(j.log_path) for j in jobs]
-
-        def watcher_cpu():
-            return sum(t.user_time + t.system_time for t in me.threads() if t.id in watcher_tids)
-
         size0 = [p.stat().st_size for p in logs]
-        polls0 = _POLLS[0]
-        c0, w0, t0 = cpu_s(me), watcher_cpu(), [cpu_s(p) for p in tail_ps]
-        s0 = [cpu_s(p) for p in sups]
         wall0 = time.perf_counter()
-        time.sleep(window_s)
-        wall = time.perf_counter() - wall0
-        c1, w1, t1 = cpu_s(me), watcher_cpu(), [cpu_s(p) for p in tail_ps]
-        s1 = [cpu_s(p) for p in sups]
-        size1 = [p.stat().st_size for p in logs]
-        polls1 = _POLLS[0]
-        statuses = [j.status for j in jobs]
         for c in cards:
             c.close()
-        prof = profile_polls(jobs[0], 0.25 if busy else 0.05) if 100 * (c1 - c0) / wall >= goal else None
+        for mode in ("notify", "poll", "poll", "notify"):
+            cards = _cards(jobs, notify=mode == "notify")
+            live += cards
+            time.sleep(3.0)  # warm-up: steady state (an idle polling card backs off; a busy notified one spaces its polls)
+            m = _measure(cards, jobs, tail_ps, window_s / 2)
+            if mode == "notify":
+                trusting.append([c.watcher.trusting_notifications for c in cards])
+            for k, v in m.items():
+                totals[mode][k] += v
+            for c in cards:
+                c.close()
+        wall_all = time.perf_counter() - wall0
+        size1 = [p.stat().st_size for p in logs]
+        statuses = [j.status for j in jobs]
+        prof = profile_polls(jobs[0], 0.25 if busy else 0.05)
     finally:
         for t in tails:
             t.terminate()
             t.wait()
-        for c in cards:
+        for c in live:
             c.close()
         stop_all(jobs)
-    lines = []
+    out = {"busy": busy, "statuses_during": statuses, "job_ids": [j.id for j in jobs],
+           "lines_per_s_per_job": [], "bytes_per_s_per_job": [(b - a) / wall_all for a, b in zip(size0, size1)],
+           "notified_cards_trusting_notifications": trusting, "profile": prof}
     for p, a, b in zip(logs, size0, size1):
         with open(p, "rb") as f:
             f.seek(a)
-            lines.append(f.read(b - a).count(b"\n"))
-    return {
-        "busy": busy, "window_s": wall, "statuses_during": statuses,
-        "kernel_cpu_pct": 100 * (c1 - c0) / wall,
-        "watcher_threads_cpu_pct": 100 * (w1 - w0) / wall,
-        "tail_cpu_pct_total": 100 * sum(b - a for a, b in zip(t0, t1)) / wall,
-        "supervisors_cpu_pct_total": 100 * sum(b - a for a, b in zip(s0, s1)) / wall,
-        "lines_per_s_per_job": [n / wall for n in lines],
-        "bytes_per_s_per_job": [(b - a) / wall for a, b in zip(size0, size1)],
-        "job_ids": [j.id for j in jobs],
-        "polls_per_s": (polls1 - polls0) / wall,
-        "profile": prof,
-    }
+            out["lines_per_s_per_job"].append(f.read(b - a).count(b"\n") / wall_all)
+    for mode, t in totals.items():
+        wall = t["wall"]
+        out[mode] = {"window_s": wall, "kernel_cpu_pct": 100 * t["kernel"] / wall,
+                     "watcher_threads_cpu_pct": 100 * t["watchers"] / wall, "notifier_thread_cpu_pct": 100 * t["notifier"] / wall,
+                     "tail_cpu_pct_total": 100 * t["tail"] / wall,
+                     "supervisors_cpu_pct_total": 100 * t["supervisors"] / wall, "polls_per_s": t["polls"] / wall,
+                     "woken_per_s": t["woken"] / wall}
+    return out
 
 
 def profile_polls(job, spacing_s: float, n: int = 40) -> dict:
@@ -168,41 +212,48 @@ def run(quick: bool) -> list[dict]:
     _count_polls()
     jobs: list = []
     try:
-        busy = phase(True, window, jobs, GOAL_BUSY)
+        busy = phase(True, window, jobs)
         log(f"busy: {busy}")
-        idle = phase(False, window, jobs, GOAL_IDLE)
+        idle = phase(False, window, jobs)
         log(f"idle: {idle}")
     finally:
         stop_all(jobs)
     left = leftovers([j.id for j in jobs])
     rows = []
     for p, goal, n in ((busy, GOAL_BUSY, "a"), (idle, GOAL_IDLE, "b")):
-        cpu, tail = p["kernel_cpu_pct"], p["tail_cpu_pct_total"]
-        met = cpu < goal
+        new, old = p["notify"], p["poll"]
+        cpu, anchor, tail = new["kernel_cpu_pct"], old["kernel_cpu_pct"], new["tail_cpu_pct_total"]
+        r = cpu / anchor if anchor > 0 else None
+        met = r is not None and r <= GOAL_RATIO and cpu < goal
         rate = sum(p["lines_per_s_per_job"]) / 4
         what = f"4 jobs × {rate:.0f} lines/s each" if p["busy"] else "4 idle jobs (writing nothing)"
-        note = (f"Measured {what} ({sum(p['bytes_per_s_per_job']) / 4 / 1024:.1f} KiB/s each). Of the kernel's CPU, "
-                f"the 4 watcher threads: {p['watcher_threads_cpu_pct']:.2f}% of a core. The 4 jobs' supervisors "
-                f"(outside the kernel) used {p['supervisors_cpu_pct_total']:.2f}% of a core together. "
-                f"Leftover processes: {len(left)}.")
-        if p["polls_per_s"]:
-            note += (f" The 4 cards polled {p['polls_per_s']:.1f} times/s together "
-                     f"({1000 * p['kernel_cpu_pct'] / 100 / p['polls_per_s']:.2f} ms of CPU per poll).")
-        if not met and p["profile"]:
-            pr = p["profile"]
+        note = (f"Measured {what} ({sum(p['bytes_per_s_per_job']) / 4 / 1024:.1f} KiB/s each). "
+                f"Notified cards: {new['polls_per_s']:.1f} polls/s together, {new['woken_per_s']:.1f} of them woken by a "
+                f"notification; watcher threads {new['watcher_threads_cpu_pct']:.2f}% of a core, the notifier's thread "
+                f"{new['notifier_thread_cpu_pct']:.2f}%. Polling cards: {old['polls_per_s']:.1f} polls/s, watcher threads "
+                f"{old['watcher_threads_cpu_pct']:.2f}%. 4 × `tail -F` on the same files: {tail:.2f}% of a core "
+                f"(ratio {cpu / tail:.1f} for the notified cards). " if tail > 0 else
+                f"Measured {what}. Notified cards: {new['polls_per_s']:.1f} polls/s together, {new['woken_per_s']:.1f} "
+                f"woken by a notification; watcher threads {new['watcher_threads_cpu_pct']:.3f}% of a core, the "
+                f"notifier's thread {new['notifier_thread_cpu_pct']:.3f}%. Polling cards: {old['polls_per_s']:.1f} "
+                f"polls/s, watcher threads {old['watcher_threads_cpu_pct']:.3f}%. 4 × `tail -F` used no measurable CPU. ")
+        note += (f"Notified cards trusting notifications (per turn): {p['notified_cards_trusting_notifications']}. "
+                 f"The 4 jobs' supervisors (outside the kernel) used {new['supervisors_cpu_pct_total']:.2f}% of a core "
+                 f"together. Leftover processes: {len(left)}.")
+        pr = p["profile"]
+        if pr:
             split = ", ".join(f"{k} {v:.0%}" for k, v in pr["share"].items())
-            note += (f" Goal missed. Cause (cProfile of one card's polls after the window): a poll costs "
-                     f"{pr['cpu_ms_per_poll']:.2f} ms of CPU; {split}; of which reading and validating record.json "
-                     f"{pr['record_read_share']:.0%} and the psutil liveness check {pr['psutil_alive_share']:.0%}. "
-                     "The cost is per poll, not per line, so it is set by how often the cards poll.")
+            note += (f" One notified card's poll (cProfile after the windows): {pr['cpu_ms_per_poll']:.2f} ms of CPU; "
+                     f"{split}.")
         rows.append(row(
             KEY, NUMBER + n, f"{METRIC}, {'busy: 4 × 200 lines/s' if p['busy'] else 'idle jobs'}",
-            project=f"{cpu:.2f}% of one core", anchor=f"{tail:.2f}% (4 × `tail -F`, together)",
-            ratio_text=f"{cpu / tail:.1f}" if tail > 0 else "∞ (tail used no measurable CPU)",
-            goal=f"< {goal:g}% of one core", met=met,
-            how=f"`psutil` CPU time delta of this process over a {p['window_s']:.1f} s window after warm-up, "
-                "4 `JobCard`s live (0.25 s poll), no frontend connected",
-            spread_text="one window (CPU time is a sum, not a sample)", note=note, data=p))
+            project=f"{cpu:.2f}% of one core (notified cards)",
+            anchor=f"{anchor:.2f}% (today's polling cards, `notify=False`, same jobs)",
+            ratio_text=f"{r:.2f}" if r is not None else "—",
+            goal=f"≤ {GOAL_RATIO:g}× the polling cards, < {goal:g}% of one core", met=met,
+            how=f"CPU time of this process (`time.process_time`), 4 `JobCard`s live, turns notified/polling/polling/notified "
+                f"of {new['window_s'] / 2:.1f} s each after a 3 s warm-up (same 4 jobs), no frontend connected",
+            spread_text="two windows per mode (CPU time is a sum, not a sample)", note=note, data=p))
     return rows
 
 
