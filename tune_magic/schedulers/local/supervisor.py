@@ -34,7 +34,7 @@ import psutil
 from ... import jobstore
 from ...summary import SummaryTracker, write_summary
 from ...jobstore import FAILED, STOPPED, SUCCEEDED, CorruptRecord, JobRecord, ProcessRef
-from . import procs
+from . import exit_text, procs
 
 #: Seconds between polls of the job.
 POLL_S = 0.2
@@ -316,7 +316,7 @@ class Supervisor:
             except Exception:  # evidence is a bonus: never lose the end for it
                 oom = None
             reason = explain(self.record, code, oom=oom, pid=self.agent.pid if self.agent else None)
-            error = reason.line if reason is not None else _exit_text(code)
+            error = reason.line if reason is not None else exit_text(code)
             if reason is not None:
                 try:
                     jobstore.write_atomic(self.dir / jobstore.FAILURE, json.dumps(reason.to_dict()).encode(),
@@ -402,7 +402,7 @@ class Supervisor:
         rec.returncode = code
         rec.ended_at = ended
         if status == FAILED:
-            rec.error = rec.error or error or _exit_text(code)
+            rec.error = rec.error or error or exit_text(code)
 
 
 def _port_unknown(endpoint: str | None) -> bool:
@@ -413,15 +413,6 @@ def _port_unknown(endpoint: str | None) -> bool:
     if not sep or "]" in port:  # "host" or "[::1]" without a port
         return True
     return port.strip() in ("", "0")
-
-
-def _exit_text(code: int | None) -> str:
-    if code is not None and code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 def main(argv: list[str] | None = None) -> int:
