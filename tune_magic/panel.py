@@ -195,7 +195,7 @@ class Panel(widgets.VBox):
                              self.launch_button], layout=widgets.Layout(width="100%"))
         super().__init__(children=[form, widgets.HTML("<b>Jobs</b>"), self.refresh_button, self.jobs_table,
                                    widgets.HTML("<b>Compare loss curves</b>"), self.compare, self.legend, self.chart],
-                         layout=widgets.Layout(width="100%", max_width="100%", overflow="hidden"))
+                         layout=widgets.Layout(width="100%", max_width="100%"))
         self.add_class("tune-magic-panel")
         self._show_scheduler_fields()
         self.update_preview()
