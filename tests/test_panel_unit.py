@@ -95,9 +95,9 @@ def test_without_gpus_the_picker_says_so_and_is_disabled(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(empty))  # no nvidia-smi
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     panel = Panel(cwd=tmp_path)
-    assert panel.gpus.options == () and panel.gpus.disabled
+    assert panel.gpus.options == () and panel.gpus.disabled and panel.gpus.layout.display == "none"
     assert "no GPU found (nvidia-smi was not found on PATH)" in panel.gpu_note.value
-    assert panel.gpu_note.layout.display is None
+    assert panel.gpu_note.layout.display is None and panel.gpu_note.description == "GPUs"
 
 
 def test_FAKE_failing_nvidia_smi_reason_is_shown(tmp_path, monkeypatch):
@@ -111,7 +111,7 @@ def test_FAKE_failing_nvidia_smi_reason_is_shown(tmp_path, monkeypatch):
 
 def test_with_FAKE_gpus_there_is_no_note(tmp_path, fake_gpus):
     panel = Panel(cwd=tmp_path)
-    assert not panel.gpus.disabled and panel.gpu_note.layout.display == "none"
+    assert not panel.gpus.disabled and panel.gpu_note.layout.display == "none" and panel.gpus.layout.display is None
 
 
 # --- override lines with spaces -----------------------------------------------------------------

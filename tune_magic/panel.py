@@ -35,6 +35,9 @@ _SKIP_DIRS = {".venv", "venv", "node_modules", "__pycache__", ".git", "site-pack
 MAX_TICKS = 8
 #: Seconds ``sinfo`` may take to list the partitions.
 SINFO_TIMEOUT_S = 5.0
+# full-width children get no side margin: width 100% then is the panel's width, not 4 px more
+_MARGIN = "2px 0px"
+_WRAP = "white-space:normal;overflow-wrap:anywhere;line-height:1.35"
 _PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 
 
@@ -102,9 +105,9 @@ def int_ticks(lo: int, hi: int, most: int = MAX_TICKS) -> list[int]:
 class Panel(widgets.VBox):
     """A form to build and launch a run, the live jobs table, and a chart comparing loss curves.
 
-    Public child widgets (stable names): ``recipe``, ``config``, ``nproc``, ``gpus`` (with
-    ``gpu_note``: why the list is empty), ``endpoint``, ``name``, ``overrides``, ``command_preview``,
-    ``error``, ``launch_button``, ``jobs_table`` (a live :class:`~tune_magic.views.JobsTable`),
+    Public child widgets (stable names): ``recipe``, ``config``, ``nproc``, ``gpus`` (where there
+    is no GPU: hidden and disabled, with ``gpu_note`` in its place saying so), ``endpoint``, ``name``,
+    ``overrides``, ``command_preview``, ``error``, ``launch_button``, ``jobs_table`` (a live :class:`~tune_magic.views.JobsTable`),
     ``compare`` (jobs shown in the chart), ``chart`` (integer step ticks) with ``legend``.
     Where ``sbatch`` is on PATH (``slurm_available``) also ``scheduler`` (local/slurm) and, shown for
     slurm, ``nodes``, ``gpus_per_node``, ``cpus_per_node`` (0: not asked), ``partition`` (choices from
@@ -124,32 +127,32 @@ class Panel(widgets.VBox):
         self._lines: dict[str, object] = {}
         self._labels: dict[str, str] = {}
         self._lock = threading.Lock()
-        wide = widgets.Layout(width="100%", max_width="34em")
+        wide = dict(width="100%", max_width="34em", margin=_MARGIN)
 
         recipes = [r.name for r in catalog.recipes()] + _files_under(self.cwd, ".py")
         self.recipe = widgets.Combobox(options=recipes, placeholder="recipe name or .py path",
-                                       description="recipe", ensure_option=False, layout=wide)
+                                       description="recipe", ensure_option=False, layout=widgets.Layout(**wide))
         self.config = widgets.Combobox(options=[], placeholder="config name or .yaml path",
-                                       description="config", ensure_option=False, layout=wide)
+                                       description="config", ensure_option=False, layout=widgets.Layout(**wide))
         self.nproc = widgets.BoundedIntText(value=1, min=1, max=1024, description="nproc/node",
                                             layout=widgets.Layout(width="12em"))
         self.gpus = widgets.SelectMultiple(options=[], description="GPUs", rows=4,
-                                           layout=widgets.Layout(width="100%", max_width="22em"))
-        self.gpu_note = widgets.HTML(layout=widgets.Layout(display="none"))
+                                           layout=widgets.Layout(width="100%", max_width="22em", margin=_MARGIN))
+        self.gpu_note = widgets.HTML(description="GPUs", layout=widgets.Layout(display="none", max_width="100%"))
         self.endpoint = widgets.Text(placeholder="host:port, or blank for --standalone", description="endpoint",
-                                     layout=wide)
-        self.name = widgets.Text(placeholder="optional", description="name", layout=wide)
+                                     layout=widgets.Layout(**wide))
+        self.name = widgets.Text(placeholder="optional", description="name", layout=widgets.Layout(**wide))
         self.overrides = widgets.Textarea(placeholder="key=value, one a line", description="overrides",
-                                          layout=widgets.Layout(width="100%", max_width="46em", height="6em"))
+                                          layout=widgets.Layout(width="100%", max_width="46em", height="6em", margin=_MARGIN))
         self.command_preview = widgets.Textarea(disabled=True, description="command",
-                                                layout=widgets.Layout(width="100%", height="6em"))
+                                                layout=widgets.Layout(width="100%", height="6em", margin=_MARGIN))
         self.script_preview = widgets.Textarea(disabled=True, description="script",
-                                               layout=widgets.Layout(width="100%", height="18em", display="none"))
+                                               layout=widgets.Layout(width="100%", height="18em", display="none", margin=_MARGIN))
         self.error = widgets.HTML()
         self.launch_button = widgets.Button(description="Launch", button_style="success", icon="play", disabled=True)
         self.refresh_button = widgets.Button(description="Refresh", icon="refresh")
         self.compare = widgets.SelectMultiple(options=[], description="compare", rows=5,
-                                              layout=widgets.Layout(width="100%"))
+                                              layout=widgets.Layout(width="100%", margin=_MARGIN))
         self.legend = widgets.HTML()
         self.legend.add_class("tm-legend")
         self.chart = self._make_chart()
@@ -158,9 +161,9 @@ class Panel(widgets.VBox):
         # SLURM: offered where sbatch is on PATH
         self.slurm_available = shutil.which("sbatch") is not None
         chosen = default_scheduler(os.environ)
-        self.scheduler = widgets.ToggleButtons(options=["local", "slurm"],
-                                               value="slurm" if chosen == "slurm" and self.slurm_available else "local",
-                                               description="scheduler", style={"button_width": "6em"})
+        self.scheduler = widgets.Dropdown(options=["local", "slurm"],
+                                          value="slurm" if chosen == "slurm" and self.slurm_available else "local",
+                                          description="scheduler", layout=widgets.Layout(width="16em"))
         self.nodes = widgets.BoundedIntText(value=1, min=1, max=100_000, description="nodes",
                                             layout=widgets.Layout(width="12em"))
         self.gpus_per_node = widgets.BoundedIntText(value=0, min=0, max=1024, description="GPUs/node",
@@ -169,10 +172,10 @@ class Panel(widgets.VBox):
                                                     layout=widgets.Layout(width="12em"))
         self._partitions_listed = False  # sinfo is asked when the SLURM fields are first shown
         self.partition = widgets.Combobox(options=[], placeholder="blank: the default partition",
-                                          description="partition", ensure_option=False, layout=wide)
+                                          description="partition", ensure_option=False, layout=widgets.Layout(**wide))
         self.time_limit = widgets.Text(placeholder="e.g. 2:00:00 or 1-12 (blank: default)", description="time",
-                                       layout=wide)
-        self.account = widgets.Text(placeholder="blank: your default account", description="account", layout=wide)
+                                       layout=widgets.Layout(**wide))
+        self.account = widgets.Text(placeholder="blank: your default account", description="account", layout=widgets.Layout(**wide))
         self.slurm_box = widgets.VBox([
             _wrap([self.nodes, self.gpus_per_node, self.cpus_per_node]), self.partition, self.time_limit, self.account],
             layout=widgets.Layout(display="none"))
@@ -215,13 +218,15 @@ class Panel(widgets.VBox):
         self.gpus.options = [(f"{g.label} (busy: {busy[str(g.physical)]})" if str(g.physical) in busy else g.label,
                               g.typed) for g in seen.gpus]
         self.gpus.disabled = not seen.gpus
+        # with no GPU, a note in the list's place (same label) says so, instead of an empty list
+        self.gpus.layout.display = None if seen.gpus else "none"
         if seen.gpus:
             self.gpu_note.value, self.gpu_note.layout.display = "", "none"
         else:
             why = seen.note or ("nvidia-smi lists none" if seen.setting is None
                                 else f"CUDA_VISIBLE_DEVICES={seen.setting!r}")
-            self.gpu_note.value = (f"<span class='tm-gpu-note' style='color:#7f7f7f'>no GPU found ({html.escape(why)})"
-                                   "; jobs run on CPUs</span>")
+            self.gpu_note.value = (f"<span class='tm-gpu-note' style='color:#7f7f7f;{_WRAP}'>no GPU found "
+                                   f"({html.escape(why)}); jobs run on CPUs</span>")
             self.gpu_note.layout.display = None
 
     def _on_recipe(self, change) -> None:
@@ -370,7 +375,7 @@ class Panel(widgets.VBox):
         # the legend is an HTML line above the chart (legend), never drawn over the curves
         return bqplot.Figure(
             marks=[], axes=[self._x_axis, bqplot.Axis(scale=self._y, side="left", label="loss")],
-            layout=widgets.Layout(width="100%", height="300px"), padding_y=0.05,
+            layout=widgets.Layout(width="100%", height="300px", margin=_MARGIN), padding_y=0.05,
             fig_margin={"top": 10, "bottom": 40, "left": 60, "right": 20},
         )
 

@@ -174,6 +174,8 @@ REASON_WIDTH = 160
 ROOT_SETTLE_S = 2.0
 
 _COUNTER = itertools.count(1)
+# cell text that wraps (a word longer than the column too), with normal line spacing (a widget line is 28 px)
+_WRAP = "white-space:normal;overflow-wrap:break-word;line-height:1.35"
 
 
 class _Row:
@@ -194,8 +196,11 @@ class _Row:
         self.button.on_click(lambda _b: table._stop(self))
         self.stop_cell = widgets.Box(layout=widgets.Layout(display="none"))
         self.stop_cell.add_class("tm-cell-stop")
-        # the reason gets a line of its own under the row, so a long one wraps instead of widening the table
-        self.reason = widgets.HTML(layout=widgets.Layout(display="none", grid_column="2 / -1", min_width="0"))
+        # the reason gets a line of its own under the row, so a long one wraps instead of widening the
+        # table; grid_area, not grid_column: the frontend removes the grid-area shorthand after setting
+        # grid-column (ipywidgets 8.1), which clears it
+        self.reason = widgets.HTML(layout=widgets.Layout(display="none", grid_area="auto / 2 / auto / -1",
+                                                         min_width="0"))
         self.reason.add_class("tm-cell-reason")
 
     def widgets(self) -> list[widgets.Widget]:
@@ -254,7 +259,8 @@ class JobsTable(widgets.VBox):
             self._fill(self._new_slot(), job)
         self._top_up()
         self.grid = widgets.GridBox(self._grid_children(), layout=widgets.Layout(
-            grid_template_columns="max-content minmax(4em, max-content) repeat(4, max-content) 76px",
+            # id and name: auto, so they wrap (ids at their hyphens) rather than widen a narrow notebook
+            grid_template_columns="auto auto repeat(4, max-content) 76px", justify_content="flex-start",
             grid_gap="2px 12px", align_items="center", max_width="100%"))
         self.grid.add_class("tm-jobs-grid")
         self.note = widgets.HTML(layout=widgets.Layout(display="none"))
@@ -283,7 +289,7 @@ class JobsTable(widgets.VBox):
         row.job = job
         self.jobs.append(job)
         self.rows[job.id] = row.public()
-        row.cells["id"].value = f"<code class='tm-job-id'>{html.escape(job.id)}</code>"
+        row.cells["id"].value = f"<div style='{_WRAP}'><code class='tm-job-id'>{html.escape(job.id)}</code></div>"
         for w in row.widgets()[:-1]:
             w.layout.display = None
         self._show(row)
@@ -324,8 +330,9 @@ class JobsTable(widgets.VBox):
             return
         old = row.shown or (None,) * 6
         c = row.cells
-        if name != old[0]:
-            c["name"].value = f"<span title='{html.escape(escape(name))}'>{html.escape(cut(name))}</span>"
+        if name != old[0]:  # a long name wraps (the table never widens past its notebook)
+            c["name"].value = (f"<div title='{html.escape(escape(name))}' style='{_WRAP}'>"
+                               f"{html.escape(cut(name))}</div>")
         if label != old[1]:
             colour = _STATUS_COLOURS.get(state.value, "#000")
             c["status"].value = f"<span class='tm-status' style='color:{colour}'>{html.escape(label)}</span>"
@@ -340,7 +347,7 @@ class JobsTable(widgets.VBox):
                 kind = "pending" if state is Status.PENDING else "error"
                 why = "waiting for" if kind == "pending" else "failed:" if state is Status.FAILED else ""
                 row.reason.value = (f"<div class='tm-reason tm-reason-{kind}' title='{html.escape(escape(reason))}' "
-                                    f"style='color:{_STATUS_COLOURS.get(state.value, '#000')};overflow-wrap:anywhere'>"
+                                    f"style='color:{_STATUS_COLOURS.get(state.value, '#000')};{_WRAP}'>"
                                     f"{why} {html.escape(cut(reason, REASON_WIDTH))}</div>")
             row.reason.layout.display = None if reason else "none"
         live = state.is_live
