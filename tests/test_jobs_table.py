@@ -124,6 +124,7 @@ def test_new_jobs_fill_spare_rows_without_creating_widgets_and_removed_jobs_hide
     make(root, "b1", status="running", supervised=True, step=2, loss=1.5, started=time.time() - 5)
     make(root, "b0", status="pending", pending_reason="Priority", started=time.time() - 10)
     (root / ".staging-zz").mkdir()  # a launch in progress is not a job yet
+    (root / "no-record").mkdir()  # nor a directory without a record: skipped, the others still shown
     table.refresh_once()
     assert [j.id for j in table.jobs] == ["a0", "b0", "b1"]  # appended, oldest first
     assert table.summaries["b1"][1:4] == ("running", 2, 1.5) and has_stop(table, "b1")

@@ -300,7 +300,8 @@ class JobsTable(widgets.VBox):
         with self._lock:
             if job.id not in self.rows:
                 spare = next((r for r in self._slots if r.job is None), None)
-                self._fill(spare or self._new_slot(), job)
+                # its own Job object: the refresher thread must not share one with the caller's code
+                self._fill(spare or self._new_slot(), Job(job.dir))
             self._top_up()
             self.grid.children = self._grid_children()
 
@@ -392,7 +393,10 @@ class JobsTable(widgets.VBox):
                     w.layout.display = "none"
         found = []
         for name in names - set(self.rows) - set(self.overflow):
-            job = Job(self._root / name)
+            try:
+                job = Job(self._root / name)
+            except Exception:  # noqa: BLE001 - not a job directory (yet): listed when it becomes one
+                continue
             if not job.damaged:
                 found.append(job)
         for job in sorted(found, key=lambda j: (j.started_at, j.id)):
