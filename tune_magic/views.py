@@ -4,6 +4,7 @@ Each card owns a :class:`~tune_magic.watch.JobWatcher` whose daemon thread calls
 :meth:`JobCard.update`, which assigns widget traits and nothing else: no ``print``, no
 ``with out:``, so nothing lands in whatever cell happens to be running. Where widgets cannot render
 (terminal IPython, nbconvert), the text/plain form of a card is the same information as text.
+The jobs table has one refresher thread of its own, bound by the same rule (:class:`JobsTable`).
 """
 
 from __future__ import annotations
