@@ -167,13 +167,19 @@ def test_compare_chart_has_integer_ticks_a_legend_apart_and_full_names(tmp_path)
         labels = dict((v, k) for k, v in panel.compare.options)
         assert labels[ids[0]] == f"{long_name[:40]}…  {ids[0]}" and labels[ids[1]] == f"lr 2e-3  {ids[1]}"
         assert panel.compare.layout.width == "100%"
+        # nothing compared yet: no chart (never an empty 0..1 grid with 0 0 0 1 1 ticks), a line says why
+        assert panel.chart.layout.display == "none" and "choose jobs" in panel.chart_note.value
         panel.compare.value = tuple(ids)
         for w in panel._watchers.values():
             w.stop()
+        panel.series = {i: [] for i in ids}  # what the stopped watchers read (these jobs logged nothing)
+        panel._set_ticks()
+        assert panel.chart.layout.display == "none" and "waiting for the first step" in panel.chart_note.value
         panel._show(ids[0], _snap(range(1, 7), [3.0, 2.5, 2.0, 1.8, 1.5, 1.2]))
         panel._show(ids[1], _snap(range(1, 4), [3.0, 2.9, 2.8]))
         assert list(panel._x_axis.tick_values) == [1, 2, 3, 4, 5, 6]
         assert (panel._x.min, panel._x.max) == (1.0, 6.0)
+        assert panel.chart.layout.display is None and panel.chart_note.value == ""
         assert [len(m.x) for m in panel.chart.marks] == [6, 3]
         assert all(not m.display_legend for m in panel.chart.marks)  # nothing drawn over the curves
         assert panel.legend.value.count("tm-legend-item") == 2 and "lr 2e-3 cmp001" in panel.legend.value

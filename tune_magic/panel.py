@@ -108,7 +108,8 @@ class Panel(widgets.VBox):
     Public child widgets (stable names): ``recipe``, ``config``, ``nproc``, ``gpus`` (where there
     is no GPU: hidden and disabled, with ``gpu_note`` in its place saying so), ``endpoint``, ``name``,
     ``overrides``, ``command_preview``, ``error``, ``launch_button``, ``jobs_table`` (a live :class:`~tune_magic.views.JobsTable`),
-    ``compare`` (jobs shown in the chart), ``chart`` (integer step ticks) with ``legend``.
+    ``compare`` (jobs shown in the chart), ``chart`` (integer step ticks; hidden until a chosen job
+    logged a step, ``chart_note`` then says why) with ``legend``.
     Where ``sbatch`` is on PATH (``slurm_available``) also ``scheduler`` (local/slurm) and, shown for
     slurm, ``nodes``, ``gpus_per_node``, ``cpus_per_node`` (0: not asked), ``partition`` (choices from
     ``sinfo``, free text allowed), ``time_limit``, ``account``, and ``script_preview`` (the batch
@@ -155,6 +156,8 @@ class Panel(widgets.VBox):
                                               layout=widgets.Layout(width="100%", margin=_MARGIN))
         self.legend = widgets.HTML()
         self.legend.add_class("tm-legend")
+        self.chart_note = widgets.HTML()
+        self.chart_note.add_class("tm-chart-note")
         self.chart = self._make_chart()
         self.jobs_table = JobsTable()
 
@@ -190,6 +193,7 @@ class Panel(widgets.VBox):
         self.refresh_button.on_click(lambda _b: self.refresh())
         self.compare.observe(self._on_compare, names="value")
         self._sync_compare_options()
+        self._set_ticks()  # no curve yet: the chart hidden, a line saying so
 
         scheduler_rows = [self.scheduler, self.slurm_box] if self.slurm_available else []
         self._gpu_row = _wrap([self.nproc, widgets.VBox([self.gpus, self.gpu_note])])
@@ -197,7 +201,8 @@ class Panel(widgets.VBox):
                              self.overrides, self.command_preview, self.script_preview, self.error,
                              self.launch_button], layout=widgets.Layout(width="100%"))
         super().__init__(children=[form, widgets.HTML("<b>Jobs</b>"), self.refresh_button, self.jobs_table,
-                                   widgets.HTML("<b>Compare loss curves</b>"), self.compare, self.legend, self.chart],
+                                   widgets.HTML("<b>Compare loss curves</b>"), self.compare, self.chart_note, self.legend,
+                                   self.chart],
                          layout=widgets.Layout(width="100%", max_width="100%"))
         self.add_class("tune-magic-panel")
         self._show_scheduler_fields()
@@ -424,11 +429,18 @@ class Panel(widgets.VBox):
             self._set_ticks()
 
     def _set_ticks(self) -> None:
-        """Integer steps on the x axis, each label once, over the steps of every curve shown."""
+        """Integer steps on the x axis, each label once, over the steps of every curve shown; with no
+        point yet, the chart is hidden (never an empty 0..1 grid) and a line says why."""
         with self._lock:
             steps = [s for pts in list(self.series.values()) for s, _ in pts[:1] + pts[-1:]]
             if not steps:
+                self.chart.layout.display = "none"
+                self.chart_note.value = ("<span class='tm-hint' style='color:#7f7f7f'>"
+                                         + ("waiting for the first step of the jobs chosen" if self._lines else
+                                            "choose jobs above to compare their loss curves") + "</span>")
                 return
+            self.chart.layout.display = None
+            self.chart_note.value = ""
             lo, hi = min(steps), max(steps)
             hi = max(hi, lo + 1)  # one point: still a unit-wide axis, not a 0..1 grid of fractions
             ticks = int_ticks(lo, hi)
