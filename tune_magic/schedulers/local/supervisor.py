@@ -168,7 +168,8 @@ class Supervisor:
 
     def _write_procs(self) -> None:
         try:
-            jobstore.write_procs(self.dir, supervisor=self.me, agent=self.agent, workers=self.workers)
+            jobstore.write_procs(self.dir, supervisor=self.me, agent=self.agent, workers=self.workers,
+                                 scheduler="local")
         except OSError:
             pass
 
@@ -189,7 +190,7 @@ class Supervisor:
         except CorruptRecord:
             self._rewrite_record()
         side = jobstore.read_procs(self.dir)
-        if side.get("agent") != self.agent or side.get("supervisor") != self.me:
+        if side.get("agent") != self.agent or side.get("supervisor") != self.me or "scheduler" not in side:
             self._write_procs()  # damaged or replaced: what a stop needs to find the job's processes
 
     def _rewrite_record(self) -> None:
@@ -211,7 +212,13 @@ class Supervisor:
     def _recreate(self) -> None:
         now = time.time()
         try:
-            os.makedirs(self.dir, mode=0o700, exist_ok=True)
+            levels = [self.dir, *list(self.dir.parents)[:2]]  # the job's dir, jobs/ and the home: private
+            levels[-1].parent.mkdir(parents=True, exist_ok=True)
+            for d in reversed(levels):
+                try:
+                    d.mkdir(mode=0o700)
+                except FileExistsError:
+                    pass
             self._mine(self.record)
             self.record.log_lost_at = now
             jobstore.write_record(self.dir, self.record)
