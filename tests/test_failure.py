@@ -206,6 +206,63 @@ def test_one_process_job_killed_by_a_signal():
     assert failure_line("", evidence=Evidence(returncode=3)) == "exited with code 3"
 
 
+# -- a traceback the process survived ---------------------------------------------------------
+
+HANDLED = "CUDA out of memory (RuntimeError: CUDA out of memory. Tried to allocate 2 GiB (handled))"
+
+
+@pytest.mark.parametrize("name,returncode,line,kind", [
+    # the recipe printed a handled exception's traceback (print_exc), went on with its progress
+    # bar, then ended some other way: that way is the reason
+    ("one_process_survived_exit3", 3, "exited with code 3", "exit_code"),
+    ("one_process_survived_sigkill", -9, "killed by SIGKILL (signal 9)", "signal"),
+    # the same traceback as the last thing it printed before sys.exit(3): it is the reason
+    ("one_process_print_exc_exit3", 3, HANDLED, "cuda_oom"),
+])
+def test_one_process_traceback_it_survived_is_not_the_failure(name, returncode, line, kind):
+    text = log(name)
+    assert text.count("RuntimeError: CUDA out of memory. Tried to allocate 2 GiB (handled)") == 1
+    r = check(describe_failure(text, evidence=Evidence(returncode=returncode, pid=4321)), line, kind=kind, rank=None,
+              exc_type="RuntimeError" if kind == "cuda_oom" else None)
+    assert r.exitcode == returncode
+
+
+def test_one_process_traceback_it_survived_without_a_return_code():
+    # no report, no return code: nothing explains the end (the caller says so)
+    assert describe_failure(log("one_process_survived_exit3")) is None
+    # exit code 1 is not explained by a traceback the process went on from either
+    assert failure_line(log("one_process_survived_exit3"), evidence=Evidence(returncode=1)) == "exited with code 1"
+
+
+def test_an_unprefixed_traceback_another_rank_survived_is_not_the_failing_ranks():
+    # rank 0 printed the handled traceback and kept printing its progress bar; rank 1 exited 3
+    text = log("survived_rank1_exit3")
+    assert [(e.rank, e.exitcode, e.root) for e in parse_reports(text)] == [(0, -15, False), (1, 3, True)]
+    r = check(describe_failure(text, evidence=Evidence(returncode=1)), "rank 1: exited with code 3",
+              kind="exit_code", rank=1, exc_type=None)
+    assert r.traceback is None
+
+
+def test_an_unprefixed_traceback_that_is_the_last_output_explains_a_plain_exit_code():
+    # rank 1 printed the traceback and exited 3; rank 0 printed nothing more before torchrun ended it
+    text = log("rank1_print_exc_exit3")
+    assert [(e.rank, e.exitcode) for e in parse_reports(text)] == [(0, -15), (1, 3)]
+    r = check(describe_failure(text), f"rank 1: {HANDLED}", kind="cuda_oom", rank=1, exc_type="RuntimeError")
+    assert r.exitcode == 3 and r.traceback.endswith("RuntimeError: CUDA out of memory. Tried to allocate 2 GiB (handled)")
+
+
+def test_a_prefixed_traceback_the_rank_survived_is_not_the_failure():
+    # the captured crash with more [rank1]: output of that rank after its traceback: it went on
+    text = log("torchrun_rank1_crash")
+    last = [i for i, line in enumerate(text.splitlines()) if line.startswith("[rank1]: RuntimeError")][-1]
+    lines = text.splitlines()
+    lines.insert(last + 1, "[rank1]: 1|3|Loss: 2.5")
+    check(describe_failure("\n".join(lines)), "rank 1: exited with code 1", kind="exit_code", rank=1, exc_type=None)
+    # torch's own C++ log lines after it are not the rank's output
+    lines[last + 1] = "[rank1]:[W1201 03:59:43.187000 ProcessGroup.cpp:1] Warning: destroy_process_group() was not called"
+    assert failure_line("\n".join(lines)) == "rank 1: RuntimeError: boom on rank one"
+
+
 # -- timeouts and ports -------------------------------------------------------------------------
 
 
