@@ -317,13 +317,16 @@ PROBE = textwrap.dedent("""
     plan = tune_magic.build_plan(sys.argv[1], job_id="probe")
     print(json.dumps({"argv": plan.argv, "heavy": sorted(m for m in ("torch", "torchtune", "torchao")
                       if m in sys.modules)}))
+    if len(sys.argv) > 2:  # make the home after the plan, as a launch would
+        import os
+        os.makedirs(sys.argv[2])
 """)
 
 
-def _probe(args: str, home: Path, prefix: list[str] = ()) -> dict:
+def _probe(args: str, home: Path, prefix: list[str] = (), make_home: bool = False) -> dict:
     env = {**os.environ, "TUNE_MAGIC_HOME": str(home)}
-    proc = subprocess.run([*prefix, sys.executable, "-c", PROBE, args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run([*prefix, sys.executable, "-c", PROBE, args, *([str(home)] if make_home else [])],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""  # no warning, no traceback
     return json.loads(proc.stdout)
@@ -416,9 +419,11 @@ def test_a_missing_home_and_its_parents_are_never_created(tmp_path):
     assert r.stdout.split()[-3:] == ["--config", str(catalog.find_config("llama3_2/1B_lora").path),
                                      next(w for w in r.stdout.split() if w.startswith("output_dir="))]
     assert not (tmp_path / "nonexistent").exists()
-    home.mkdir(parents=True)  # as a launch does
-    assert _probe(LORA, home) == want
+    # a process whose launch creates the home (here: by hand, as jobstore does) writes the cache as it exits
+    assert _probe(LORA, home, make_home=True) == want
     assert [p.name for p in (home / "cache").iterdir() if p.suffix == ".json"] == [toolcache.cache_path().name]
+    doc = json.loads(next((home / "cache").glob("tools-*.json")).read_text())
+    assert doc["key"] == toolcache.current_key() and doc["tables"] == toolcache.compute_here()
 
 
 def test_write_creates_only_the_cache_directory_inside_an_existing_home(tmp_path, real_tables):

@@ -14,8 +14,9 @@ packages' specs, which imports nothing), plus :data:`FORMAT`. Anything else (mis
 unreadable, corrupt) means: compute again and rewrite it atomically (tempfile + ``os.replace``). A home
 that cannot be written is not an error: the table is then computed in a subprocess once per process.
 Nor is a home that does not exist: this module creates only ``cache/`` inside an existing home,
-never the home or its parents (building a plan, a dry run, must not make directories; a launch
-creates the home, and the next plan writes the cache).
+never the home or its parents (building a plan, a dry run, must not make directories). A process
+that computed the tables while its home was missing writes them when it exits, if by then the
+home exists (a launch in that process created it), so the next process finds them.
 
 The readers themselves live with their users: :func:`tune_magic.torchrun_options.live_rows` and
 :func:`tune_magic.catalog.live_registry_rows`. Only this module's stdlib imports run in the caller.
@@ -23,6 +24,7 @@ The readers themselves live with their users: :func:`tune_magic.torchrun_options
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import functools
@@ -243,8 +245,26 @@ def load() -> dict[str, Any]:
             warnings.warn(f"tune_magic: {exc}; reading them in this process instead (this imports torch here)",
                           RuntimeWarning, stacklevel=3)
             computed = compute_here()
-        write(path, key, computed)
+        if not write(path, key, computed) and not path.parent.parent.is_dir():
+            _write_at_exit(path, key, computed)
     return computed
+
+
+def _write_at_exit(path: Path, key: dict[str, Any], tables: dict[str, Any]) -> None:
+    """Write the tables when this process exits, if the home (``path``'s grandparent) exists by
+    then; never create it. Registered at most once per cache file."""
+    if path in _AT_EXIT:
+        return
+    _AT_EXIT.add(path)
+
+    def flush() -> None:
+        if path.parent.parent.is_dir() and read(path, key) is None:
+            write(path, key, tables)
+
+    atexit.register(flush)
+
+
+_AT_EXIT: set[Path] = set()
 
 
 @contextlib.contextmanager
