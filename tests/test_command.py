@@ -433,21 +433,28 @@ def test_negative_node_rank_and_local_rank_filter_are_refused(env):
 # --- empty values of path keys, configs that are not mappings, recipes that are not Python ---------
 
 
-@pytest.mark.parametrize("override", ["output_dir=", "output_dir= ", "metric_logger.log_dir=", "checkpointer.checkpoint_dir=",
-                                      "tokenizer.path=", "tokenizer.merges_file=", "checkpointer.checkpoint_files=",
-                                      "checkpointer.checkpoint_files[0]=", "profiler.output_dir="])
-def test_an_empty_value_for_a_path_key_is_refused(override, env, custom):
+NULL_PATH = "null (a path of None, e.g. ./None/...)"
+
+
+@pytest.mark.parametrize("override,reads", [
+    ("output_dir=", NULL_PATH), ("output_dir= ", NULL_PATH), ("metric_logger.log_dir=", NULL_PATH),
+    ("checkpointer.checkpoint_dir=", NULL_PATH), ("tokenizer.path=", NULL_PATH), ("tokenizer.merges_file=", NULL_PATH),
+    ("checkpointer.checkpoint_files=", NULL_PATH), ("checkpointer.checkpoint_files[0]=", NULL_PATH),
+    ("profiler.output_dir=", NULL_PATH), ('output_dir=""', "an empty path"), ("tokenizer.path=' '", "an empty path"),
+])
+def test_an_empty_value_for_a_path_key_is_refused(override, reads, env, custom):
     key = override.split("=")[0]
     with pytest.raises(PlanError) as err:
         build_plan(["my_recipe.py", "--config", "my.yaml", override], env=env, cwd=custom)
     assert str(err.value) == (
-        f"override {override!r} leaves {key} empty, which the recipe reads as null (a path of None, e.g. ./None/...); "
-        f"give a path ({key}=PATH), or drop the override to keep the config's value")
+        f"override {override!r} leaves {key} empty: the recipe reads {reads}; give a path ({key}=PATH), or drop the "
+        "override to keep the config's value")
 
 
-@pytest.mark.parametrize("override", ["a=", "seed=", "optimizer.lr=", "dataset.source=", "directory=", "output_dir=x"])
+@pytest.mark.parametrize("override", ["a=", "seed=", "optimizer.lr=", "dataset.source=", "directory=", "output_dir=x",
+                                      'a=""', "output_dir=null"])
 def test_an_empty_value_for_other_keys_stays_null_as_in_torchtune(override, env, custom):
-    plan = build_plan(f"my_recipe.py --config my.yaml {override}", env=env, cwd=custom)
+    plan = build_plan(["my_recipe.py", "--config", "my.yaml", override], env=env, cwd=custom)
     assert plan.argv[-1 if override.startswith("output_dir") else -2] == override
 
 

@@ -498,13 +498,21 @@ def with_config(tokens: list[str], path: str) -> tuple[list[str], str | None]:
 _PATH_KEY_RE = re.compile(r"(?:^|[._])(?:dir|path|file|files)(?:\[[^\]]*\])*$")
 
 
+def is_path_key(key: str) -> bool:
+    """Whether an override or config key names a file or directory (``output_dir``, ``*_dir``,
+    ``path``, ``*.path``, ``*_path``, ``*_file``, ``*_files``; a trailing index such as ``[0]``
+    ignored): an empty value there is refused (see :func:`check_override`)."""
+    return _PATH_KEY_RE.search(key) is not None
+
+
 def check_override(token: str) -> str:
     """Return ``token`` if a torchtune 0.6.1 recipe reads it as typed, else raise :class:`PlanError`.
 
     The value is checked by :func:`tune_magic.overrides.check_value` (YAML as OmegaConf reads it).
     An empty value (``key=``, or only spaces) is null to the recipe: accepted, except for a key
     that names a file or directory (``output_dir``, ``*_dir``, ``*.path``, ``*_path``, ``*_file``,
-    ``*_files``), where null becomes the path ``None`` (``./None/...``) or a crash.
+    ``*_files``), where null becomes the path ``None`` (``./None/...``) or a crash; a quoted empty
+    string there (``output_dir=""``) is refused too. An explicit ``null`` stays accepted.
     """
     from . import overrides
 
@@ -524,13 +532,23 @@ def check_override(token: str) -> str:
             f"override {token!r} is not key=value; write e.g. batch_size=4 or metric_logger.name=\"my run\" "
             "(quote values with spaces)"
         )
-    if not value.strip() and _PATH_KEY_RE.search(key):
-        raise PlanError(
-            f"override {token!r} leaves {key} empty, which the recipe reads as null (a path of None, e.g. "
-            f"./None/...); give a path ({key}=PATH), or drop the override to keep the config's value"
-        )
+    path_key = is_path_key(key)
+    if path_key and not value.strip():  # before check_value, whose advice (quote the spaces) does not fit a path
+        raise PlanError(f"override {token!r} leaves {key} empty: " + empty_path_fix(key, None, "=", "override"))
     overrides.check_value(key, value)
+    if path_key:
+        read = overrides.recipe_value(key, value)
+        if isinstance(read, str) and not read.strip():
+            raise PlanError(f"override {token!r} leaves {key} empty: " + empty_path_fix(key, read, "=", "override"))
     return token
+
+
+def empty_path_fix(key: str, read: object, sep: str, what: str) -> str:
+    """The end of the message refusing an empty value for a path key: what the recipe reads and
+    the fix (``sep``: ``=`` for an override, ``: `` for a config line; ``what`` names the thing
+    to drop)."""
+    reads = "null (a path of None, e.g. ./None/...)" if read is None else "an empty path"
+    return f"the recipe reads {reads}; give a path ({key}{sep}PATH), or drop the {what} to keep the config's value"
 
 
 def _unsafe_char(c: str) -> bool:
