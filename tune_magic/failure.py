@@ -432,7 +432,7 @@ class _Log:
 
     def tracebacks(self, key: tuple | None = None, *, survived: bool = True) -> list[tuple[tuple, _Traceback]]:
         """``(stream key, traceback)`` of one stream (or all), torchrun's own wrapper left out,
-        in log order; with ``survived=False`` also those the process went on from."""
+        in log order; with ``survived=False`` only those the process did not go on from."""
         keys = [key] if key is not None else list(self.streams)
         found = [(k, tb) for k in keys for tb in self._found.get(k, [])
                  if not tb.exc_type.endswith(_WRAPPER) and (survived or not self.survived(k, tb))]
@@ -701,14 +701,15 @@ def _from_report(e: ReportEntry, entries: list[ReportEntry], log: _Log, rank_log
         candidates.append(_Log(rank_logs[e.local_rank]).last_traceback(survived=False))
     if e.local_rank is not None:
         candidates.append(log.last_traceback(("local", e.local_rank), survived=False))
+    python_exit = e.exitcode in (1, None)  # 1: what Python exits with after an uncaught exception
     plain = log.last_traceback(("plain", None), survived=False)
-    candidates.append(plain if plain is not None and (e.exitcode == 1 or log.last_output(plain)) else None)
+    candidates.append(plain if plain is not None and (python_exit or log.last_output(plain)) else None)
     for tb in candidates:
         if tb is not None:
             return _from_traceback(tb, who)
     # 7. the last exception line of the rank's or the unprefixed output (outside tracebacks)
-    lines = [x for x in log.exception_lines([("rank", e.rank), ("plain", None)])
-             if e.exitcode == 1 or log.last_output(x)]
+    lines = sorted(log.exception_lines([("rank", e.rank)]) + [
+        x for x in log.exception_lines([("plain", None)]) if python_exit or log.last_output(x)], key=lambda x: x.order)
     if lines:
         return _from_traceback(lines[-1], who)
     return who.reason(f"exited with code {e.exitcode}", "exit_code")
