@@ -49,6 +49,21 @@ def test_rank_raised_after_init_prefixed():
     assert r.traceback.endswith("\nRuntimeError: boom on rank one") and "[rank1]" not in r.traceback
 
 
+def test_a_traceback_glued_to_another_ranks_progress_line_is_found_whole():
+    # rank 0's bar had no newline yet when rank 1's excepthook wrote: "...20%|[rank1]: Traceback ..."
+    text = log("torchrun_glued_traceback")
+    assert "Loss: 10.0: 20%|[rank1]: Traceback (most recent call last):\n" in text
+    r = check(describe_failure(text), "rank 1: RuntimeError: toy recipe crashed on purpose", kind="exception", rank=1,
+              exc_type="RuntimeError")
+    assert r.traceback.startswith("Traceback (most recent call last):\n  File ")
+    assert r.traceback.endswith('raise RuntimeError(cfg.get("crash_message", "toy recipe crashed on purpose"))\n'
+                                "RuntimeError: toy recipe crashed on purpose")
+    # the same for an unprefixed traceback (a rank failing before init_process_group)
+    plain = log("pre_init_import_error").replace("Traceback (most recent call last):",
+                                                 "1|1|Loss: 10.0: 20%|Traceback (most recent call last):", 1)
+    assert describe_failure(plain).traceback.startswith("Traceback (most recent call last):\n  File ")
+
+
 @pytest.mark.parametrize("name,line,rank,exc_type", [
     ("pre_init_import_error", "rank 1: ModuleNotFoundError: No module named 'tune_magic_no_such_module'", 1,
      "ModuleNotFoundError"),

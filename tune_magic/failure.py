@@ -365,6 +365,13 @@ def _report_end(lines: list[tuple[int, str]], i: int) -> int:
     return j
 
 
+# Where another process's output is glued onto a line that had no newline yet (a progress bar
+# redrawn with \r): "1|1|Loss: 10.0: 20%|[rank1]: Traceback (most recent call last):". Cut before
+# a [rankN]: prefix, or a traceback's first line, that is not at the start of the line nor right
+# after another prefix ("[default1]:[rank1]: ", "[rank1]: Traceback").
+_GLUED_RE = re.compile(r"(?<=.)(?<!\]:)(?<!\]: )(?=\[rank\d+\]: |Traceback \(most recent call last\):)")
+
+
 class _Log:
     """The log's lines split into streams by prefix: ``("rank", N)`` for ``[rankN]:`` lines,
     ``("local", N)`` for ``[defaultN]:``-only lines, ``("plain", None)`` for the rest."""
@@ -375,7 +382,8 @@ class _Log:
         self._who: list[tuple[int | None, int | None]] = []  # (rank, local rank) of each line
         locals_of: dict[int, set[int]] = {}
         idx = 0
-        for raw in strip_ansi(text).replace("\r\n", "\n").replace("\r", "\n").split("\n"):
+        lines = strip_ansi(text).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        for raw in (part for line in lines for part in _GLUED_RE.split(line)):
             pieces = split_prefixed(raw) if raw.startswith("[") else []
             for piece in [p + t for p, t in pieces] or [raw]:
                 rank, local, body = strip_prefixes(piece)
