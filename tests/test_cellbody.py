@@ -163,3 +163,28 @@ def test_magic_cell_body_value_with_spaces_and_a_field():
                              "seed=1 epochs=2\nmetric_logger.name={who} run  # a comment\n")
     i = plan.argv.index("seed=1")
     assert plan.argv[i:i + 3] == ["seed=1", "epochs=2", "metric_logger.name=my run"]
+
+
+NULL_PATH = "null (a path of None, e.g. ./None/...)"
+
+
+@pytest.mark.parametrize("body,message", [
+    ("seed: 1\noutput_dir:\n", f"cell line 2: output_dir is empty: the recipe reads {NULL_PATH}; give a path "
+                               "(output_dir: PATH), or drop the line to keep the config's value"),
+    ("metric_logger:\n  log_dir:\n", f"cell line 2: metric_logger.log_dir is empty: the recipe reads {NULL_PATH}; give "
+                                     "a path (log_dir: PATH), or drop the line to keep the config's value"),
+    ('output_dir: ""\n', "cell line 1: output_dir is empty: the recipe reads an empty path; give a path "
+                         "(output_dir: PATH), or drop the line to keep the config's value"),
+    ("seed=1\noutput_dir=\n", f"cell line 2: override 'output_dir=' leaves output_dir empty: the recipe reads "
+                               f"{NULL_PATH}; give a path (output_dir=PATH), or drop the override to keep the config's value"),
+])
+def test_an_empty_path_in_the_cell_body_is_refused_like_an_empty_override(body, message):
+    with pytest.raises(PlanError) as err:
+        parse_cell_body(body)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize("body", ["output_dir: null\n", "seed:\n", "output_dir: /tmp/x\n", "a=\n"])
+def test_other_empty_values_and_an_explicit_null_stay_accepted(body):
+    got = parse_cell_body(body)
+    assert (got.config_yaml or got.overrides) == (body if ":" in body else ["a="])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 
@@ -80,3 +82,108 @@ def test_demo_without_the_notebook_says_where_it_looked(tmp_path):
     assert r.returncode == 2
     assert str(missing) in r.stderr and "not found" in r.stderr and "--plans" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+# --- paragraphs, not tracebacks -------------------------------------------------------------------
+
+
+def _one_paragraph(r: subprocess.CompletedProcess, command: str) -> str:
+    assert r.returncode == 2, r
+    assert r.stdout == "" and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith(f"tune-magic {command}: error: ")
+    return lines[-1]
+
+
+@pytest.mark.parametrize("seed", ["-1", "1.5", "x", "１"])
+def test_assets_seed_that_is_not_a_whole_number_is_a_usage_error(seed, tmp_path):
+    r = run("assets", "--seed", seed, str(tmp_path / "a"))
+    assert _one_paragraph(r, "assets") == (
+        f"tune-magic assets: error: argument --seed: {seed!r} is not a whole number >= 0, e.g. --seed 0")
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("directory", ["", " "])
+def test_assets_empty_path_is_not_the_working_directory(directory, tmp_path):
+    (tmp_path / "keep.txt").write_text("x")
+    r = run("assets", directory, cwd=tmp_path)
+    assert _one_paragraph(r, "assets") == (
+        f"tune-magic assets: error: the directory {directory!r} is an empty path, not a directory; give one "
+        "(tune-magic assets DIR) or leave it out for $TUNE_MAGIC_HOME/assets")
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+
+
+def test_make_assets_refuses_an_empty_path_too():
+    from tune_magic.assets import make_assets
+
+    with pytest.raises(ValueError, match=r"^directory '' is an empty path, not a directory"):
+        make_assets("")
+
+
+def test_metrics_file_that_is_not_a_file_says_what_it_is(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    cases = [
+        (str(tmp_path), f"--file {tmp_path} is a directory; give a log file in it (DiskLogger log_*.txt or log_*.jsonl)"),
+        (str(fifo), f"--file {fifo} is not a regular file (a FIFO, socket or device); give a log file"),
+        (str(tmp_path / "none.txt"), f"--file {tmp_path / 'none.txt'}: no such file"),
+        ("", "--file '' is an empty path, not a file; give a torchtune log, e.g. --file log_1.txt"),
+    ]
+    for path, message in cases:
+        assert _one_paragraph(run("metrics", "--file", path), "metrics") == f"tune-magic metrics: error: {message}"
+
+
+def test_help_help_shows_the_help_of_help():
+    r = run("help", "help")
+    assert r.returncode == 0 and r.stderr == ""
+    assert r.stdout.splitlines()[0] == "usage: tune-magic help [COMMAND]"
+    assert "commands: cmd, ls, assets, run, jobs, logs, stop, rm, metrics, demo, help" in r.stdout
+
+
+# --- a job's log is read only when it is a regular file --------------------------------------------
+
+
+@pytest.fixture
+def registry_log(tmp_path):
+    """A job log path in a job directory, and a secret file outside it."""
+    job_dir = tmp_path / "jobs" / "j1"
+    job_dir.mkdir(parents=True)
+    secret = tmp_path / "secret"
+    secret.write_text("SECRET LINE\n")
+    return job_dir / "output.log", secret
+
+
+def test_read_from_reads_a_regular_log_from_an_offset(registry_log):
+    from tune_magic.cli import _read_from
+
+    log, _ = registry_log
+    assert list(_read_from(str(log), 0)) == []  # not written yet
+    log.write_bytes(b"0123456789")
+    assert b"".join(_read_from(str(log), 4)) == b"456789"
+
+
+@pytest.mark.parametrize("kind,words", [
+    ("symlink", "is a symbolic link, not a regular file"),
+    ("fifo", "is a FIFO, not a regular file"),
+    ("directory", "is a directory, not a regular file"),
+    ("device", "is a character device, not a regular file"),
+])
+def test_read_from_refuses_anything_but_a_regular_file(kind, words, registry_log):
+    from tune_magic.cli import CliError, _read_from, check_job_log
+
+    log, secret = registry_log
+    if kind == "symlink":
+        log.symlink_to(secret)
+    elif kind == "fifo":
+        os.mkfifo(log)  # opening it for reading would block until a writer comes: never opened
+    elif kind == "directory":
+        log.mkdir()
+    else:
+        os.mknod(log, 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's numbers
+    want = (f"the job's log {log} {words}: tune_magic writes a regular file there, so something else replaced it; "
+            "refusing to read it (links are never followed inside the job registry)")
+    with pytest.raises(CliError) as err:
+        list(_read_from(str(log), 0))
+    assert str(err.value) == want
+    with pytest.raises(CliError):
+        check_job_log(str(log))

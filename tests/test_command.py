@@ -355,3 +355,156 @@ def test_output_dir_that_is_not_a_path_gets_no_per_job_dir(env, custom, value):
     (custom / "odd.yaml").write_text(f"output_dir: {value}\nseed: 1\n")
     plan = build_plan("my_recipe.py --config odd.yaml", env=env, cwd=custom, job_id="j9")
     assert plan.output_dir is None and not any(a.startswith("output_dir=") for a in plan.argv)
+
+
+# --- torchrun values its parser takes and its launcher refuses -------------------------------------
+
+
+def _torchrun_refuses(tokens: list[str], monkeypatch) -> bool:
+    """Whether torch 2.13's own launcher code refuses these options when torchrun starts: its
+    config_from_args (max_restarts, shutdown_timeout, redirects/tee, local_ranks_filter), the
+    agent's WorkerSpec (monitor_interval <= 0) and the agent's time.sleep(monitor_interval)
+    (nan, inf: ``0 * x`` keeps them nan, so one sleep of 0 s asks the same question)."""
+    import time
+
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.run import config_from_args, get_args_parser
+
+    for key in list(os.environ):
+        if key.startswith("PET_"):
+            monkeypatch.delenv(key)
+    try:
+        cfg, cmd, _ = config_from_args(get_args_parser().parse_args([*tokens, "--nproc-per-node", "1", "x.py"]))
+        WorkerSpec(role="default", local_world_size=1, rdzv_handler=None, entrypoint=cmd,
+                   monitor_interval=cfg.monitor_interval)
+        time.sleep(0 * cfg.monitor_interval)
+    except (AssertionError, ValueError, OverflowError):
+        return True
+    return False
+
+
+TORCHRUN_VALUES = [
+    # (flag and value, refused)
+    ("--max-restarts -1", True), ("--max_restarts=-2", True), ("--max-restarts 0", False),
+    ("--monitor-interval 0", True), ("--monitor-interval -1", True), ("--monitor-interval nan", True),
+    ("--monitor-interval inf", True), ("--monitor-interval 0.01", False),
+    ("--shutdown-timeout -1", True), ("--shutdown-timeout 0", False),
+    ("--redirects 4", True), ("-r 0:3,1:4", True), ("-r 12:1", True), ("-r 0:3,1:2", False), ("--tee 3", False),
+    ("--local-ranks-filter 0,", True), ("--local-ranks-filter a", True), ("--local-ranks-filter 0,1", False),
+]
+
+
+@pytest.mark.parametrize("tokens,refused", TORCHRUN_VALUES, ids=[t for t, _ in TORCHRUN_VALUES])
+def test_torchrun_values_its_launcher_refuses_are_refused_before_start(tokens, refused, env, monkeypatch):
+    words = shlex.split(tokens)
+    assert _torchrun_refuses(words, monkeypatch) is refused  # torch's own verdict
+    args = f"{tokens} --nproc_per_node 1 {BUILTIN}"
+    if not refused:
+        torchrun_reparse(build_plan(args, env=env).argv, monkeypatch)
+        return
+    with pytest.raises(PlanError) as err:
+        build_plan(args, env=env)
+    flag = words[0].split("=")[0]
+    shown = {"-r": "--redirects", "--max_restarts": "--max-restarts"}.get(flag, flag)
+    assert str(err.value).startswith(f"{shown} ")
+    assert "torchrun would refuse it when it starts" in str(err.value)
+
+
+@pytest.mark.parametrize("variable,value,words", [
+    ("PET_MAX_RESTARTS", "-1", "PET_MAX_RESTARTS '-1' must be a whole number >= 0, e.g. PET_MAX_RESTARTS 3"),
+    ("PET_MONITOR_INTERVAL", "0", "PET_MONITOR_INTERVAL '0' must be a number of seconds > 0"),
+    ("PET_TEE", "9", "PET_TEE '9' must be 0-3"),
+    ("PET_NODE_RANK", "-1", "PET_NODE_RANK '-1' must be a whole number >= 0"),
+])
+def test_torchrun_values_from_pet_variables_are_checked_too(variable, value, words, env):
+    with pytest.raises(PlanError) as err:
+        build_plan(f"--nproc_per_node 2 {BUILTIN}", env={**env, variable: value})
+    assert str(err.value).startswith(words)
+
+
+def test_negative_node_rank_and_local_rank_filter_are_refused(env):
+    with pytest.raises(PlanError, match=r"^--node-rank '-1' must be a whole number >= 0, e.g. --node-rank 0"):
+        build_plan(f"--node-rank -1 --nproc_per_node 2 {BUILTIN}", env=env)
+    with pytest.raises(PlanError, match=r"^--local-ranks-filter '0,-1' must be local ranks"):
+        build_plan(f"--local-ranks-filter 0,-1 --nproc_per_node 2 {BUILTIN}", env=env)
+    assert "--max-restarts" in build_plan(f"--max-restarts 0 --nproc_per_node 2 {BUILTIN}", env=env).argv
+
+
+# --- empty values of path keys, configs that are not mappings, recipes that are not Python ---------
+
+
+NULL_PATH = "null (a path of None, e.g. ./None/...)"
+
+
+@pytest.mark.parametrize("override,reads", [
+    ("output_dir=", NULL_PATH), ("output_dir= ", NULL_PATH), ("metric_logger.log_dir=", NULL_PATH),
+    ("checkpointer.checkpoint_dir=", NULL_PATH), ("tokenizer.path=", NULL_PATH), ("tokenizer.merges_file=", NULL_PATH),
+    ("checkpointer.checkpoint_files=", NULL_PATH), ("checkpointer.checkpoint_files[0]=", NULL_PATH),
+    ("profiler.output_dir=", NULL_PATH), ('output_dir=""', "an empty path"), ("tokenizer.path=' '", "an empty path"),
+])
+def test_an_empty_value_for_a_path_key_is_refused(override, reads, env, custom):
+    key = override.split("=")[0]
+    with pytest.raises(PlanError) as err:
+        build_plan(["my_recipe.py", "--config", "my.yaml", override], env=env, cwd=custom)
+    assert str(err.value) == (
+        f"override {override!r} leaves {key} empty: the recipe reads {reads}; give a path ({key}=PATH), or drop the "
+        "override to keep the config's value")
+
+
+@pytest.mark.parametrize("override", ["a=", "seed=", "optimizer.lr=", "dataset.source=", "directory=", "output_dir=x",
+                                      'a=""', "output_dir=null"])
+def test_an_empty_value_for_other_keys_stays_null_as_in_torchtune(override, env, custom):
+    plan = build_plan(["my_recipe.py", "--config", "my.yaml", override], env=env, cwd=custom)
+    assert plan.argv[-1 if override.startswith("output_dir") else -2] == override
+
+
+SCALAR = "a single scalar: plain text, not key: value lines"
+
+
+@pytest.mark.parametrize("content,what", [
+    ("just a string\n", SCALAR), ("root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1::/:/bin/sh\n", SCALAR),
+    ("42\n", SCALAR), ("'quoted'\n", SCALAR), ("- a\n- b\n", "a list"), ("", "empty"), ("# only a comment\n", "empty"),
+    ("{}\n", "empty"),
+])
+def test_a_config_that_is_not_a_mapping_is_refused_with_or_without_output_dir(content, what, env, custom):
+    bad = custom / "bad.yaml"
+    bad.write_text(content)
+    want = (f"config {bad} is not a YAML mapping of keys to values (it is {what}); give a torchtune config "
+            "(key: value lines)")
+    for extra in ("", " output_dir=/tmp/o"):  # the override used to skip reading the file
+        with pytest.raises(PlanError) as err:
+            build_plan(f"my_recipe.py --config bad.yaml{extra}", env=env, cwd=custom)
+        assert str(err.value) == want
+
+
+@pytest.mark.parametrize("recipe", ["/bin/ls", "/etc/passwd", "my.yaml", "notes.txt", "my_recipe.pyc"])
+def test_a_custom_recipe_must_be_a_python_file(recipe, env, custom):
+    (custom / "notes.txt").write_text("x\n")
+    (custom / "my_recipe.pyc").write_bytes(b"\x00")
+    with pytest.raises(PlanError) as err:
+        build_plan(f"{recipe} --config my.yaml", env=env, cwd=custom)
+    path = custom / recipe if not recipe.startswith("/") else Path(recipe)
+    assert str(err.value) == (f"recipe {recipe!r} ({path}) is not a Python file: a custom recipe must be a .py file; "
+                              "give the recipe's .py file or a name from tune-magic ls")
+
+
+@pytest.mark.parametrize("words", [["", "--config", "my.yaml"], [" ", "--config", "my.yaml"],
+                                   ["--nproc_per_node", "2", "", "--config", "my.yaml"]])
+def test_an_empty_recipe_says_no_recipe_was_given(words, env, custom):
+    with pytest.raises(PlanError) as err:
+        build_plan(words, env=env, cwd=custom)
+    recipe = next(w for w in words if not w.strip())
+    assert str(err.value).startswith(f"no recipe given (the recipe is the empty word {recipe!r}): ")
+    assert "directory" not in str(err.value)
+
+
+@pytest.mark.parametrize("gpus,nproc,line", [
+    ("0", "2", "--nproc-per-node 2 disagrees with --gpus 0 (1 GPU); drop --nproc-per-node (the GPU list sets it) "
+               "or give 2 GPUs"),
+    ("0,1", "1", "--nproc-per-node 1 disagrees with --gpus 0,1 (2 GPUs); drop --nproc-per-node (the GPU list sets "
+                 "it) or give 1 GPU"),
+])
+def test_gpu_counts_are_pluralised(gpus, nproc, line, env):
+    with pytest.raises(PlanError) as err:
+        build_plan(f"--nproc-per-node {nproc} {BUILTIN}", env=env, gpus=gpus)
+    assert str(err.value) == line

@@ -49,6 +49,21 @@ def test_rank_raised_after_init_prefixed():
     assert r.traceback.endswith("\nRuntimeError: boom on rank one") and "[rank1]" not in r.traceback
 
 
+def test_a_traceback_glued_to_another_ranks_progress_line_is_found_whole():
+    # rank 0's bar had no newline yet when rank 1's excepthook wrote: "...20%|[rank1]: Traceback ..."
+    text = log("torchrun_glued_traceback")
+    assert "Loss: 10.0: 20%|[rank1]: Traceback (most recent call last):\n" in text
+    r = check(describe_failure(text), "rank 1: RuntimeError: toy recipe crashed on purpose", kind="exception", rank=1,
+              exc_type="RuntimeError")
+    assert r.traceback.startswith("Traceback (most recent call last):\n  File ")
+    assert r.traceback.endswith('raise RuntimeError(cfg.get("crash_message", "toy recipe crashed on purpose"))\n'
+                                "RuntimeError: toy recipe crashed on purpose")
+    # the same for an unprefixed traceback (a rank failing before init_process_group)
+    plain = log("pre_init_import_error").replace("Traceback (most recent call last):",
+                                                 "1|1|Loss: 10.0: 20%|Traceback (most recent call last):", 1)
+    assert describe_failure(plain).traceback.startswith("Traceback (most recent call last):\n  File ")
+
+
 @pytest.mark.parametrize("name,line,rank,exc_type", [
     ("pre_init_import_error", "rank 1: ModuleNotFoundError: No module named 'tune_magic_no_such_module'", 1,
      "ModuleNotFoundError"),
@@ -204,6 +219,63 @@ def test_one_process_job_killed_by_a_signal():
     assert failure_line("", evidence=Evidence(returncode=-9, pid=4321, oom=oom)) == \
         "killed by the OOM killer (the machine ran out of memory; SIGKILL)"
     assert failure_line("", evidence=Evidence(returncode=3)) == "exited with code 3"
+
+
+# -- a traceback the process survived ---------------------------------------------------------
+
+HANDLED = "CUDA out of memory (RuntimeError: CUDA out of memory. Tried to allocate 2 GiB (handled))"
+
+
+@pytest.mark.parametrize("name,returncode,line,kind", [
+    # the recipe printed a handled exception's traceback (print_exc), went on with its progress
+    # bar, then ended some other way: that way is the reason
+    ("one_process_survived_exit3", 3, "exited with code 3", "exit_code"),
+    ("one_process_survived_sigkill", -9, "killed by SIGKILL (signal 9)", "signal"),
+    # the same traceback as the last thing it printed before sys.exit(3): it is the reason
+    ("one_process_print_exc_exit3", 3, HANDLED, "cuda_oom"),
+])
+def test_one_process_traceback_it_survived_is_not_the_failure(name, returncode, line, kind):
+    text = log(name)
+    assert text.count("RuntimeError: CUDA out of memory. Tried to allocate 2 GiB (handled)") == 1
+    r = check(describe_failure(text, evidence=Evidence(returncode=returncode, pid=4321)), line, kind=kind, rank=None,
+              exc_type="RuntimeError" if kind == "cuda_oom" else None)
+    assert r.exitcode == returncode
+
+
+def test_one_process_traceback_it_survived_without_a_return_code():
+    # no report, no return code: nothing explains the end (the caller says so)
+    assert describe_failure(log("one_process_survived_exit3")) is None
+    # exit code 1 is not explained by a traceback the process went on from either
+    assert failure_line(log("one_process_survived_exit3"), evidence=Evidence(returncode=1)) == "exited with code 1"
+
+
+def test_an_unprefixed_traceback_another_rank_survived_is_not_the_failing_ranks():
+    # rank 0 printed the handled traceback and kept printing its progress bar; rank 1 exited 3
+    text = log("survived_rank1_exit3")
+    assert [(e.rank, e.exitcode, e.root) for e in parse_reports(text)] == [(0, -15, False), (1, 3, True)]
+    r = check(describe_failure(text, evidence=Evidence(returncode=1)), "rank 1: exited with code 3",
+              kind="exit_code", rank=1, exc_type=None)
+    assert r.traceback is None
+
+
+def test_an_unprefixed_traceback_that_is_the_last_output_explains_a_plain_exit_code():
+    # rank 1 printed the traceback and exited 3; rank 0 printed nothing more before torchrun ended it
+    text = log("rank1_print_exc_exit3")
+    assert [(e.rank, e.exitcode) for e in parse_reports(text)] == [(0, -15), (1, 3)]
+    r = check(describe_failure(text), f"rank 1: {HANDLED}", kind="cuda_oom", rank=1, exc_type="RuntimeError")
+    assert r.exitcode == 3 and r.traceback.endswith("RuntimeError: CUDA out of memory. Tried to allocate 2 GiB (handled)")
+
+
+def test_a_prefixed_traceback_the_rank_survived_is_not_the_failure():
+    # the captured crash with more [rank1]: output of that rank after its traceback: it went on
+    text = log("torchrun_rank1_crash")
+    last = [i for i, line in enumerate(text.splitlines()) if line.startswith("[rank1]: RuntimeError")][-1]
+    lines = text.splitlines()
+    lines.insert(last + 1, "[rank1]: 1|3|Loss: 2.5")
+    check(describe_failure("\n".join(lines)), "rank 1: exited with code 1", kind="exit_code", rank=1, exc_type=None)
+    # torch's own C++ log lines after it are not the rank's output
+    lines[last + 1] = "[rank1]:[W1201 03:59:43.187000 ProcessGroup.cpp:1] Warning: destroy_process_group() was not called"
+    assert failure_line("\n".join(lines)) == "rank 1: RuntimeError: boom on rank one"
 
 
 # -- timeouts and ports -------------------------------------------------------------------------

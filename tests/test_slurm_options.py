@@ -51,6 +51,15 @@ def test_check_time_refuses_other_text_naming_the_forms(text):
     assert "2:00:00" in msg and "UNLIMITED" in msg and "D-H" in msg
 
 
+@pytest.mark.parametrize("text", ["１２０", "1:٣٠", "1-２", "２:00:00", "ınfınıte", "unlımıted", "120\u00a0"])
+def test_check_time_accepts_ascii_only(text):
+    # sbatch reads ASCII digits and words: full-width/Arabic-Indic digits, a dotless i that
+    # upper-cases to I, a no-break space are not a limit to it
+    with pytest.raises(PlanError) as err:
+        check_time(text)
+    assert str(err.value).startswith(f"--time {text!r} is not a SLURM time limit")
+
+
 # --- counts ----------------------------------------------------------------------------------
 
 
@@ -63,6 +72,14 @@ def test_check_nodes_accepts_whole_numbers(value, n):
 def test_check_nodes_refuses_non_positive_and_words(value):
     with pytest.raises(PlanError, match=r"^--nodes must be a whole number ≥ 1, not .*; e\.g\. --nodes 2$"):
         check_nodes(value)
+
+
+@pytest.mark.parametrize("value", ["２", "\u0663", "1\u00a0", "²"])
+def test_check_counts_accept_ascii_digits_only(value):
+    with pytest.raises(PlanError, match=r"^--nodes must be a whole number ≥ 1"):
+        check_nodes(value)
+    with pytest.raises(PlanError, match=r"^--gpus-per-node must be a whole number ≥ 0"):
+        check_count("--gpus-per-node", value, minimum=0)
 
 
 def test_check_nodes_refuses_a_range_saying_why():

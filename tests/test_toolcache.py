@@ -35,6 +35,7 @@ def _clear_process_caches() -> None:
 def fresh_home(tmp_path, monkeypatch):
     """A TUNE_MAGIC_HOME of this test's own, and no table remembered by this process."""
     home = tmp_path / "tmhome"
+    home.mkdir()  # the cache is written only inside an existing home
     monkeypatch.setenv("TUNE_MAGIC_HOME", str(home))
     _clear_process_caches()
     yield home
@@ -316,13 +317,16 @@ PROBE = textwrap.dedent("""
     plan = tune_magic.build_plan(sys.argv[1], job_id="probe")
     print(json.dumps({"argv": plan.argv, "heavy": sorted(m for m in ("torch", "torchtune", "torchao")
                       if m in sys.modules)}))
+    if len(sys.argv) > 2:  # make the home after the plan, as a launch would
+        import os
+        os.makedirs(sys.argv[2])
 """)
 
 
-def _probe(args: str, home: Path, prefix: list[str] = ()) -> dict:
+def _probe(args: str, home: Path, prefix: list[str] = (), make_home: bool = False) -> dict:
     env = {**os.environ, "TUNE_MAGIC_HOME": str(home)}
-    proc = subprocess.run([*prefix, sys.executable, "-c", PROBE, args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run([*prefix, sys.executable, "-c", PROBE, args, *([str(home)] if make_home else [])],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""  # no warning, no traceback
     return json.loads(proc.stdout)
@@ -333,6 +337,7 @@ LORA = "--nproc_per_node 2 --max-restarts 1 lora_finetune_distributed --config l
 
 def test_a_fresh_process_builds_plans_without_importing_torch(tmp_path):
     home = tmp_path / "home"
+    home.mkdir()
     absent = _probe(LORA, home)  # cache absent: the child computes it in a grandchild
     assert absent["heavy"] == []
     assert _cache_file(home).is_file()
@@ -394,3 +399,39 @@ def test_simultaneous_misses_compute_once(fresh_home, monkeypatch, real_tables):
     assert len(calls) == 1, calls
     assert results == {0: real_tables, 1: real_tables}
     assert (fresh_home / "cache" / (toolcache.cache_path().name + ".lock")).is_file()
+
+
+# --- a home that does not exist is never created ---------------------------------------------------
+
+
+def test_a_missing_home_and_its_parents_are_never_created(tmp_path):
+    """Building plans (the CLI's dry run too) in a home that does not exist creates nothing: not
+    the home, not its parents, not the cache; once the home exists, the next plan writes the cache."""
+    home = tmp_path / "nonexistent" / "deep" / "home"
+    (tmp_path / "other").mkdir()
+    want = _probe(LORA, tmp_path / "other")  # the same plan from a home that gets its cache
+    assert _probe(LORA, home) == want
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other"]
+    env = {**os.environ, "TUNE_MAGIC_HOME": str(home)}
+    r = subprocess.run([sys.executable, "-m", "tune_magic", "cmd", *LORA.split()], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[-3:] == ["--config", str(catalog.find_config("llama3_2/1B_lora").path),
+                                     next(w for w in r.stdout.split() if w.startswith("output_dir="))]
+    assert not (tmp_path / "nonexistent").exists()
+    # a process whose launch creates the home (here: by hand, as jobstore does) writes the cache as it exits
+    assert _probe(LORA, home, make_home=True) == want
+    assert [p.name for p in (home / "cache").iterdir() if p.suffix == ".json"] == [toolcache.cache_path().name]
+    doc = json.loads(next((home / "cache").glob("tools-*.json")).read_text())
+    assert doc["key"] == toolcache.current_key() and doc["tables"] == toolcache.compute_here()
+
+
+def test_write_creates_only_the_cache_directory_inside_an_existing_home(tmp_path, real_tables):
+    key = toolcache.current_key()
+    missing = tmp_path / "no-home" / "cache" / "tools-x.json"
+    assert toolcache.write(missing, key, real_tables) is False
+    assert not (tmp_path / "no-home").exists()
+    (tmp_path / "home").mkdir()
+    present = tmp_path / "home" / "cache" / "tools-x.json"
+    assert toolcache.write(present, key, real_tables) is True
+    assert toolcache.read(present, key) == real_tables

@@ -135,11 +135,15 @@ def make_assets(
     Raises:
         FileExistsError: ``directory`` exists, is not empty and has no tune_magic manifest
             (it is never deleted), or it is a file.
-        ValueError: ``seed`` is not a non-negative int.
+        ValueError: ``seed`` is not a non-negative int; ``directory`` is an empty path (``""``,
+            which would mean the working directory).
         OSError: the parent directory cannot be written.
     """
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    if directory is not None and not os.fspath(directory).strip():
+        raise ValueError(f"directory {os.fspath(directory)!r} is an empty path, not a directory; give one, or None "
+                         "for the default ($TUNE_MAGIC_HOME/assets)")
     assets = AssetPaths.under(Path(directory) if directory is not None else paths.assets_dir())
     if not force and _is_current(assets, seed):
         return assets

@@ -91,7 +91,28 @@ def parse_cell_body(text: str | None) -> CellBody:
             "the cell body must be a YAML mapping (a config) or key=value lines (overrides); "
             f"got a YAML {type(data).__name__}"
         )
+    _refuse_empty_paths(yaml.compose(text, Loader=yaml.SafeLoader))
     return CellBody(config_yaml=text)
+
+
+def _refuse_empty_paths(node, prefix: str = "") -> None:
+    """Refuse ``output_dir:`` with nothing after it (and other keys naming a path), as
+    :func:`tune_magic.command.check_override` refuses ``output_dir=``: the recipe reads null."""
+    import yaml
+
+    from .command import empty_path_fix, is_path_key
+
+    if not isinstance(node, yaml.MappingNode):
+        return
+    for key, value in node.value:
+        name = f"{prefix}{key.value}" if isinstance(key, yaml.ScalarNode) else prefix + "?"
+        # nothing after the colon (null), or a quoted empty or blank string; an explicit null is kept
+        if (isinstance(value, yaml.ScalarNode) and not value.value.strip() and is_path_key(name)
+                and value.tag in ("tag:yaml.org,2002:null", "tag:yaml.org,2002:str")):
+            read = None if value.tag.endswith(":null") else value.value
+            raise PlanError(f"cell line {key.start_mark.line + 1}: {name} is empty: "
+                            + empty_path_fix(key.value, read, ": ", "line"))
+        _refuse_empty_paths(value, name + ".")
 
 
 def override_line(line: str, lineno: int = 1) -> list[str]:

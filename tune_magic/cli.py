@@ -9,6 +9,8 @@ import argparse
 import errno
 import json
 import os
+import re
+import stat
 import sys
 import time
 from typing import Callable, Iterable, Iterator, Sequence
@@ -82,14 +84,19 @@ def _assets(argv: Sequence[str]) -> int:
         description="Write the tiny offline model, tokenizer and dataset (default: $TUNE_MAGIC_HOME/assets).",
     )
     parser.add_argument("dir", nargs="?", help="target directory")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--seed", type=_seed, default=0, help="random seed, a whole number >= 0 (default 0)")
     parser.add_argument("--force", action="store_true", help="rewrite even if the assets exist")
     ns = parser.parse_args(argv)
     from .assets import make_assets
     from .paths import assets_dir
 
+    if ns.dir is not None and not ns.dir.strip():
+        raise CliError(f"the directory {ns.dir!r} is an empty path, not a directory; give one (tune-magic assets DIR) "
+                       "or leave it out for $TUNE_MAGIC_HOME/assets")
     try:
         paths = make_assets(ns.dir, seed=ns.seed, force=ns.force)
+    except ValueError as exc:  # a seed or directory that slipped past the checks above
+        raise CliError(str(exc)) from None
     except FileExistsError as exc:  # a non-empty directory that is not ours: never replaced
         raise CliError(f"{exc}; give an empty or new directory: tune-magic assets DIR") from None
     except OSError as exc:
@@ -98,6 +105,13 @@ def _assets(argv: Sequence[str]) -> int:
                        "(tune-magic assets DIR) or point TUNE_MAGIC_HOME at one") from None
     print(paths.root)
     return 0
+
+
+def _seed(text: str) -> int:
+    """argparse type of ``--seed``: a whole number >= 0 (what :func:`tune_magic.assets.make_assets` takes)."""
+    if not re.fullmatch(r"[0-9]+", text.strip(), re.ASCII):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0, e.g. --seed 0")
+    return int(text)
 
 
 #: errno values that are the machine's state, not a bug: reported as one paragraph, exit 2.
@@ -125,23 +139,68 @@ def _os_error_paragraph(exc: OSError) -> str:
 CHUNK_BYTES = 1 << 20
 
 
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _not_a_log(path: str, mode: int) -> CliError:
+    return CliError(f"the job's log {path} is {_file_kind(mode)}, not a regular file: tune_magic writes a regular "
+                    "file there, so something else replaced it; refusing to read it (links are never followed "
+                    "inside the job registry)")
+
+
+def check_job_log(path: str) -> None:
+    """Refuse a job log that is not a regular file (a link, a FIFO, a device, a directory).
+
+    A missing log passes (the job has not written yet, or its log was removed).
+
+    Raises:
+        CliError: it exists and is not a regular file, or cannot be looked at.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise CliError(f"cannot read the job's log: {_os_reason(exc)}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_a_log(path, st.st_mode)
+
+
 def _read_from(path: str, offset: int) -> Iterator[bytes]:
     """Yield ``path``'s bytes from ``offset`` to its current end, in chunks of at most :data:`CHUNK_BYTES`.
 
-    A missing file yields nothing (the job has not written yet, or its log was removed).
+    A missing file yields nothing (the job has not written yet, or its log was removed). Only a
+    regular file is read: a link at ``path`` is never followed (``O_NOFOLLOW``, see
+    :func:`tune_magic.jobstore.open_nofollow`), and a FIFO or device is refused, not opened for
+    reading (``O_NONBLOCK``, then ``fstat``), so nothing outside the registry is printed and
+    nothing blocks.
 
     Raises:
-        CliError: the path is a directory or cannot be read.
+        CliError: the path is not a regular file, or cannot be read.
     """
+    from pathlib import Path
+
+    from .jobstore import open_nofollow
+
+    check_job_log(path)
     try:
-        f = open(path, "rb")
+        fd = open_nofollow(Path(path), os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return
-    except IsADirectoryError:
-        raise CliError(f"the job's log {path} is a directory, not a file; nothing to print") from None
-    except PermissionError as exc:
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # became a link after check_job_log looked
+            raise _not_a_log(path, stat.S_IFLNK) from None
         raise CliError(f"cannot read the job's log: {_os_reason(exc)}") from None
-    with f:
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_a_log(path, mode)
         f.seek(offset)
         while chunk := f.read(CHUNK_BYTES):
             yield chunk
@@ -369,20 +428,28 @@ def _metrics(argv: Sequence[str]) -> int:
     fmt.add_argument("--json", action="store_true", help="strict JSON (non-finite values as strings)")
     fmt.add_argument("--csv", action="store_true", help="CSV with a header row")
     ns = parser.parse_args(argv)
+    if ns.file == "":
+        raise CliError("--file '' is an empty path, not a file; give a torchtune log, e.g. --file log_1.txt")
     if bool(ns.job) == bool(ns.file):
         raise CliError("give a job id or --file PATH")
     if ns.file:
         from .follow import JobMetricsFollower
 
         if not os.path.isfile(ns.file):
-            raise CliError(f"--file {ns.file}: no such file")
+            what = (" is a directory; give a log file in it (DiskLogger log_*.txt or log_*.jsonl)"
+                    if os.path.isdir(ns.file) else
+                    " is not a regular file (a FIFO, socket or device); give a log file" if os.path.exists(ns.file)
+                    else ": no such file")
+            raise CliError(f"--file {ns.file}{what}")
         with JobMetricsFollower(ns.file, max_lines=1) as follower:
             follower.finish()
             points = follower.points()
     else:
         from .jobctl import get_job
 
-        points = get_job(ns.job).metric_points()
+        job = get_job(ns.job)
+        check_job_log(job.log_path)
+        points = job.metric_points()
     if ns.json:
         print(points_to_json(points))
     elif ns.csv:
@@ -403,8 +470,12 @@ def _help(argv: Sequence[str]) -> int:
     if not argv:
         print(_usage())
         return 0
-    if argv[0] not in _COMMANDS or argv[0] == "help":
-        raise CliError(f"no command {argv[0]!r}; the commands: {', '.join(c for c in _COMMANDS if c != 'help')}")
+    if argv[0] == "help":
+        print("usage: tune-magic help [COMMAND]\n\nShow the help of COMMAND (the same as tune-magic COMMAND --help); "
+              f"without one, the list of commands.\n\ncommands: {', '.join(_COMMANDS)}")
+        return 0
+    if argv[0] not in _COMMANDS:
+        raise CliError(f"no command {argv[0]!r}; the commands: {', '.join(_COMMANDS)}")
     return _COMMANDS[argv[0]][0](["--help"])
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import math
 import os
 import re
 import shlex
@@ -239,6 +240,86 @@ def check_nproc(value: str, what: str = "--nproc-per-node") -> str:
     return value
 
 
+def _whole(value: str) -> int | None:
+    """``value`` as an int if it is ASCII digits with an optional sign (spaces around allowed)."""
+    m = re.fullmatch(r"\s*([+-]?[0-9]+)\s*", value)
+    return int(m[1]) if m else None
+
+
+def _check_non_negative_int(value: str, what: str, example: str) -> str | None:
+    n = _whole(value)
+    return None if n is not None and n >= 0 else f"{what} {value!r} must be a whole number >= 0, e.g. {example}"
+
+
+def _check_monitor_interval(value: str, what: str) -> str | None:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if math.isfinite(seconds) and seconds > 0:
+        return None
+    return f"{what} {value!r} must be a number of seconds > 0, e.g. {what} 0.1 (torchrun's default)"
+
+
+# torch.distributed.run (torch 2.13): <value> | <local rank>:<value>,... with values 0-3 and
+# one-digit local ranks (Std.from_str's _VALUE_REGEX / _MAPPING_REGEX)
+_STD_RE = re.compile(r"[0-3]|(?:[0-9]:[0-3],)*[0-9]:[0-3]")
+
+
+def _check_std(value: str, what: str) -> str | None:
+    if _STD_RE.fullmatch(value):
+        return None
+    return (f"{what} {value!r} must be 0-3 (0 none, 1 stdout, 2 stderr, 3 both) or LOCAL_RANK:VALUE pairs "
+            f"such as 0:3,1:2")
+
+
+def _check_ranks_filter(value: str, what: str) -> str | None:
+    if value == "":
+        return None  # torchrun: no filter
+    parts = [_whole(p) for p in value.split(",")]
+    if all(p is not None and p >= 0 for p in parts):
+        return None
+    return f"{what} {value!r} must be local ranks (whole numbers >= 0) separated by commas, e.g. 0 or 0,1"
+
+
+#: Values of torchrun options that its parser takes but its launcher then refuses, with the
+#: condition torch 2.13 checks (``torch/distributed/run.py`` ``config_from_args``,
+#: ``launcher/api.py`` ``LaunchConfig``, ``agent/server/api.py`` ``WorkerSpec``,
+#: ``multiprocessing/api.py`` ``Std.from_str``): dest -> check(value, shown name) -> problem or None.
+_VALUE_CHECKS = {
+    "max_restarts": lambda v, w: _check_non_negative_int(v, w, f"{w} 3"),  # AssertionError
+    "monitor_interval": _check_monitor_interval,  # AssertionError (<= 0); sleep() fails on nan/inf
+    "shutdown_timeout": lambda v, w: _check_non_negative_int(v, w, f"{w} 30"),  # ValueError
+    "node_rank": lambda v, w: _check_non_negative_int(v, w, f"{w} 0"),
+    "redirects": _check_std,  # ValueError
+    "tee": _check_std,
+    "local_ranks_filter": _check_ranks_filter,  # ValueError
+}
+
+
+def check_torchrun_values(opts: Mapping[str, str | bool], env: Mapping[str, str]) -> None:
+    """Refuse torchrun option values that its parser accepts but that fail when torchrun starts.
+
+    Each option given as a flag (``opts``: dest -> value) or as its ``PET_*`` variable in ``env``
+    is checked: ``--max-restarts``, ``--shutdown-timeout``, ``--node-rank`` (whole numbers >= 0),
+    ``--monitor-interval`` (seconds > 0), ``--redirects``/``--tee`` (0-3 or ``LOCAL_RANK:VALUE``
+    pairs), ``--local-ranks-filter`` (local ranks >= 0, comma-separated). ``--nproc-per-node`` and
+    ``--nnodes`` have their own checks (:func:`check_nproc`, :func:`parse_nnodes`).
+
+    Raises:
+        PlanError: the first bad value, naming the flag or variable and a valid example.
+    """
+    for dest, check in _VALUE_CHECKS.items():
+        if dest in opts:
+            value, what = opts[dest], lookup("--" + dest.replace("_", "-")).display
+        else:
+            value, what = _env_value(env, dest), "PET_" + dest.upper()
+        if isinstance(value, str):
+            problem = check(value, what)
+            if problem:
+                raise PlanError(f"{problem}; torchrun would refuse it when it starts")
+
+
 def parse_nnodes(value: str, what: str = "--nnodes") -> tuple[int, int]:
     """Parse ``--nnodes``: ``N`` or ``MIN:MAX``. Returns ``(min, max)``."""
     parts = value.split(":")
@@ -353,8 +434,10 @@ def _tokenise(tokens: list[str]) -> _Parsed:
         parsed.torchrun[opt.dest] = value
         parsed.torchrun_tokens += group
         parsed.groups.append((opt.dest, group))
-    if i >= len(tokens):
-        raise PlanError("no recipe given: [torchrun options] RECIPE --config CONFIG [key=value ...]; see tune-magic ls")
+    if i >= len(tokens) or not tokens[i].strip():
+        empty = f" (the recipe is the empty word {tokens[i]!r})" if i < len(tokens) else ""
+        raise PlanError(f"no recipe given{empty}: [torchrun options] RECIPE --config CONFIG [key=value ...]; "
+                        "see tune-magic ls")
     parsed.recipe = tokens[i]
     i += 1
     while i < len(tokens):
@@ -410,10 +493,26 @@ def with_config(tokens: list[str], path: str) -> tuple[list[str], str | None]:
     return out + ["--config", path], old
 
 
+# the last part of a key that names a file or directory: output_dir, log_dir, checkpoint_dir,
+# path, vocab_path, merges_file, checkpoint_files (an index such as [0] after it is ignored)
+_PATH_KEY_RE = re.compile(r"(?:^|[._])(?:dir|path|file|files)(?:\[[^\]]*\])*$")
+
+
+def is_path_key(key: str) -> bool:
+    """Whether an override or config key names a file or directory (``output_dir``, ``*_dir``,
+    ``path``, ``*.path``, ``*_path``, ``*_file``, ``*_files``; a trailing index such as ``[0]``
+    ignored): an empty value there is refused (see :func:`check_override`)."""
+    return _PATH_KEY_RE.search(key) is not None
+
+
 def check_override(token: str) -> str:
     """Return ``token`` if a torchtune 0.6.1 recipe reads it as typed, else raise :class:`PlanError`.
 
     The value is checked by :func:`tune_magic.overrides.check_value` (YAML as OmegaConf reads it).
+    An empty value (``key=``, or only spaces) is null to the recipe: accepted, except for a key
+    that names a file or directory (``output_dir``, ``*_dir``, ``*.path``, ``*_path``, ``*_file``,
+    ``*_files``), where null becomes the path ``None`` (``./None/...``) or a crash; a quoted empty
+    string there (``output_dir=""``) is refused too. An explicit ``null`` stays accepted.
     """
     from . import overrides
 
@@ -433,8 +532,23 @@ def check_override(token: str) -> str:
             f"override {token!r} is not key=value; write e.g. batch_size=4 or metric_logger.name=\"my run\" "
             "(quote values with spaces)"
         )
+    path_key = is_path_key(key)
+    if path_key and not value.strip():  # before check_value, whose advice (quote the spaces) does not fit a path
+        raise PlanError(f"override {token!r} leaves {key} empty: " + empty_path_fix(key, None, "=", "override"))
     overrides.check_value(key, value)
+    if path_key:
+        read = overrides.recipe_value(key, value)
+        if isinstance(read, str) and not read.strip():
+            raise PlanError(f"override {token!r} leaves {key} empty: " + empty_path_fix(key, read, "=", "override"))
     return token
+
+
+def empty_path_fix(key: str, read: object, sep: str, what: str) -> str:
+    """The end of the message refusing an empty value for a path key: what the recipe reads and
+    the fix (``sep``: ``=`` for an override, ``: `` for a config line; ``what`` names the thing
+    to drop)."""
+    reads = "null (a path of None, e.g. ./None/...)" if read is None else "an empty path"
+    return f"the recipe reads {reads}; give a path ({key}{sep}PATH), or drop the {what} to keep the config's value"
 
 
 def _unsafe_char(c: str) -> bool:
@@ -464,6 +578,9 @@ def _resolve_recipe(name: str, cwd: Path) -> tuple[Path, str | None, str, bool |
         return entry.path, entry.name, entry.source, entry.supports_distributed if entry.source == catalog.TORCHTUNE else None
     path = cwd / Path(name).expanduser()
     if path.is_file():
+        if path.suffix != ".py":  # torchrun runs it with Python; tune run imports it as a module
+            raise PlanError(f"recipe {name!r} ({path}) is not a Python file: a custom recipe must be a .py file; "
+                            "give the recipe's .py file or a name from tune-magic ls")
         return path.absolute(), None, "path", None
     if path.is_dir():
         raise PlanError(f"recipe {name!r} is a directory ({path}); give the recipe's .py file")
@@ -501,25 +618,39 @@ def _config_output_dir(config: Path) -> str | None:
     """Return the config's ``output_dir`` exactly as written (interpolations unresolved).
 
     Raises:
-        PlanError: the file is not UTF-8 YAML, or not a mapping.
+        PlanError: the file cannot be read, is not UTF-8 YAML, or its document is not a non-empty
+            mapping (empty, a list, or a scalar such as a plain text file).
     """
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
     import yaml
 
+    from .overrides import _yaml_loader
+
     try:
-        cfg = OmegaConf.load(config)
+        # OmegaConf.load turns a top-level scalar into {scalar: None}: look at the document itself
+        with open(config, encoding="utf-8") as f:
+            top = yaml.compose(f, Loader=_yaml_loader())  # OmegaConf's loader, as torchtune reads it
+        cfg = OmegaConf.load(config) if isinstance(top, yaml.MappingNode) else None
     except UnicodeDecodeError:
         raise PlanError(f"config {config} is not a text (UTF-8) YAML file; give a .yaml config") from None
+    except OSError as exc:
+        raise PlanError(f"config {config} cannot be read ({exc.strerror or exc}); give a readable .yaml config") from None
     except (yaml.YAMLError, OmegaConfBaseException) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PlanError(f"config {config} is not valid YAML ({first}); fix the file or give another config") from None
-    if not OmegaConf.is_dict(cfg) or len(cfg) == 0:
-        raise PlanError(f"config {config} is not a YAML mapping of keys to values (it is empty, a list or a "
-                        "scalar); give a torchtune config")
+    if cfg is None or not OmegaConf.is_dict(cfg) or len(cfg) == 0:
+        what = ("empty" if top is None or isinstance(top, yaml.MappingNode) else
+                "a list" if isinstance(top, yaml.SequenceNode) else "a single scalar: plain text, not key: value lines")
+        raise PlanError(f"config {config} is not a YAML mapping of keys to values (it is {what}); give a "
+                        "torchtune config (key: value lines)")
     raw = OmegaConf.to_container(cfg, resolve=False).get("output_dir")
     # only a non-empty string is a directory we can give each job its own child of
     return raw if isinstance(raw, str) and raw.strip() else None
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
 
 
 def _env_value(env: Mapping[str, str], opt_dest: str) -> str | None:
@@ -594,6 +725,7 @@ def build_plan(
             raise PlanError(f"PET_{dest.upper()} is set in the environment: {why.split(';')[0]}; unset it")
     parsed = _tokenise(split_args(args))
     opts = parsed.torchrun
+    check_torchrun_values(opts, env)
 
     recipe_path, recipe_name, recipe_source, supports_distributed = _resolve_recipe(parsed.recipe, cwd_path)
     config_path, config_name = resolve_config(parsed.config, cwd_path)
@@ -601,7 +733,7 @@ def build_plan(
     # -- distributed or one process
     wants_torchrun = bool(opts) or (gpu_ids is not None and len(gpu_ids) > 1)
     if supports_distributed is False and wants_torchrun:
-        given = " ".join(parsed.torchrun_tokens) or f"{len(gpu_ids)} GPUs"
+        given = " ".join(parsed.torchrun_tokens) or _gpus(len(gpu_ids))
         raise PlanError(
             f"recipe {recipe_name} runs on one device and does not support torchrun options ({given}); "
             f"drop them, or use a *_distributed recipe"
@@ -610,8 +742,8 @@ def build_plan(
 
     overrides = list(parsed.overrides)
     added_output_dir = None
+    base = _config_output_dir(config_path)  # also refuses a config that is not a mapping
     if not any(o.split("=", 1)[0] in ("output_dir", "~output_dir") for o in overrides):
-        base = _config_output_dir(config_path)
         if base is not None:
             added_output_dir = f"{base.rstrip('/')}/{job_id or JOB_ID_PLACEHOLDER}"
             overrides.append(f"output_dir={added_output_dir}")
@@ -653,8 +785,8 @@ def build_plan(
         check_nproc(str(nproc), source)
         if gpu_ids is not None and str(nproc).isdigit() and int(nproc) != len(gpu_ids):
             raise PlanError(
-                f"{source} {nproc} disagrees with --gpus {','.join(map(str, gpu_ids))} ({len(gpu_ids)} GPUs); "
-                f"drop {source} (the GPU list sets it) or give {nproc} GPUs"
+                f"{source} {nproc} disagrees with --gpus {','.join(map(str, gpu_ids))} ({_gpus(len(gpu_ids))}); "
+                f"drop {source} (the GPU list sets it) or give {_gpus(int(nproc))}"
             )
     else:
         nproc = str(len(gpu_ids)) if gpu_ids else "1"

@@ -38,6 +38,18 @@ found in this order: the error file, the report's own traceback, the last traceb
 rank's ``[rankN]:`` lines, of its per-rank log file (``--redirects``/``--tee`` with
 ``--log-dir``), of its ``[defaultN]:`` lines, the last unprefixed worker traceback, and last the
 log's last exception line.
+
+A traceback the process *survived* is never the failure: one a recipe printed from its own
+``except`` (``traceback.print_exc()``) and went on from. It is survived when more output of the
+same process follows it: for an unprefixed traceback any later unprefixed line, for a
+``[rankN]:`` / ``[defaultN]:`` one a later line of that rank; torchrun's and torch's own log lines
+(``W1201 12:00:00.000 123 torch/...``, ``[rank0]:[W1201 ...]``, ``WARNING:torch...``), the
+``OMP_NUM_THREADS`` banner, torchrun's ``ChildFailedError`` traceback and its report do not
+count. Unprefixed output cannot be told apart by process, so an unprefixed traceback is given
+to a rank the report says exited with a code other than 1 (Python's code for an uncaught
+exception), or to a one-process job that did, only when it is the last worker output in the log
+(other ranks' prefixed tracebacks aside); a process killed by a signal is reported as killed by
+that signal.
 """
 
 from __future__ import annotations
@@ -274,6 +286,7 @@ class _Traceback:
     exc_type: str
     message: str
     order: int  # position in the log (line index of its last line), to find the last one
+    first: int = -1  # line index of its first line (-1: not from a log)
 
 
 def _tracebacks(lines: list[tuple[int, str]]) -> list[_Traceback]:
@@ -311,7 +324,7 @@ def _tracebacks(lines: list[tuple[int, str]]) -> list[_Traceback]:
             continue
         chain_start = None
         text = "\n".join(line.rstrip() for _, line in lines[start:k])
-        out.append(_Traceback(text, m["type"], "\n".join(msg_lines).strip(), lines[k - 1][0]))
+        out.append(_Traceback(text, m["type"], "\n".join(msg_lines).strip(), lines[k - 1][0], lines[start][0]))
         i = k
     return out
 
@@ -322,8 +335,41 @@ def _exception_lines(lines: list[tuple[int, str]]) -> list[_Traceback]:
     for idx, line in lines:
         m = _EXC_LINE_RE.match(line.strip())
         if m and not m["type"].endswith(_WRAPPER):
-            out.append(_Traceback(line.strip(), m["type"], (m["msg"] or "").strip(), idx))
+            out.append(_Traceback(line.strip(), m["type"], (m["msg"] or "").strip(), idx, idx))
     return out
+
+
+# Lines that torchrun or torch write, not the worker's own code: glog-style lines of torchrun's
+# agent and torch ("W1201 03:59:43.187000 10635 torch/..."), torch's C++ log lines
+# ("[W1201 ...]", after a [rankN]: prefix), Python logging's default format of older torch
+# ("WARNING:torch.distributed.run:..."), and the OMP_NUM_THREADS banner.
+_TOOL_LINE_RE = re.compile(
+    r"^(?:\s*[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ |\[[IWEF]\d{4} \d\d:\d\d:\d\d|"
+    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):torch[.:]|\*+\s*$|Setting OMP_NUM_THREADS environment variable )"
+)
+_REPORT_WORDS = ("Failures:", "Root Cause (first observed failure):", "<NO_OTHER_FAILURES>")
+
+
+def _report_end(lines: list[tuple[int, str]], i: int) -> int:
+    """Index (in ``lines``) just past the report that follows torchrun's ``ChildFailedError:``
+    line at ``i``: its rules, title, entries and their fields."""
+    j = i + 1
+    while j < len(lines):
+        raw = lines[j][1]
+        s = raw.strip()
+        if (not s or set(s) <= {"=", "-"} or s.endswith(" FAILED") or s in _REPORT_WORDS
+                or _ENTRY_RE.match(raw) or _FIELD_RE.match(raw) or raw.startswith("  ")):
+            j += 1
+            continue
+        break
+    return j
+
+
+# Where another process's output is glued onto a line that had no newline yet (a progress bar
+# redrawn with \r): "1|1|Loss: 10.0: 20%|[rank1]: Traceback (most recent call last):". Cut before
+# a [rankN]: prefix, or a traceback's first line, that is not at the start of the line nor right
+# after another prefix ("[default1]:[rank1]: ", "[rank1]: Traceback").
+_GLUED_RE = re.compile(r"(?<=.)(?<!\]:)(?<!\]: )(?=\[rank\d+\]: |Traceback \(most recent call last\):)")
 
 
 class _Log:
@@ -333,28 +379,83 @@ class _Log:
     def __init__(self, text: str) -> None:
         self.streams: dict[tuple, list[tuple[int, str]]] = {}
         self.all: list[tuple[int, str]] = []
+        self._who: list[tuple[int | None, int | None]] = []  # (rank, local rank) of each line
+        locals_of: dict[int, set[int]] = {}
         idx = 0
-        for raw in strip_ansi(text).replace("\r\n", "\n").replace("\r", "\n").split("\n"):
+        lines = strip_ansi(text).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        for raw in (part for line in lines for part in _GLUED_RE.split(line)):
             pieces = split_prefixed(raw) if raw.startswith("[") else []
             for piece in [p + t for p, t in pieces] or [raw]:
                 rank, local, body = strip_prefixes(piece)
                 key = ("rank", rank) if rank is not None else ("local", local) if local is not None else ("plain", None)
                 self.streams.setdefault(key, []).append((idx, body))
                 self.all.append((idx, body))
+                self._who.append((rank, local))
+                if rank is not None and local is not None:
+                    locals_of.setdefault(rank, set()).add(local)
                 idx += 1
+        self._locals_of = locals_of
+        self._found: dict[tuple, list[_Traceback]] = {
+            k: _tracebacks(lines) for k, lines in self.streams.items()}
+        # what a worker wrote: not blank, not torch's or torchrun's own lines, not torchrun's
+        # ChildFailedError traceback and report; prefixed tracebacks (a crash) marked apart
+        self._tool: set[int] = {i for i, body in self.all if not body.strip() or _TOOL_LINE_RE.match(body)}
+        self._crash: set[int] = set()
+        self._last_cache: dict[tuple | None, int] = {}
+        plain = self.streams.get(("plain", None), [])
+        pos = {line_idx: n for n, (line_idx, _) in enumerate(plain)}
+        for k, tbs in self._found.items():
+            for tb in tbs:
+                if tb.exc_type.endswith(_WRAPPER) and k == ("plain", None):
+                    end = _report_end(plain, pos[tb.order])
+                    last = plain[end - 1][0] if end > pos[tb.order] else tb.order
+                    self._tool.update(i for i, _ in plain if tb.first <= i <= last)
+                elif k[0] != "plain":
+                    self._crash.update(range(tb.first, tb.order + 1))
 
-    def tracebacks(self, key: tuple | None = None) -> list[tuple[tuple, _Traceback]]:
+    def _same_process(self, key: tuple, line: int) -> bool:
+        rank, local = self._who[line]
+        if key[0] == "plain":
+            return rank is None and local is None
+        if key[0] == "rank":
+            return rank == key[1] or (rank is None and local in self._locals_of.get(key[1], ()))
+        return local == key[1]
+
+    def _last_written(self, key: tuple | None) -> int:
+        """Index of the last line a worker wrote: of stream ``key``'s process, or (``None``) of
+        any process, other ranks' prefixed tracebacks aside; -1 if none."""
+        if key not in self._last_cache:
+            self._last_cache[key] = max(
+                (i for i in range(len(self.all)) if i not in self._tool
+                 and (self._same_process(key, i) if key is not None else i not in self._crash)), default=-1)
+        return self._last_cache[key]
+
+    def survived(self, key: tuple, tb: _Traceback) -> bool:
+        """Whether the process that printed ``tb`` (in stream ``key``) wrote more after it."""
+        return self._last_written(key) > tb.order
+
+    def last_output(self, tb: _Traceback) -> bool:
+        """Whether no worker wrote anything after ``tb`` (other ranks' prefixed tracebacks aside)."""
+        return self._last_written(None) <= tb.order
+
+    def tracebacks(self, key: tuple | None = None, *, survived: bool = True) -> list[tuple[tuple, _Traceback]]:
         """``(stream key, traceback)`` of one stream (or all), torchrun's own wrapper left out,
-        in log order."""
+        in log order; with ``survived=False`` only those the process did not go on from."""
         keys = [key] if key is not None else list(self.streams)
-        found = [(k, tb) for k in keys for tb in _tracebacks(self.streams.get(k, []))
-                 if not tb.exc_type.endswith(_WRAPPER)]
+        found = [(k, tb) for k in keys for tb in self._found.get(k, [])
+                 if not tb.exc_type.endswith(_WRAPPER) and (survived or not self.survived(k, tb))]
         return sorted(found, key=lambda kt: kt[1].order)
 
-    def last_traceback(self, key: tuple | None = None) -> _Traceback | None:
-        """The last traceback of one stream (or of any stream)."""
-        found = self.tracebacks(key)
+    def last_traceback(self, key: tuple | None = None, *, survived: bool = True) -> _Traceback | None:
+        """The last traceback of one stream (or of any stream); see :meth:`tracebacks`."""
+        found = self.tracebacks(key, survived=survived)
         return found[-1][1] if found else None
+
+    def exception_lines(self, keys: list[tuple]) -> list[_Traceback]:
+        """Lines of these streams that are an exception by themselves, outside every traceback."""
+        inside = {i for k in keys for tb in self._found.get(k, []) for i in range(tb.first, tb.order + 1)}
+        lines = sorted(x for k in keys for x in self.streams.get(k, []) if x[0] not in inside)
+        return _exception_lines(lines)
 
 
 # -- plain lines --------------------------------------------------------------------------------
@@ -561,13 +662,17 @@ def describe_failure(
         return _from_report(_choose(entries, log), entries, log, rank_logs, evidence)
     # No report: the agent itself failed (EADDRINUSE, rendezvous timeout), or a one-process job.
     who = _Who(exitcode=evidence.returncode, pid=evidence.pid) if evidence is not None else _Who()
-    found = log.tracebacks()
+    if who.exitcode is not None and who.exitcode < 0:  # killed: no traceback of its own explains that
+        return _signal_reason(who, log, evidence, None)
+    # a plain exit code (sys.exit(3)) is explained by a traceback only if nothing came after it
+    plain_code = who.exitcode not in (None, 0, 1)
+    found = [(k, tb) for k, tb in log.tracebacks(survived=False) if not plain_code or log.last_output(tb)]
     if found:
         key, tb = found[-1]
         if key[0] == "rank":
             who = _Who(rank=key[1], exitcode=who.exitcode, pid=who.pid)
         return _from_traceback(tb, who)
-    lines = _exception_lines(log.all)
+    lines = [x for x in log.exception_lines(list(log.streams)) if not plain_code or log.last_output(x)]
     if lines:
         return _from_traceback(lines[-1], who)
     nccl = _nccl_lines(log, None)
@@ -576,8 +681,6 @@ def describe_failure(
         who = _Who(rank=int(m["rank"]) if m["rank"] else None, exitcode=who.exitcode, pid=who.pid)
         return who.reason(_collective_timeout("NCCL", m["op"], m["ms"]), "nccl_timeout", message=line.strip(),
                           traceback="\n".join(x[1].strip() for x in nccl))
-    if who.exitcode is not None and who.exitcode < 0:
-        return _signal_reason(who, log, evidence, None)
     if who.exitcode:
         return who.reason(f"exited with code {who.exitcode}", "exit_code")
     return None
@@ -600,17 +703,21 @@ def _from_report(e: ReportEntry, entries: list[ReportEntry], log: _Log, rank_log
         if tbs:
             return _from_traceback(tbs[-1], who)
     # 3-6. the rank's own output: by prefix, its per-rank file, tee's local prefix; then unprefixed
-    candidates = [log.last_traceback(("rank", e.rank))]
+    # (anyone's: for a plain exit code, only when nothing came after it). Never one it survived.
+    candidates = [log.last_traceback(("rank", e.rank), survived=False)]
     if rank_logs and e.local_rank is not None and e.local_rank in rank_logs:
-        candidates.append(_Log(rank_logs[e.local_rank]).last_traceback())
+        candidates.append(_Log(rank_logs[e.local_rank]).last_traceback(survived=False))
     if e.local_rank is not None:
-        candidates.append(log.last_traceback(("local", e.local_rank)))
-    candidates.append(log.last_traceback(("plain", None)))
+        candidates.append(log.last_traceback(("local", e.local_rank), survived=False))
+    python_exit = e.exitcode in (1, None)  # 1: what Python exits with after an uncaught exception
+    plain = log.last_traceback(("plain", None), survived=False)
+    candidates.append(plain if plain is not None and (python_exit or log.last_output(plain)) else None)
     for tb in candidates:
         if tb is not None:
             return _from_traceback(tb, who)
-    # 7. the last exception line of the rank's or the unprefixed output
-    lines = _exception_lines(sorted(log.streams.get(("rank", e.rank), []) + log.streams.get(("plain", None), [])))
+    # 7. the last exception line of the rank's or the unprefixed output (outside tracebacks)
+    lines = sorted(log.exception_lines([("rank", e.rank)]) + [
+        x for x in log.exception_lines([("plain", None)]) if python_exit or log.last_output(x)], key=lambda x: x.order)
     if lines:
         return _from_traceback(lines[-1], who)
     return who.reason(f"exited with code {e.exitcode}", "exit_code")

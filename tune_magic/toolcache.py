@@ -13,6 +13,10 @@ the torch and torchtune versions (``importlib.metadata``), and the mtime and siz
 packages' specs, which imports nothing), plus :data:`FORMAT`. Anything else (missing, stale key,
 unreadable, corrupt) means: compute again and rewrite it atomically (tempfile + ``os.replace``). A home
 that cannot be written is not an error: the table is then computed in a subprocess once per process.
+Nor is a home that does not exist: this module creates only ``cache/`` inside an existing home,
+never the home or its parents (building a plan, a dry run, must not make directories). A process
+that computed the tables while its home was missing writes them when it exits, if by then the
+home exists (a launch in that process created it), so the next process finds them.
 
 The readers themselves live with their users: :func:`tune_magic.torchrun_options.live_rows` and
 :func:`tune_magic.catalog.live_registry_rows`. Only this module's stdlib imports run in the caller.
@@ -20,6 +24,7 @@ The readers themselves live with their users: :func:`tune_magic.torchrun_options
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import functools
@@ -130,13 +135,17 @@ def read(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
 def write(path: Path, key: dict[str, Any], tables: dict[str, Any]) -> bool:
     """Write ``{"key", "tables"}`` to ``path`` atomically (a reader sees the old file or the new one).
 
+    Only ``path``'s own directory is created, and only inside an existing one: the home and its
+    parents never are.
+
     Returns:
         ``True`` if written, ``False`` if the directory or file cannot be written (read-only home,
-        another user's home, full disk): the caller just goes on with ``tables``.
+        another user's home, full disk, a home that does not exist): the caller just goes on with
+        ``tables``.
     """
     tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(exist_ok=True)  # FileNotFoundError where the home itself is missing
         fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump({"key": key, "tables": tables}, f)
@@ -236,16 +245,35 @@ def load() -> dict[str, Any]:
             warnings.warn(f"tune_magic: {exc}; reading them in this process instead (this imports torch here)",
                           RuntimeWarning, stacklevel=3)
             computed = compute_here()
-        write(path, key, computed)
+        if not write(path, key, computed) and not path.parent.parent.is_dir():
+            _write_at_exit(path, key, computed)
     return computed
+
+
+def _write_at_exit(path: Path, key: dict[str, Any], tables: dict[str, Any]) -> None:
+    """Write the tables when this process exits, if the home (``path``'s grandparent) exists by
+    then; never create it. Registered at most once per cache file."""
+    if path in _AT_EXIT:
+        return
+    _AT_EXIT.add(path)
+
+    def flush() -> None:
+        if path.parent.parent.is_dir() and read(path, key) is None:
+            write(path, key, tables)
+
+    atexit.register(flush)
+
+
+_AT_EXIT: set[Path] = set()
 
 
 @contextlib.contextmanager
 def _compute_lock(path: Path) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``<cache file>.lock`` if it can be had; go on without it
-    where the home cannot be written (each process then computes on its own, as it must anyway)."""
+    where the home cannot be written or does not exist (each process then computes on its own, as
+    it must anyway)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(exist_ok=True)
         lock = open(path.with_name(path.name + ".lock"), "a")
     except OSError:
         yield

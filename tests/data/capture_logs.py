@@ -47,6 +47,14 @@ def scenarios(tmp: Path) -> dict[str, dict]:
         "bare_exception": {"argv": [*two(), WORKER, "bare_exception", "rank=1", "message=x"]},
         "one_process_raise": {"argv": [sys.executable, WORKER, "raise", "rank=0"]},
         "one_process_bare_exception": {"argv": [sys.executable, WORKER, "bare_exception", "rank=0", "message=x"]},
+        # a handled exception's traceback (print_exc) followed by more progress, then the process
+        # ends some other way; and the same traceback as the last thing before exit 3
+        "one_process_survived_exit3": {"argv": [sys.executable, WORKER, "survived", "end=exit3"]},
+        "one_process_survived_sigkill": {"argv": [sys.executable, WORKER, "survived", "end=sigkill"]},
+        "one_process_print_exc_exit3": {"argv": [sys.executable, WORKER, "survived", "end=exit3", "steps=0"]},
+        "survived_rank1_exit3": {"argv": [*two(), WORKER, "survived", "end_rank=1", "end=exit3"]},
+        "rank1_print_exc_exit3": {"argv": [*two(), WORKER, "survived", "printer=1", "end_rank=1", "end=exit3",
+                                           "steps=0"]},
         "sigkill": {"argv": [*two(), WORKER, "sigkill", "rank=1"]},
         # torchrun looks at its workers every 2 s: rank 0 has raised (its peer is gone) by then,
         # and the report's root cause is rank 0, not the killed rank 1

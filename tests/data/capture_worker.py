@@ -123,10 +123,54 @@ def main(mode: str) -> None:
         else:
             time.sleep(60)  # not in a collective: torchrun ends it after rank 1's death
         dist.barrier()
+    elif mode == "survived":
+        survived(o)
     elif mode == "metrics":
         metrics(o)
     else:
         raise SystemExit(f"unknown mode {mode}")
+
+
+def survived(o) -> None:
+    """Rank ``printer`` (default 0) handles an exception the way a recipe's ``try/except`` may
+    (``traceback.print_exc()``) and goes on; rank 0 prints ``steps`` steps of the recipes' tqdm
+    bar (default 5); after a barrier rank ``end_rank`` (default 0) ends by ``end``: ``exit3``
+    (``sys.exit(3)``) or ``sigkill``. Meanwhile rank 0 goes on with its bar (when ``steps`` > 0)
+    or sleeps, until torchrun ends it."""
+    import signal
+    import traceback
+
+    from tqdm import tqdm
+
+    printer, end_rank, end = int(o.get("printer", 0)), int(o.get("end_rank", 0)), o.get("end", "exit3")
+    steps = int(o.get("steps", 5))
+    dist = init() if world() > 1 else None
+    if rank() == printer:
+        try:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2 GiB (handled)")
+        except RuntimeError:
+            traceback.print_exc()
+    pbar = tqdm(total=1000, mininterval=0) if rank() == 0 and steps > 0 else None
+    step = 0
+
+    def one_step() -> None:
+        nonlocal step
+        step += 1
+        if pbar is not None:
+            pbar.update(1)
+            pbar.set_description(f"1|{step}|Loss: {10.0 / step}")
+        time.sleep(0.05)
+
+    while rank() == 0 and step < steps:
+        one_step()
+    if dist:
+        dist.barrier()  # what the others print before rank `end_rank` ends is in the log
+    if rank() == end_rank:
+        if end == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        sys.exit(3)
+    for _ in range(600):  # 30 s at most; torchrun ends it long before
+        one_step()
 
 
 def metrics(o) -> None:

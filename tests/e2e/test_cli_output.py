@@ -122,3 +122,50 @@ def test_logs_follow_streams_a_200_mb_log_of_a_running_job_in_bounded_memory(lau
     assert job.status == "succeeded"  # -f returned because the job ended...
     assert (size, sha) == file_digest(job.log_path) and size > BIG  # ...and printed all of it
     assert peak - small_peak < 8 * CHUNK_BYTES, (peak, small_peak)
+
+
+NOT_A_LOG = ("the job's log {log} is {what}, not a regular file: tune_magic writes a regular file there, so something "
+             "else replaced it; refusing to read it (links are never followed inside the job registry)")
+
+
+@pytest.mark.parametrize("kind,what", [("symlink", "a symbolic link"), ("fifo", "a FIFO")])
+def test_logs_and_metrics_read_only_a_regular_log(kind, what, launched, tmp_path):
+    """A link at output.log is never followed (nothing outside the registry is printed) and a FIFO
+    never blocks: logs, logs -f and metrics say what is there, exit 2."""
+    job = finished_toy_job(launched)
+    log = Path(job.log_path)
+    secret = tmp_path / "secret"
+    secret.write_text("SECRET LINE\n")
+    log.unlink()
+    if kind == "symlink":
+        log.symlink_to(secret)
+    else:
+        os.mkfifo(log)
+    for args in (["logs", job.id], ["logs", "-f", job.id], ["metrics", job.id]):
+        r = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, (args, r)
+        assert "SECRET" not in r.stdout + r.stderr and "Traceback" not in r.stderr
+        assert r.stderr.strip().splitlines() == [f"tune-magic {args[0]}: error: " + NOT_A_LOG.format(log=log, what=what)]
+
+
+def test_run_wait_stops_following_a_log_replaced_by_a_link(launched, tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("SECRET LINE\n")
+    p = subprocess.Popen([*CLI, "run", "--wait", *toy_args("steps=200", "step_s=0.1", nproc=None).split()],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        job = tune_magic.get_job(p.stdout.readline().strip())
+        launched.append(job)
+        log = Path(job.log_path)
+        wait_until(lambda: "Loss" in log.read_text(), f"job {job.id} to log a step")
+        link = log.with_name("link.tmp")
+        link.symlink_to(secret)
+        os.replace(link, log)  # the job still writes to the file it opened; the name is a link now
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 2
+    assert "SECRET" not in out + err and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == "tune-magic run: error: " + NOT_A_LOG.format(log=log, what="a symbolic link")

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import tune_magic.jobctl as J
 from tune_magic import jobstore
 
@@ -51,3 +53,18 @@ def test_redirected_workers_are_followed_through_the_jobs_ranks_dir(cleanup_jobs
     cleanup_jobs.append(crashed)
     assert crashed.wait(TIMEOUT) == "failed"
     assert crashed.error == "rank 1: RuntimeError: toy recipe crashed on purpose"
+
+
+@pytest.mark.parametrize("args,error", [
+    # one process (no torchrun): the handled traceback, more progress, then sys.exit(3) / SIGKILL
+    (toy_args("handled_rank=0", "exit_rank=0", "steps=6", nproc=None), "exited with code 3"),
+    (toy_args("handled_rank=0", "kill_rank=0", "steps=6", nproc=None), "killed by SIGKILL (signal 9)"),
+    # rank 0 printed the handled traceback and went on; rank 1 exited with code 3
+    (toy_args("handled_rank=0", "exit_rank=1", "steps=6"), "rank 1: exited with code 3"),
+])
+def test_a_traceback_the_recipe_handled_is_not_the_failure(args, error, cleanup_jobs):
+    job = J.launch(args + " step_s=0.3")
+    cleanup_jobs.append(job)
+    assert job.wait(TIMEOUT) == "failed"
+    assert "CUDA out of memory" in Path(job.log_path).read_text()  # printed, handled, survived
+    assert job.error == error

@@ -7,7 +7,10 @@ output_dir, steps, step_s (seconds per step), crash_rank, crash_message, lines_p
 ignore_sigterm (each rank ignores SIGTERM, as a hung rank would), spawn_sleep (each rank starts a
 ``sleep`` child in its own session, as DataLoader workers are), and write_times_file (optional, default off: a file to which rank 0 appends ``step,time.time()``
 right after each DiskLogger write and the crashing rank appends ``crash,time.time()`` right before
-it raises; the benchmarks time metric and failure latency from it).
+it raises; the benchmarks time metric and failure latency from it). handled_rank: that rank
+raises and handles an exception at step 1, printing its traceback (``traceback.print_exc()``), and
+goes on; exit_rank (with exit_code, default 3) / kill_rank: that rank calls ``sys.exit`` / sends
+itself SIGKILL after step end_step (default 3).
 Each step's loss is start_loss / step, so tests know the values without parsing them back.
 """
 
@@ -16,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 
 from omegaconf import OmegaConf
 
@@ -51,6 +55,11 @@ def main(argv):
             if times:
                 _stamp(times, "crash")
             raise RuntimeError(cfg.get("crash_message", "toy recipe crashed on purpose"))
+        if cfg.get("handled_rank") is not None and rank == int(cfg.handled_rank) and step == 1:
+            try:
+                raise RuntimeError("CUDA out of memory. Tried to allocate 2 GiB (handled)")
+            except RuntimeError:
+                traceback.print_exc()
         time.sleep(float(cfg.step_s))
         loss = float(cfg.get("start_loss", 10.0)) / step
         if rank == 0:
@@ -61,6 +70,11 @@ def main(argv):
             log.flush()
             if times:
                 _stamp(times, step)
+        if step == int(cfg.get("end_step", 3)):
+            if cfg.get("exit_rank") is not None and rank == int(cfg.exit_rank):
+                sys.exit(int(cfg.get("exit_code", 3)))
+            if cfg.get("kill_rank") is not None and rank == int(cfg.kill_rank):
+                os.kill(os.getpid(), signal.SIGKILL)
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()

@@ -229,11 +229,12 @@ def _check_short_group(word: str, words: list[str], i: int, written: str) -> int
 
 # --- --time and counts ------------------------------------------------------------------------
 
+# re.ASCII: sbatch reads ASCII digits only (a full-width "１２０" is not 120 to it)
 _TIME_FORMS = (
-    re.compile(r"(?P<m>\d+)"),  # M
-    re.compile(r"(?P<m>\d+):(?P<s>\d+)"),  # M:S
-    re.compile(r"(?P<h>\d+):(?P<m>\d+):(?P<s>\d+)"),  # H:M:S
-    re.compile(r"(?P<d>\d+)-(?P<h>\d+)(?::(?P<m>\d+)(?::(?P<s>\d+))?)?"),  # D-H, D-H:M, D-H:M:S
+    re.compile(r"(?P<m>\d+)", re.ASCII),  # M
+    re.compile(r"(?P<m>\d+):(?P<s>\d+)", re.ASCII),  # M:S
+    re.compile(r"(?P<h>\d+):(?P<m>\d+):(?P<s>\d+)", re.ASCII),  # H:M:S
+    re.compile(r"(?P<d>\d+)-(?P<h>\d+)(?::(?P<m>\d+)(?::(?P<s>\d+))?)?", re.ASCII),  # D-H, D-H:M, D-H:M:S
 )
 _UNLIMITED = ("UNLIMITED", "INFINITE")
 
@@ -246,10 +247,11 @@ def check_time(text: str) -> str:
     range-checked (``90`` and ``1:90:00`` are 90 minutes and 2 h 30 min) and ``0`` means no limit.
 
     Raises:
-        PlanError: any other text (``2h``, ``1:2:3:4``, ``-5``, empty), with the forms listed.
+        PlanError: any other text (``2h``, ``1:2:3:4``, ``-5``, empty, digits other than ASCII
+            ``0-9`` such as ``１２０``), with the forms listed.
     """
-    value = (text or "").strip() if isinstance(text, str) else str(text)
-    if value.upper() in _UNLIMITED or any(form.fullmatch(value) for form in _TIME_FORMS):
+    value = (text or "").strip(" \t\n\r\f\v") if isinstance(text, str) else str(text)
+    if (value.isascii() and value.upper() in _UNLIMITED) or any(form.fullmatch(value) for form in _TIME_FORMS):
         return value
     shown = repr(text) if isinstance(text, str) else str(text)
     raise PlanError(
@@ -279,7 +281,8 @@ def time_limit_seconds(text: str) -> int | None:
 def check_count(option: str, value: object, minimum: int = 1) -> int:
     """Return ``value`` as a whole number ≥ ``minimum`` for the option named ``option``.
 
-    Accepts an int or the digits of one (``"2"``); refuses bools, floats, ranges and words.
+    Accepts an int or the ASCII digits of one (``"2"``); refuses bools, floats, ranges, words
+    and other digits (``"２"``).
 
     Raises:
         PlanError: not a whole number, or below ``minimum``; the message names ``option``.
@@ -289,7 +292,7 @@ def check_count(option: str, value: object, minimum: int = 1) -> int:
     elif isinstance(value, int):
         n = value
     else:
-        n = int(value.strip()) if re.fullmatch(r"\s*[+-]?\d+\s*", value) else None
+        n = int(value.strip()) if re.fullmatch(r"\s*[+-]?\d+\s*", value, re.ASCII) else None
     if n is None or n < minimum:
         example = f"{option} {max(minimum, 2)}"
         raise PlanError(f"{option} must be a whole number ≥ {minimum}, not {value!r}; e.g. {example}")
@@ -302,7 +305,7 @@ def check_nodes(value: object) -> int:
     Raises:
         PlanError: not a whole number ≥ 1 (``0``, ``-1``, ``abc``, ``1-2``...).
     """
-    if isinstance(value, str) and re.fullmatch(r"\s*\d+\s*-\s*\d+\s*", value):
+    if isinstance(value, str) and re.fullmatch(r"\s*\d+\s*-\s*\d+\s*", value, re.ASCII):
         raise PlanError(f"--nodes {value!r}: a range of nodes is not supported; give one number, e.g. --nodes 2")
     return check_count("--nodes", value, 1)
 
