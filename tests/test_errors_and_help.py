@@ -162,7 +162,25 @@ def test_dry_runs_of_one_cell_body_share_one_file():
     from pathlib import Path
 
     d = Path(tempfile.gettempdir()) / "tune_magic_dry_run"
-    for _ in range(3):
-        tune_magic.launch(toy_args(nproc=None), dry_run=True, config_overlay="steps: 3\n")
-    files = [p for p in d.iterdir() if "steps: 3" in p.read_text()]
-    assert len(files) == 1
+    before = set(d.iterdir()) if d.is_dir() else set()
+    body = f"steps: 3\n# {id(before)}\n"  # a body no earlier run had
+    plans = [tune_magic.launch(toy_args(nproc=None), dry_run=True, config_overlay=body) for _ in range(3)]
+    assert len(set(d.iterdir()) - before) == 1
+    assert len({p.config for p in plans}) == 1 and "steps: 3" in Path(plans[0].config).read_text()
+
+
+@pytest.mark.parametrize("var,value,words", [("PET_NNODES", "2", "endpoint"), ("PET_NPROC_PER_NODE", "2", None)])
+def test_pet_variables_alone_mean_torchrun(monkeypatch, var, value, words):
+    monkeypatch.setenv(var, value)
+    if words:
+        with pytest.raises(errors.PlanError, match=words):
+            tune_magic.build_plan(toy_args(nproc=None))
+    else:
+        plan = tune_magic.build_plan(toy_args(nproc=None))
+        assert plan.distributed and plan.nproc_per_node == "2"
+
+
+@pytest.mark.parametrize("nodes", ["２", "²", "1.5", ""])
+def test_counts_take_ascii_digits_only(nodes):
+    with pytest.raises(errors.PlanError, match="positive integer"):
+        tune_magic.launch(toy_args(nproc=1), scheduler="slurm", nodes=nodes, dry_run=True)

@@ -731,9 +731,13 @@ def build_plan(
     config_path, config_name = resolve_config(parsed.config, cwd_path)
 
     # -- distributed or one process
-    wants_torchrun = bool(opts) or (gpu_ids is not None and len(gpu_ids) > 1)
+    from .torchrun_options import options as _torchrun_options
+
+    # a PET_* variable is a torchrun option given through the environment: it means torchrun too
+    pet_given = sorted({o.env_var for o in _torchrun_options().values() if _env_value(env, o.dest) is not None})
+    wants_torchrun = bool(opts) or bool(pet_given) or (gpu_ids is not None and len(gpu_ids) > 1)
     if supports_distributed is False and wants_torchrun:
-        given = " ".join(parsed.torchrun_tokens) or _gpus(len(gpu_ids))
+        given = " ".join(parsed.torchrun_tokens) or (" ".join(pet_given) if pet_given else _gpus(len(gpu_ids)))
         raise PlanError(
             f"recipe {recipe_name} runs on one device and does not support torchrun options ({given}); "
             f"drop them, or use a *_distributed recipe"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import math
+import re
 from dataclasses import replace
 import os
 import shutil
@@ -443,7 +444,7 @@ def scheduler_options(*, scheduler: str | None = None, nodes: Any = None, gpus_p
     def count(value: Any, flag: str) -> int | None:
         if value is None:
             return None
-        if isinstance(value, str) and value.strip().isdigit():
+        if isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip()):  # ASCII digits only
             value = int(value.strip())
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise PlanError(f"{flag} {value!r} must be a positive integer, e.g. {flag} 2")
