@@ -32,8 +32,9 @@ _BAR_HEAD_RE = re.compile(
 _SIGNAL_EXC_RE = re.compile(r"SignalException: Process \d+ got signal: (\d+)\s*$")
 _PY_WARNING_RE = re.compile(r":\d+: (?:[A-Z]\w*\.)*[A-Z]\w*Warning: ")
 _WARNING_RE = re.compile(r"\b[A-Z]\w*Warning\b|^WARNING\b|^\[?W\d{4} ")
-# glog's header (torch's C++ and torch.distributed's Python logging): "W1201 05:38:51.259000 6395 "
-_GLOG_RE = re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+\s+")
+# glog's header: torch.distributed's Python logging "W1201 05:38:51.259000 6395 " (time, pid), c10's
+# C++ warnings "[W1201 05:38:51.259045390 " (time only)
+_GLOG_RE = re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+(?:\d+\s+)?")
 _COUNT = " (×{})"
 
 
@@ -94,7 +95,7 @@ def _collapse(lines: list[str]) -> list[str]:
     for line in lines:
         if skip_source:
             skip_source = False
-            if line[:1].isspace():
+            if strip_prefixes(line)[2][:1].isspace():
                 continue  # the source line under a repeated Python warning
         if shown and line == shown[-1]:
             counts[-1] += 1
