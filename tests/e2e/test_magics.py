@@ -186,7 +186,7 @@ def test_card_text_while_its_thread_polls_is_always_complete(ip, started):
     for _ in range(100):
         card = JobCard(job, interval_s=0)
         text = card.text()
-        assert "step 3 loss" in text and "toy recipe done" in text, text
+        assert "step 3/3 · loss 3.3333" in text and "toy recipe done" in text, text
         card.close()
 
 
