@@ -48,7 +48,7 @@ import signal
 from dataclasses import asdict, dataclass
 from typing import Mapping
 
-from .logparse import split_prefixed, strip_ansi, strip_prefixes
+from .logparse import _BAR_END_RE, split_prefixed, strip_ansi, strip_prefixes
 from .oom import OomEvidence
 
 __all__ = [
@@ -326,6 +326,21 @@ def _exception_lines(lines: list[tuple[int, str]]) -> list[_Traceback]:
     return out
 
 
+def _unglue(lines: list[str]) -> list[str]:
+    """Lines with whatever was glued after a tqdm bar on its own line: tqdm leaves its line open,
+    so another rank's ``[rank1]: Traceback ...`` can continue rank 0's bar."""
+    out = []
+    for line in lines:
+        while "%|" in line:
+            m = _BAR_END_RE.search(line)
+            if m is None or not line[m.end():].strip():
+                break
+            out.append(line[:m.end()])
+            line = line[m.end():]
+        out.append(line)
+    return out
+
+
 class _Log:
     """The log's lines split into streams by prefix: ``("rank", N)`` for ``[rankN]:`` lines,
     ``("local", N)`` for ``[defaultN]:``-only lines, ``("plain", None)`` for the rest."""
@@ -334,7 +349,7 @@ class _Log:
         self.streams: dict[tuple, list[tuple[int, str]]] = {}
         self.all: list[tuple[int, str]] = []
         idx = 0
-        for raw in strip_ansi(text).replace("\r\n", "\n").replace("\r", "\n").split("\n"):
+        for raw in _unglue(strip_ansi(text).replace("\r\n", "\n").replace("\r", "\n").split("\n")):
             pieces = split_prefixed(raw) if raw.startswith("[") else []
             for piece in [p + t for p, t in pieces] or [raw]:
                 rank, local, body = strip_prefixes(piece)

@@ -78,8 +78,13 @@ def _loss_chart():
     fig = bqplot.Figure(
         marks=[line],
         axes=[x_axis, bqplot.Axis(scale=y, side="left", label="loss")],
-        # hidden until the first point: no empty 0..1 grid
-        layout=widgets.Layout(width="100%", min_width="0", height="240px", display="none"), padding_y=0.05,
+        # hidden until the first point: no empty 0..1 grid. No side margins: with the widgets' default
+        # 2 px each side, 100% width overflows the card by 4 px (a horizontal scrollbar). Overflow
+        # clipped: bqplot redraws an off-screen figure at its new width only once it is scrolled
+        # into view, and until then its old, wider drawing must not widen the card
+        layout=widgets.Layout(width="100%", min_width="0", height="240px", margin="2px 0px", overflow="hidden",
+                              display="none"),
+        padding_y=0.05,
         padding_x=0.03, fig_margin={"top": 10, "bottom": 40, "left": 60, "right": 25},
     )
     return fig, line, x_axis, x

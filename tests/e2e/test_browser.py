@@ -62,7 +62,7 @@ CELLS = [
              "optimizer.lr=1e-2"),
     # b: long, so it is surely still running when the test clicks its Stop button
     ("code", f"%%tune_run --name b {TOY_LINE}\nsteps=2000\nstep_s=0.3\nlong_line_chars=389\n"
-             "warning=every rank prints this warning"),
+             "warning=every_rank_prints_this_warning"),
     ("code", f"%%tune_run --name c {TOY_LINE}\ncrash_rank=1"),
 ]
 VIEWPORTS = [(800, 900), (1440, 900)]
@@ -265,10 +265,14 @@ def _card_state(card) -> dict:
 
 
 def _too_wide(page) -> list[dict]:
-    """Every card (and any element inside one) whose content is wider than its box."""
+    """Every card (any scrolling element inside one, its cell's output area) whose content is wider
+    than its box."""
     return page.evaluate("""() => {
         const out = [];
         for (const card of document.querySelectorAll('.tune-magic-card')) {
+            const area = card.closest('.jp-OutputArea-output');  // the card's cell output: no scrollbar either
+            if (area && area.scrollWidth > area.clientWidth)
+                out.push({tag: 'output area', cls: '', scroll_width: area.scrollWidth, client_width: area.clientWidth});
             for (const el of [card, ...card.querySelectorAll('*')]) {
                 const style = getComputedStyle(el);
                 if (!['auto', 'scroll'].includes(style.overflowX) && el !== card) continue;
@@ -333,7 +337,7 @@ def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
     # before its first step a card says so and draws no empty chart
     sb = _card_state(b)
     if _step(sb) is None:
-        assert not sb["chart_visible"] and sb["ticks"] in (None, []), sb
+        assert not sb["chart_visible"], sb  # no empty 0..1 grid
         assert "waiting for the first step" in (sb["progress"] or "") or sb["status"] != "running", sb
 
     # the running cards show a step and a loss, and the step count rises: the DOM polled as a person watches
@@ -346,17 +350,19 @@ def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
                 shown[key].append((_step(s), _loss(s)))
         if "steps shown" not in timings and all(shown.values()):
             timings["steps shown"] = time.monotonic() - t0
-        return all(len(v) >= 3 for v in shown.values())
+        # the stand-in's steps come 0.3 s apart: it shows 3 of them; the real recipe's 12 steps take
+        # about a second after its start-up, so at least one of them is seen before its end
+        return len(shown["b"]) >= 3 and len(shown["a"]) >= 1
 
-    _wait_for("both running cards to show 3 different steps", watch, STEPS_S, poll_s=0.25,
+    _wait_for("the running cards to show their steps (b: 3 different ones)", watch, STEPS_S, poll_s=0.25,
               describe=lambda: json.dumps({"shown": shown, "a": _card_state(a), "b": _card_state(b)}, indent=1))
     timings["steps rose"] = time.monotonic() - t0
     for key, seq in shown.items():
         steps = [st for st, _ in seq]
         assert steps == sorted(steps) and len(set(steps)) == len(steps), (key, seq)  # rising, never back
         assert all(loss is not None and 0 < loss < 100 for _, loss in seq), (key, seq)  # finite cross-entropy
-    for card in (a, b):
-        assert _card_state(card)["status"] in ("running", "succeeded"), _card_state(card)
+    assert _card_state(b)["status"] == "running", _card_state(b)
+    assert _card_state(a)["status"] in ("running", "succeeded"), _card_state(a)
 
     # the charts draw the curve: a line path and one marker per logged step; the step axis has
     # integer tick labels, each once (was "1 2 2 3 3 ... 8 8")
@@ -368,12 +374,12 @@ def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
         assert s["dots"] <= (_step(s) or 0) + 1, s  # not more markers than steps
         assert _distinct_int_ticks(s["ticks"]), s["ticks"]
     assert a.locator("svg .axis").count() >= 2  # x and y axes drawn
-    # where the whole run is: epoch of epochs, step of steps, steps this epoch, elapsed
-    sa = _card_state(a)
-    assert re.search(rf"epoch 1/1 · step \d+/{A_STEPS} · loss [\d.]+ · \d+/{A_STEPS} this epoch · \d+:\d\d elapsed",
-                     sa["progress"] or ""), sa["progress"]
+    # where the whole run is: epoch of epochs, step of steps, steps this epoch, elapsed, ETA
+    sb = _card_state(b)
+    assert re.search(r"epoch 1/1 · step \d+/2000 · loss [\d.]+ · \d+/2000 this epoch · \d+:\d\d elapsed · ETA \d+:\d\d",
+                     sb["progress"] or ""), sb["progress"]
     _shot(page, "01-running")
-    _shot(page, "02-card-a-running", a)
+    _shot(page, "02-card-b-running", b)
 
     # the failed card (the stand-in's rank 1 raises): its first line is the job's error
     sc = _wait_for("card c to read 'failed'", lambda: (lambda s: s if s["status"] == "failed" else None)(_card_state(c)),
@@ -433,10 +439,15 @@ def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
     assert page.locator("#jp-left-stack").is_hidden()
     for width, height in VIEWPORTS:
         page.set_viewport_size({"width": width, "height": height})
-        time.sleep(1)  # JupyterLab and bqplot lay out again
-        states = [_card_state(card) for card in (a, b, c)]
-        for s in states:
+        time.sleep(1)  # JupyterLab lays out again
+        assert _too_wide(page) == [], (width, _too_wide(page))  # also the cards out of view
+        states = []
+        for card in (a, b, c):  # as a person sees each card: scrolled into view (bqplot redraws it then)
+            card.evaluate("el => el.scrollIntoView({block: 'start'})")
+            time.sleep(0.7)
+            s = _card_state(card)
             assert s["scroll_width"] <= s["client_width"], (width, s["scroll_width"], s["client_width"], s["header"])
+            states.append(s)
         assert _too_wide(page) == [], (width, _too_wide(page))
         assert LONG_LINE in states[1]["log"].replace("\n", "")  # the long line is there, wrapped
         _shot(page, f"07-cards-{width}x{height}")
