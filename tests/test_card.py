@@ -333,3 +333,16 @@ def test_per_rank_files_are_shown_labelled_by_rank(make, tmp_path):
     assert "[rank 0 stderr] INFO:x:rank 0 ready" in tail and "[rank 1 stderr] [rank1]: RuntimeError: boom" in tail
     assert "[rank 0 stdout] " + bar(1, 2, 2, 5)[1:] in tail
     assert text_of(card.progress.value).startswith("epoch 1 · step 2 · loss 5")  # the bar read from rank 0's file
+
+
+def test_after_the_last_save_the_bars_closing_redraw_keeps_checkpoint_saved(make):
+    # torchtune 0.6.1 (tests/data/lora_2proc_5steps/output.log): the save's lines, then tqdm redraws
+    # the bar once more as it closes, at the same step; the job then exits
+    job = make(epochs=1, metrics=metric(1) + metric(2))
+    append(job, bar(1, 1, 1, 2) + bar(1, 2, 2, 2) + SAVE_START + "\n" + SAVE_END + "\n")
+    card = card_of(job)
+    assert text_of(card.progress.value).startswith("checkpoint saved · epoch 1/1 · step 2/2")
+    append(job, bar(1, 2, 2, 2) + "\n")
+    card.watcher.poll_once()
+    assert text_of(card.progress.value).startswith("checkpoint saved · epoch 1/1 · step 2/2")
+    assert "ETA" not in card.progress.value

@@ -85,9 +85,10 @@ def checkpoint_state(lines: Sequence[str]) -> str | None:
     """Whether the job is saving a checkpoint, from the last log lines (oldest first).
 
     The latest decisive line wins: a save's end line gives :data:`SAVED`, its start line
-    :data:`SAVING`, a bar redraw or a metric line after them ``None`` (training goes on). A line
-    holding both a bar and a later log line (torchtune's log line glued to the open bar) counts
-    as the log line.
+    :data:`SAVING`, a bar redraw or a metric line after them ``None``. A line holding both a bar
+    and a later log line (torchtune's log line glued to the open bar) counts as the log line.
+    (A bar redraw need not mean a new step: tqdm redraws the bar once more when it closes, after
+    the save; :class:`tune_magic.watch.JobWatcher` ends a save's state only at a new step.)
 
     Returns:
         ``"saving"``, ``"saved"``, ``None``, or :data:`UNDECIDED` when no line decides.

@@ -19,7 +19,7 @@ from .follow import JobMetricsFollower
 from .gpus import gpus_label
 from .jobctl import Job
 from .jobstore import RECORD
-from .progress import (SAVED, SAVING, UNDECIDED, Bar, RunProgress, checkpoint_state, fmt_duration, fmt_rate,
+from .progress import (SAVED, SAVING, Bar, RunProgress, checkpoint_state, fmt_duration, fmt_rate,
                        parse_bar, run_progress)
 from .status import Status
 from .tailview import display_tail
@@ -274,7 +274,7 @@ class JobWatcher:
         self._followed: tuple[list, list] = ([], [])
         self._last_run: RunProgress | None = None  # the last run progress read, and the elapsed time then
         self._run_at = 0.0
-        self._checkpoint: str | None = None  # checkpoint state, and the step it was decided at
+        self._checkpoint: str | None = None  # checkpoint state, and the step it was entered at
         self._checkpoint_step: int | None = None
         self._first_step: tuple[float, int] | None = None  # (monotonic s, step) of the first step seen
         self._failure = None  # a failed job's FailureReason, read once
@@ -376,14 +376,16 @@ class JobWatcher:
         checkpoint = None
         if status.is_live:
             states = [checkpoint_state(lines) for lines in raw]
-            decided = [s for s in states if s != UNDECIDED]
-            if SAVING in decided:
-                checkpoint = SAVING
-            elif SAVED in decided:
-                checkpoint = SAVED
-            elif not decided and current == self._checkpoint_step:
-                checkpoint = self._checkpoint  # the deciding line scrolled out; no step since
-            self._checkpoint, self._checkpoint_step = checkpoint, current
+            decided = SAVING if SAVING in states else SAVED if SAVED in states else None
+            if decided is not None:
+                if decided != self._checkpoint:
+                    self._checkpoint_step = current
+                checkpoint = decided
+            elif self._checkpoint is not None and current == self._checkpoint_step:
+                # only a new step ends it: the bar's closing redraw after a save, or the deciding
+                # line scrolling out of the lines kept, leave it as it was
+                checkpoint = self._checkpoint
+            self._checkpoint = checkpoint
         point = self.follower.last(THROUGHPUT)
         run = run_progress(bar, epochs=r.epochs, max_steps_per_epoch=r.max_steps_per_epoch, metric_step=step,
                            observed_rate=observed, throughput=point.value if point is not None else None,

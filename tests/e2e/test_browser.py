@@ -230,6 +230,7 @@ def page(lab, chromium_exe, tmp_path):
 def _shot(page, name: str, locator=None) -> None:
     if locator is not None:  # the whole card in the notebook's scroll area, not just its visible part
         locator.evaluate("el => el.scrollIntoView({block: 'start'})")
+    time.sleep(0.6)  # bqplot draws a chart that came into view (or was just shown) after a short debounce
     target = locator if locator is not None else page
     target.screenshot(path=str(ARTIFACTS / f"{name}.png"), animations="disabled")
 
