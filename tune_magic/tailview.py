@@ -66,7 +66,7 @@ def _drop_signal_tracebacks(lines: list[str]) -> list[str]:
     out = list(lines)
     i = len(out) - 1
     while i >= 0:
-        m = _SIGNAL_EXC_RE.search(out[i])
+        m = _SIGNAL_EXC_RE.search(out[i]) if "SignalException" in out[i] else None
         if m is None:
             i -= 1
             continue
@@ -100,7 +100,7 @@ def _collapse(lines: list[str]) -> list[str]:
         if shown and line == shown[-1]:
             counts[-1] += 1
             continue
-        if _WARNING_RE.search(line):
+        if ("arning" in line or line[:1] == "W" or line[:2] == "[W") and _WARNING_RE.search(line):
             key = _key(line)
             at = first_warning.get(key)
             if at is not None:
