@@ -129,3 +129,17 @@ def test_stopped_card_tail_has_no_signal_traceback_and_a_long_line_wraps(ip, sta
     assert tail.splitlines()[-1] == "torchrun got SIGTERM (signal 15) and stopped its workers"
     assert shown(card.error).startswith("stopped by the user at step ")
     assert card.stop_button.layout.display == "none"
+
+
+def test_redirected_job_card_shows_rank_files_labelled_and_its_progress(ip, started):
+    # --redirects 3: the workers' output goes only to their files under <job dir>/ranks
+    job = ip.run_cell_magic("tune_run", "--name redirected --redirects 3 " + toy_args("steps=3", "step_s=0.2"), "# x\n")
+    started.append(job)
+    assert job.wait(TIMEOUT) == "succeeded"
+    card = JobCard.for_job(job.id)
+    wait_for(lambda: card.watcher.finished and card.snapshot.status == "succeeded", what="succeeded on the card")
+    tail = shown(card.log_tail).splitlines()
+    assert "toy recipe done" not in Path(job.log_path).read_text()  # not in the combined log ...
+    assert "[rank 0 stdout] toy recipe done" in tail  # ... but on the card, labelled by rank
+    assert any(line.startswith("[rank 0 stderr] 1|3|Loss: 3.3333333333333335: 100%|") for line in tail), tail
+    assert shown(card.progress).startswith("epoch 1/1 · step 3/3 · loss 3.3333 · 3/3 this epoch · took ")
