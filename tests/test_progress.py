@@ -64,13 +64,19 @@ def test_before_any_bar_only_the_config_and_metric_file_speak():
 def test_checkpoint_state_follows_the_latest_deciding_line():
     start = "INFO:torchtune.utils._logging:Saving checkpoint. This may take some time. Retrieving full model state dict..."
     end = "INFO:torchtune.utils._logging:Saving checkpoint took 31.20 secs"
-    assert checkpoint_state(["a", REAL_BAR]) is None
+    assert checkpoint_state(["a", REAL_BAR]) == UNDECIDED  # no save among them
     assert checkpoint_state([REAL_BAR, start]) == SAVING
     assert checkpoint_state([REAL_BAR + start]) == SAVING  # torchtune's line glued to the open bar
     assert checkpoint_state([REAL_BAR, start, "INFO:...:Model checkpoint of size 0.00 GiB saved to /x"]) == SAVING
     assert checkpoint_state([REAL_BAR, start, end]) == SAVED
-    assert checkpoint_state([start, end, "  0%|          | 0/20 [00:00<?, ?it/s]"]) is None  # the next epoch
-    assert checkpoint_state([start, "Step 21 | loss:1.0 lr:0.001"]) is None
+    # the next epoch's first step ends it; its empty bar before that step does not
+    assert checkpoint_state([REAL_BAR + start, end, "  0%|          | 0/5 [00:00<?, ?it/s]"]) == SAVED
+    assert checkpoint_state([REAL_BAR + start, end, "2|5|Loss: 5.0:  20%|██        | 1/5 [00:00<00:01,  4.00it/s]"]) is None
+    assert checkpoint_state([REAL_BAR, start, "Step 5 | loss:1.0 lr:0.001"]) is None
+    assert checkpoint_state([REAL_BAR, start, "Step 4 | loss:1.0 lr:0.001"]) == SAVING  # the metric of the same step
+    # tqdm's closing redraw at the save's step after the last save (lora_2proc_5steps/output.log)
+    assert checkpoint_state([REAL_BAR + start, "x", end, REAL_BAR]) == SAVED
+    assert checkpoint_state([start, end, REAL_BAR]) is None  # a step, and no bar to say the save's step
     # lora_finetune_single_device's words, and the checkpoint client's asynchronous save
     assert checkpoint_state([REAL_BAR, "INFO:torchtune.utils._logging:Starting checkpoint save..."]) == SAVING
     assert checkpoint_state(["INFO:torchtune.utils._logging:Checkpoint saved in 1.20 seconds."]) == SAVED

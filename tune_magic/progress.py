@@ -28,8 +28,8 @@ _BAR_RE = re.compile(
 )
 # a torchtune description alone (a bar without counters, e.g. tqdm without a total)
 _DESC_RE = re.compile(r"(?<![\w.|])(?P<epoch>\d+)\|(?P<step>\d+)\|Loss: ")
-# activity that ends a checkpoint save: a bar redraw (with or without description) or a metric line
-_ACTIVITY_RE = re.compile(r"\d%\||\d+\|\d+\|Loss: |Step \d+ \|")
+# a step: torchtune's bar description or a "Step N | ..." metric line (StdoutLogger)
+_STEP_LINE_RE = re.compile(r"(?<![\w.|])\d+\|(?P<bar>\d+)\|Loss: |(?:^|\s|\])Step (?P<metric>\d+) \|")
 
 #: Substrings of a log line that starts saving a checkpoint (see the module docstring).
 SAVE_STARTS = ("Saving checkpoint", "Starting checkpoint save")
@@ -81,26 +81,42 @@ def parse_bar(text: str | None) -> Bar | None:
     return Bar(int(m["epoch"]), int(m["step"]), int(m["n"]), total if total > 0 else None, rate)
 
 
+def _line_step(line: str) -> int | None:
+    """The global step a bar redraw (``1|12|Loss: ...``) or a metric line (``Step 12 | ...``) is at."""
+    m = _STEP_LINE_RE.search(line)
+    if m is None:
+        return None
+    return int(m["bar"] or m["metric"])
+
+
 def checkpoint_state(lines: Sequence[str]) -> str | None:
     """Whether the job is saving a checkpoint, from the last log lines (oldest first).
 
-    The latest decisive line wins: a save's end line gives :data:`SAVED`, its start line
-    :data:`SAVING`, a bar redraw or a metric line after them ``None``. A line holding both a bar
-    and a later log line (torchtune's log line glued to the open bar) counts as the log line.
-    (A bar redraw need not mean a new step: tqdm redraws the bar once more when it closes, after
-    the save; :class:`tune_magic.watch.JobWatcher` ends a save's state only at a new step.)
+    The latest save line decides: its end line gives :data:`SAVED`, its start line :data:`SAVING`,
+    unless a bar redraw or a metric line after it is at a later step than the save (training went
+    on: ``None``). The save's step is that of the bar on its line (torchtune's log line is glued to
+    the open bar) or of the nearest one before it. A redraw at the same step (tqdm redraws the bar
+    once more when it closes, after the last save) or a bar without torchtune's description (the
+    next epoch's ``0/20``, before its first step) does not end it.
 
     Returns:
-        ``"saving"``, ``"saved"``, ``None``, or :data:`UNDECIDED` when no line decides.
+        ``"saving"``, ``"saved"``, ``None``, or :data:`UNDECIDED` when no save line is among them.
     """
-    for line in reversed(lines):
+    if not any("heckpoint" in line for line in lines):
+        return UNDECIDED
+    later: int | None = None  # the highest step after the current line
+    for i in range(len(lines) - 1, -1, -1):
+        line = lines[i]
         if "heckpoint" in line:
-            if any(e in line for e in SAVE_ENDS):
-                return SAVED
-            if any(s in line for s in SAVE_STARTS):
-                return SAVING
-        if _ACTIVITY_RE.search(line):
-            return None
+            state = SAVED if any(e in line for e in SAVE_ENDS) else SAVING if any(s in line for s in SAVE_STARTS) else None
+            if state is not None:
+                if later is None:
+                    return state
+                at = next((s for s in map(_line_step, (lines[j] for j in range(i, -1, -1))) if s is not None), None)
+                return state if at is not None and later <= at else None
+        step = _line_step(line)
+        if step is not None and (later is None or step > later):
+            later = step
     return UNDECIDED
 
 
