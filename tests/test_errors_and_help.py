@@ -98,3 +98,71 @@ def test_empty_cell_body_runs_like_the_line_magic(ip, capsys):
     ip.run_line_magic("load_ext", "tune_magic")  # loading twice registers the transformer once
     names = [getattr(t, "__name__", "") for t in ip.input_transformers_cleanup]
     assert names.count("empty_cell_to_line") == 1
+
+
+@pytest.mark.parametrize("visible,gpus,expected,warned", [
+    ("2,3", "0,1", "2,3", False), (None, "0,1", "0,1", False), ("", "0", "0", True), ("2,3", "5", "5", True),
+    ("GPU-aaaa,GPU-bbbb", "1", "GPU-bbbb", False),
+])
+def test_dry_run_shows_the_cuda_visible_devices_a_launch_would_give(monkeypatch, visible, gpus, expected, warned):
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    plan = tune_magic.launch(toy_args(nproc=None), gpus=gpus, dry_run=True)
+    assert plan.env["CUDA_VISIBLE_DEVICES"] == expected
+    assert any("would refuse them" in w for w in plan.warnings) == warned
+
+
+@pytest.mark.parametrize("value,dry", [("1", True), ("yes", True), ("ON", True), ("0", False), ("", False),
+                                       ("off", False)])
+def test_dry_run_env_values(monkeypatch, value, dry):
+    monkeypatch.setenv("TUNE_MAGIC_DRY_RUN", value)
+    assert jobctl.dry_run_requested() is dry
+
+
+@pytest.mark.parametrize("value", ["2", "y", "enabled", "tru"])
+def test_an_unknown_dry_run_value_fails_closed(monkeypatch, value):
+    from tune_magic import jobstore
+
+    monkeypatch.setenv("TUNE_MAGIC_DRY_RUN", value)
+    before = {r.id for r in jobstore.list_records()}
+    with pytest.raises(errors.PlanError, match="TUNE_MAGIC_DRY_RUN"):
+        tune_magic.launch(toy_args(nproc=None))
+    assert {r.id for r in jobstore.list_records()} == before
+
+
+@pytest.mark.parametrize("kw,words", [
+    ({"args": None}, "give the tune run-style words"), ({"force": "no"}, "force='no': give True or False"),
+    ({"dry_run": "no"}, "dry_run='no'"), ({"name": "x" * 5000}, "at most 1000"),
+    ({"time_limit": "two hours", "scheduler": "slurm"}, "e.g. --time 2:00:00"),
+])
+def test_api_types_are_checked_before_anything_starts(kw, words):
+    kw = {"args": toy_args(nproc=None), **kw}
+    with pytest.raises(errors.PlanError, match=words):
+        tune_magic.launch(kw.pop("args"), **kw)
+
+
+@pytest.mark.parametrize("override,words", [
+    ("output_dir=~/somewhere", "torchtune does not expand ~"),
+    ("output_dir={home}/jobs/fake", "inside tune_magic's job registry"),
+])
+def test_directories_a_job_would_misuse_are_refused(override, words):
+    import os
+
+    override = override.format(home=os.environ["TUNE_MAGIC_HOME"])
+    with pytest.raises(errors.PlanError, match=words):
+        tune_magic.launch(toy_args(override, nproc=None))
+    plan = tune_magic.launch(toy_args(override, nproc=None), dry_run=True)
+    assert any(words in w for w in plan.warnings)
+
+
+def test_dry_runs_of_one_cell_body_share_one_file():
+    import tempfile
+    from pathlib import Path
+
+    d = Path(tempfile.gettempdir()) / "tune_magic_dry_run"
+    for _ in range(3):
+        tune_magic.launch(toy_args(nproc=None), dry_run=True, config_overlay="steps: 3\n")
+    files = [p for p in d.iterdir() if "steps: 3" in p.read_text()]
+    assert len(files) == 1

@@ -31,7 +31,7 @@ def fake_running_job_on_gpu_1():
                     log_path="/dev/null", started_at=time.time(), gpus=[1],
                     supervisor=ProcessRef(me.pid, me.create_time()),
                     agent=ProcessRef(me.pid, 0.0))  # never matches: a stop() could not signal us
-    d = jobstore.create(rec)
+    d = jobstore.create(rec, jobstore.jobs_root())  # jobs_root(): the registry, created if this test is the first
     yield rec.id
     jobstore.update(d, status="stopped")
 
@@ -84,3 +84,225 @@ def test_recipe_and_config_files_under_the_working_directory_are_offered(tmp_pat
     assert "sub/my_recipe.py" in panel.recipe.options and ".venv/hidden.py" not in panel.recipe.options
     panel.recipe.value = "sub/my_recipe.py"
     assert panel.config.options == ("my.yaml",)
+
+
+# --- GPUs: none here ----------------------------------------------------------------------------
+
+
+def test_without_gpus_the_picker_says_so_and_is_disabled(tmp_path, monkeypatch):
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))  # no nvidia-smi
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    panel = Panel(cwd=tmp_path)
+    assert panel.gpus.options == () and panel.gpus.disabled and panel.gpus.layout.display == "none"
+    assert "no GPU found (nvidia-smi was not found on PATH)" in panel.gpu_note.value
+    assert panel.gpu_note.layout.display is None and panel.gpu_note.description == "GPUs"
+
+
+def test_FAKE_failing_nvidia_smi_reason_is_shown(tmp_path, monkeypatch):
+    write_fake_nvidia_smi(tmp_path / "bin", 0, fail="NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}/usr/bin:/bin")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    panel = Panel(cwd=tmp_path)
+    assert panel.gpus.disabled and "no GPU found (" in panel.gpu_note.value
+    assert "couldn&#x27;t communicate with the NVIDIA driver" in panel.gpu_note.value
+
+
+def test_with_FAKE_gpus_there_is_no_note(tmp_path, fake_gpus):
+    panel = Panel(cwd=tmp_path)
+    assert not panel.gpus.disabled and panel.gpu_note.layout.display == "none" and panel.gpus.layout.display is None
+
+
+# --- override lines with spaces -----------------------------------------------------------------
+
+
+def test_an_override_value_with_spaces_needs_no_quotes_in_the_panel(tmp_path):
+    panel = Panel(cwd=tmp_path)
+    panel.recipe.value = "lora_finetune"
+    panel.config.value = "tiny/lora"
+    panel.overrides.value = "seed=1 epochs=2\nmetric_logger.name=my run  # note\n"
+    assert panel.error.value == "" and not panel.launch_button.disabled
+    assert panel.args()[-3:] == ["seed=1", "epochs=2", "metric_logger.name=my run"]
+    assert panel.command_preview.value.endswith(
+        build_plan(["lora_finetune", "--config", "tiny/lora", "seed=1", "epochs=2", "metric_logger.name=my run"],
+                   cwd=tmp_path).command_line().split("tiny/lora.yaml", 1)[1])
+    assert "'metric_logger.name=my run'" in panel.command_preview.value
+
+
+# --- the comparison chart -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lo, hi, ticks", [
+    (1, 6, [1, 2, 3, 4, 5, 6]), (1, 1, [1]), (0, 8, [0, 2, 4, 6, 8]), (1, 40, [5, 10, 15, 20, 25, 30, 35, 40]),
+    (3, 7, [3, 4, 5, 6, 7]), (1, 1000, [200, 400, 600, 800, 1000]), (100, 130, list(range(100, 131, 5))),
+])
+def test_int_ticks(lo, hi, ticks):
+    from tune_magic.panel import MAX_TICKS, int_ticks
+
+    got = int_ticks(lo, hi)
+    assert got == ticks and len(got) <= MAX_TICKS and len(set(got)) == len(got)
+    assert all(isinstance(t, int) for t in got)
+
+
+def _snap(steps, losses):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(steps=tuple(steps), losses=tuple(losses))
+
+
+def test_compare_chart_has_integer_ticks_a_legend_apart_and_full_names(tmp_path):
+    from tune_magic.jobctl import get_job
+
+    long_name = "learning-rate-sweep-" + "x" * 30  # 50 characters: the picker cuts at 40 and says so
+    ids = []
+    for i, name in enumerate((long_name, "lr 2e-3")):
+        rec = JobRecord(id=f"20990101-00000{i}-cmp00{i}", name=name, argv=["python", "x.py"], env={}, cwd="/",
+                        log_path="/dev/null", started_at=time.time(), status="succeeded", ended_at=time.time(),
+                        returncode=0)
+        jobstore.create(rec, jobstore.jobs_root())
+        ids.append(rec.id)
+    panel = Panel(cwd=tmp_path)
+    try:
+        labels = dict((v, k) for k, v in panel.compare.options)
+        assert labels[ids[0]] == f"{long_name[:40]}…  {ids[0]}" and labels[ids[1]] == f"lr 2e-3  {ids[1]}"
+        assert panel.compare.layout.width == "100%"
+        # nothing compared yet: no chart (never an empty 0..1 grid with 0 0 0 1 1 ticks), a line says why
+        assert panel.chart.layout.display == "none" and "choose jobs" in panel.chart_note.value
+        panel.compare.value = tuple(ids)
+        for w in panel._watchers.values():
+            w.stop()
+        panel.series = {i: [] for i in ids}  # what the stopped watchers read (these jobs logged nothing)
+        panel._set_ticks()
+        assert panel.chart.layout.display == "none" and "waiting for the first step" in panel.chart_note.value
+        panel._show(ids[0], _snap(range(1, 7), [3.0, 2.5, 2.0, 1.8, 1.5, 1.2]))
+        panel._show(ids[1], _snap(range(1, 4), [3.0, 2.9, 2.8]))
+        assert list(panel._x_axis.tick_values) == [1, 2, 3, 4, 5, 6]
+        assert (panel._x.min, panel._x.max) == (1.0, 6.0)
+        assert panel.chart.layout.display is None and panel.chart_note.value == ""
+        assert [len(m.x) for m in panel.chart.marks] == [6, 3]
+        assert all(not m.display_legend for m in panel.chart.marks)  # nothing drawn over the curves
+        assert panel.legend.value.count("tm-legend-item") == 2 and "lr 2e-3 cmp001" in panel.legend.value
+        assert panel.legend in panel.children and panel.children.index(panel.legend) < panel.children.index(panel.chart)
+        panel._show(ids[0], _snap(range(1, 2), [3.0]))  # a single point: a unit-wide axis, integer ticks
+        panel._show(ids[1], _snap(range(1, 2), [3.0]))
+        assert list(panel._x_axis.tick_values) == [1, 2]
+        panel.compare.value = (ids[1],)
+        assert len(panel.chart.marks) == 1 and panel.legend.value.count("tm-legend-item") == 1
+    finally:
+        panel.close()
+        for i in ids:
+            jobstore.remove_tree(jobstore.job_dir(i))
+
+
+# --- SLURM fields (FAKE sbatch and sinfo: no SLURM cluster in a unit test) ------------------------
+
+
+@pytest.fixture
+def fake_slurm_clients(tmp_path, monkeypatch):
+    """FAKE ``sinfo`` (partitions ``debug*`` and ``gpu``) and ``sbatch`` (never called by a preview:
+    it fails the test's launch if reached) first on PATH."""
+    bin_dir = tmp_path / "slurm-bin"
+    bin_dir.mkdir()
+    (bin_dir / "sinfo").write_text('#!/bin/sh\n[ "$*" = "-h -o %P" ] || exit 2\nprintf "debug*\\ngpu\\ngpu\\n"\n')
+    (bin_dir / "sbatch").write_text("#!/bin/sh\necho 'FAKE sbatch must not run in this test' >&2\nexit 3\n")
+    for f in ("sinfo", "sbatch"):
+        (bin_dir / f).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("TUNE_MAGIC_SCHEDULER", raising=False)
+    return bin_dir
+
+
+def test_no_slurm_fields_without_sbatch(tmp_path, monkeypatch):
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no sbatch (this machine may have a real one)
+    panel = Panel(cwd=tmp_path)
+    assert not panel.slurm_available
+    form = panel.children[0]
+    assert panel.scheduler not in form.children and panel.slurm_box not in form.children
+    assert panel.scheduler_options() == {}
+
+
+def test_FAKE_sbatch_slurm_fields_preview_sbatch_line_and_script(tmp_path, fake_slurm_clients):
+    import tune_magic
+
+    panel = Panel(cwd=tmp_path)
+    assert panel.slurm_available and panel.scheduler.value == "local"
+    assert panel.scheduler in panel.children[0].children
+    assert panel.slurm_box.layout.display == "none" and panel.script_preview.layout.display == "none"
+    panel.recipe.value = "lora_finetune"
+    panel.config.value = "tiny/lora"
+    panel.overrides.value = "max_steps_per_epoch=4\nmetric_logger.name=my run"
+    assert panel.command_preview.value.startswith("PYTHONUNBUFFERED=1 ")  # local: the torchrun line
+    panel.scheduler.value = "slurm"
+    assert panel.slurm_box.layout.display is None and panel.script_preview.layout.display is None
+    assert panel.partition.options == ("debug", "gpu")  # sinfo's, the default's * removed, the default first
+    panel.nodes.value = 2
+    panel.cpus_per_node.value = 4
+    panel.partition.value = "my-part"  # free text, not only sinfo's choices
+    panel.time_limit.value = "2:00:00"
+    panel.account.value = "proj1"
+    assert panel.scheduler_options() == {"scheduler": "slurm", "nodes": 2, "cpus_per_node": 4,
+                                         "partition": "my-part", "time_limit": "2:00:00", "account": "proj1"}
+    assert not panel.launch_button.disabled, panel.error.value
+    plan = tune_magic.launch(["lora_finetune", "--config", "tiny/lora", "max_steps_per_epoch=4",
+                              "metric_logger.name=my run"], cwd=tmp_path, dry_run=True, **panel.scheduler_options())
+    assert panel.command_preview.value == plan.command_line().replace(plan.job_id, "<job-id>")
+    assert panel.script_preview.value == plan.batch_script.replace(plan.job_id, "<job-id>")
+    line = panel.command_preview.value
+    assert line.startswith("sbatch --parsable --job-name=tune_magic-<job-id> --nodes=2 ")
+    for part in ("--cpus-per-task=4", "--partition=my-part", "--time=2:00:00", "--account=proj1"):
+        assert part in line, line
+    assert panel.script_preview.value.startswith("#!/bin/bash\n") and "'metric_logger.name=my run'" in panel.script_preview.value
+    # a bad time: the reason inline, Launch disabled
+    panel.time_limit.value = "2h"
+    assert panel.launch_button.disabled and "2h" in panel.error.value and panel.script_preview.value == ""
+    panel.time_limit.value = "120"
+    assert not panel.launch_button.disabled
+    # back to local: the SLURM fields hide and the torchrun line returns
+    panel.scheduler.value = "local"
+    assert panel.slurm_box.layout.display == "none" and panel.command_preview.value.startswith("PYTHONUNBUFFERED=1 ")
+
+
+def test_FAKE_sbatch_launch_passes_the_slurm_fields_to_launch(tmp_path, fake_slurm_clients, monkeypatch):
+    from tune_magic import panel as panel_mod
+
+    calls = []
+    real = panel_mod.launch
+
+    def spy(args, **kw):
+        calls.append((list(args), kw))
+        return real(args, **{**kw, "dry_run": True})  # what would be submitted, submitted nowhere
+
+    monkeypatch.setattr(panel_mod, "launch", spy)
+    panel = Panel(cwd=tmp_path)
+    panel.recipe.value = "lora_finetune"
+    panel.config.value = "tiny/lora"
+    panel.scheduler.value = "slurm"
+    panel.nodes.value = 3
+    panel.gpus_per_node.value = 8
+    panel.partition.value = "gpu"
+    panel.name.value = "big one"
+    calls.clear()
+    panel.launch_button.click()
+    (args, kw), = calls
+    assert args == ["lora_finetune", "--config", "tiny/lora"]
+    assert kw == {"name": "big one", "gpus": None, "cwd": tmp_path, "scheduler": "slurm", "nodes": 3,
+                  "gpus_per_node": 8, "partition": "gpu"}
+    assert "dry run" in panel.error.value and panel.launched == []
+
+
+@pytest.mark.parametrize("script, expected", [
+    ('printf "debug*\\ngpu\\n"', ["debug", "gpu"]),
+    ('printf "a\\nb*\\n"', ["b", "a"]),
+    ('echo "sinfo: error: Could not establish a configuration source" >&2; exit 1', []),
+    ("sleep 5", []),  # longer than SINFO_TIMEOUT_S (0.5 s here)
+])
+def test_FAKE_sinfo_partitions(tmp_path, monkeypatch, script, expected):
+    from tune_magic import panel as panel_mod
+
+    (tmp_path / "sinfo").write_text(f"#!/bin/sh\n{script}\n")
+    (tmp_path / "sinfo").chmod(0o755)
+    monkeypatch.setattr(panel_mod, "SINFO_TIMEOUT_S", 0.5)
+    assert panel_mod.slurm_partitions({"PATH": str(tmp_path)}) == expected
+    assert panel_mod.slurm_partitions({"PATH": str(tmp_path / "nowhere")}) == []

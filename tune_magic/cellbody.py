@@ -2,6 +2,9 @@
 
 A body is either a YAML mapping (a config, or an overlay merged over ``--config``) or lines of
 ``key=value`` / ``~key`` overrides; ``#`` comments and blank lines are ignored; an empty body is fine.
+An override line is several overrides when every word is one (``seed=1 epochs=2``), else one
+override whose value is the rest of the line as typed (``metric_logger.name=my run``): see
+:func:`override_line`.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from typing import Any, Mapping
 from .command import PlanError, check_override
 
 _OVERRIDE_LINE = re.compile(r"^~?[A-Za-z_][\w.\[\]\-]*(=|$)")
+_KEY_EQ = re.compile(r"^[A-Za-z_][\w.\[\]\-]*=")
+# a comment after a plain YAML value: "#" preceded by white space
+_PLAIN_COMMENT = re.compile(r"\s#")
 # {name} or {name.attr}, but not ${...} (OmegaConf interpolation, which may nest)
 _FIELD = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)\}")
 
@@ -54,13 +60,7 @@ def parse_cell_body(text: str | None) -> CellBody:
     if all(_OVERRIDE_LINE.match(line) and (": " not in line.split("=", 1)[0]) for _, line in meaningful):
         overrides: list[str] = []
         for i, line in meaningful:
-            try:
-                tokens = shlex.split(line, comments=True)
-            except ValueError as exc:
-                raise PlanError(f"cell line {i}: {exc}; close the quote") from None
-            for token in tokens:
-                if not _OVERRIDE_LINE.match(token) or (not token.startswith("~") and "=" not in token):
-                    raise PlanError(f"cell line {i}: {token!r} is not key=value; write one override per line, e.g. batch_size=4")
+            for token in override_line(line, i):
                 if not _FIELD.search(token):  # one with {name} is checked once expanded, when the plan is built
                     try:
                         check_override(token)
@@ -92,6 +92,75 @@ def parse_cell_body(text: str | None) -> CellBody:
             f"got a YAML {type(data).__name__}"
         )
     return CellBody(config_yaml=text)
+
+
+def override_line(line: str, lineno: int = 1) -> list[str]:
+    """Split one override line into the arguments the recipe gets (not yet checked as YAML).
+
+    The rule, in order:
+
+    1. Read the line as a shell would (quotes removed, ``#`` starting a word outside quotes begins a
+       comment). When every word is ``key=value`` or ``~key``, each word is one override:
+       ``seed=1 epochs=2`` gives two, ``name="my run"`` gives ``name=my run``.
+    2. Otherwise, when the line starts with ``key=``, the whole line is one override, its value
+       taken as typed (quotes kept, runs of spaces kept) up to a comment (``#`` after a space, as
+       YAML reads a plain value): ``metric_logger.name=my run`` gives ``metric_logger.name=my run``,
+       ``name=Bob's run`` gives ``name=Bob's run``.
+
+    Args:
+        line: one line of a cell body or of the panel's overrides box (stripped, not a comment).
+        lineno: its line number, for messages.
+
+    Returns:
+        The override arguments (``key=value`` or ``~key`` strings).
+
+    Raises:
+        PlanError: the line does not start with ``key=`` (nor is made of override words), or its
+            value starts with a quote that is never closed.
+    """
+    try:
+        words = shlex.split(_cut_comment(line))
+    except ValueError as exc:
+        words, unbalanced = None, exc
+    else:
+        unbalanced = None
+        if words and all(_is_override_word(w) for w in words):
+            return words
+    head = _KEY_EQ.match(line)
+    if head is None:
+        first = (words or line.split() or [""])[0]
+        raise PlanError(f"cell line {lineno}: {first!r} is not key=value; write one override per line, "
+                        "e.g. batch_size=4 or metric_logger.name=my run")
+    value = _PLAIN_COMMENT.split(line[head.end():], 1)[0].strip()
+    if unbalanced is not None and value[:1] in ("'", '"'):
+        raise PlanError(f"cell line {lineno}: {unbalanced}; close the quote")
+    return [head.group(0) + value]
+
+
+def _is_override_word(word: str) -> bool:
+    return bool(_OVERRIDE_LINE.match(word)) and (word.startswith("~") or "=" in word)
+
+
+def _cut_comment(line: str) -> str:
+    """``line`` up to a ``#`` that starts a word outside quotes (the shell's rule; a ``#`` inside a
+    word, as in ``name=run#1``, is text)."""
+    quote, escaped, prev = None, False, " "
+    for i, c in enumerate(line):
+        if escaped:
+            escaped = False
+        elif quote is not None:
+            if c == quote:
+                quote = None
+            elif c == "\\" and quote == '"':
+                escaped = True
+        elif c == "\\":
+            escaped = True
+        elif c in ("'", '"'):
+            quote = c
+        elif c == "#" and prev.isspace():
+            return line[:i]
+        prev = c
+    return line
 
 
 def expand_fields(token: str, namespace: Mapping[str, Any]) -> str:

@@ -60,7 +60,15 @@ def _select(cfg, key: str, cwd: str, errors: list[str] | None = None) -> str | N
         return None
     if value is None or not isinstance(value, (str, os.PathLike)) or not str(value):
         return None
-    return os.path.normpath(os.path.join(cwd, os.path.expanduser(str(value))))
+    text = str(value)
+    if text.startswith("~"):
+        # the recipe never expands it: "~/x" would be a folder named "~" in the job's working directory
+        if errors is not None:
+            errors.append(f"config key {key} is {text!r}: torchtune does not expand ~, so the job would use a folder "
+                          f"named '~' in its working directory; write the full path, e.g. "
+                          f"{key}={os.path.expanduser(text)}")
+        return None
+    return os.path.normpath(os.path.join(cwd, text))
 
 
 def _count(cfg, key: str) -> int | None:
@@ -123,7 +131,14 @@ def resolve_dirs(plan: LaunchPlan, cwd: str | os.PathLike | None = None) -> JobD
                     f"{key} is {value}, outside this job's output_dir {out}: concurrent jobs from this config "
                     f"will share it; set {key}=${{output_dir}}/... in the config"
                 )
-    missing = [(key, path) for key in INPUT_KEYS for path in [_select(cfg, key, cwd)]
+    from .paths import home
+
+    registry = os.path.normpath(str(home(plan.env) / "jobs"))
+    for key, value in (("output_dir", out), (METRIC_LOG_DIR_KEY, logs), (CHECKPOINT_DIR_KEY, ckpt)):
+        if value is not None and _inside(os.path.realpath(value), os.path.realpath(registry)):
+            errors.append(f"{key} {value} is inside tune_magic's job registry {registry}, where every folder must be "
+                          "a job; choose another directory")
+    missing = [(key, path) for key in INPUT_KEYS for path in [_select(cfg, key, cwd, errors)]
                if path is not None and not os.path.exists(path)]
     return JobDirs(out, logs, ckpt, warnings, missing, errors, epochs=_count(cfg, "epochs"),
                    max_steps_per_epoch=_count(cfg, "max_steps_per_epoch"))

@@ -47,6 +47,8 @@ DRY_RUN_ENV = "TUNE_MAGIC_DRY_RUN"
 LIVENESS_CHECK_S = 1.0
 #: Seconds a staging directory without a live launcher is kept before a listing removes it.
 STAGING_GRACE_S = 2.0
+#: Longest job name accepted, in characters (listings cut names to 40 anyway).
+MAX_NAME_CHARS = 1000
 #: Test hook: the launch step at which the launching process SIGKILLs itself (fault tests).
 TEST_KILL_ENV = "TUNE_MAGIC_TEST_KILL_LAUNCHER_AT"
 #: The launch steps, in order, that TEST_KILL_ENV can name.
@@ -56,9 +58,19 @@ RUNNING, SUCCEEDED, FAILED, STOPPED = Status.RUNNING, Status.SUCCEEDED, Status.F
 
 
 def dry_run_requested(env: Mapping[str, str] | None = None) -> bool:
-    """Return True when ``TUNE_MAGIC_DRY_RUN`` asks for dry runs (``1``/``true``/``yes``)."""
-    value = (os.environ if env is None else env).get(DRY_RUN_ENV, "")
-    return value.strip().lower() in ("1", "true", "yes", "on")
+    """Return True when ``TUNE_MAGIC_DRY_RUN`` asks for dry runs (``1``/``true``/``yes``/``on``);
+    ``0``/``false``/``no``/``off`` or unset/empty mean a real launch.
+
+    Raises:
+        PlanError: any other value (it fails closed: a typo never starts a real job).
+    """
+    value = (os.environ if env is None else env).get(DRY_RUN_ENV, "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise PlanError(f"{DRY_RUN_ENV}={value!r} is neither on (1, true, yes, on) nor off (0, false, no, off); "
+                    f"set one of them or unset it")
 
 
 def _launch_step(step: str) -> None:
@@ -228,6 +240,9 @@ class Job:
         Raises:
             TimeoutError: still pending or running after ``timeout`` seconds.
         """
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not 0 <= timeout < math.inf):
+            raise ValueError(f"timeout={timeout!r}: give seconds (a number >= 0) or None to wait for ever")
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.status.is_live:
             if deadline is not None and time.monotonic() > deadline:
@@ -284,6 +299,8 @@ class Job:
                 except (OSError, jobstore.CorruptRecord, StateDirError):
                     for key, value in extra.items():
                         self._record.set_status(value) if key == "status" else setattr(self._record, key, value)
+        if self.damaged and self._record.state.is_live and not sched.has_live_parts(self.dir, None):
+            self._record.set_status(STOPPED)  # nothing of it runs any more; its record stays unreadable
         self._settle_supervisor()
         return self._record.state
 
@@ -297,6 +314,13 @@ class Job:
             return None
         try:
             data = jobstore.read_json(self.dir / jobstore.FAILURE, 4 << 20)
+            texts = ("line", "kind", "host", "exc_type", "message", "traceback")
+            numbers = ("rank", "local_rank", "exitcode", "pid")
+            if not isinstance(data, dict) or not isinstance(data.get("line"), str) or not all(
+                    data.get(k) is None or isinstance(data.get(k), str) for k in texts) or not all(
+                    data.get(k) is None or (isinstance(data.get(k), int) and not isinstance(data.get(k), bool))
+                    for k in numbers):
+                raise ValueError("failure.json is damaged")
             return FailureReason(**{k: data.get(k) for k in FailureReason.__dataclass_fields__})
         except (OSError, ValueError, TypeError):
             r = self._record
@@ -353,7 +377,9 @@ class Job:
         latest one, as a terminal would show it)."""
         from .schedulers.local.supervisor import read_tail
 
-        text = read_tail(self.log_path, max(64 * 1024, 512 * n))
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise ValueError(f"n={n!r}: give a number of lines")
+        text = read_tail(self.log_path, min(max(64 * 1024, 512 * n), 64 << 20))
         lines = [line.rsplit("\r", 1)[-1] if "\r" in line.rstrip("\r") else line.rstrip("\r")
                  for line in text.split("\n")]
         if lines and lines[-1] == "":
@@ -373,7 +399,7 @@ def _damaged_record(d: Path, last: JobRecord | None = None) -> JobRecord:
     return JobRecord(id=d.name, name="(damaged record)", argv=["?"], env={}, cwd="/",
                      log_path=str(d / jobstore.OUTPUT_LOG), started_at=started,
                      supervisor=side.get("supervisor"), agent=side.get("agent"), workers=side.get("workers", []),
-                     status=Status.RUNNING.value)
+                     status=Status.RUNNING.value, scheduler=side.get("scheduler", "local"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -423,11 +449,15 @@ def scheduler_options(*, scheduler: str | None = None, nodes: Any = None, gpus_p
             raise PlanError(f"{flag} {value!r} must be a positive integer, e.g. {flag} 2")
         return value
 
+    examples = {"--partition": "gpu", "--time": "2:00:00", "--account": "myproject"}
+
     def text(value: Any, flag: str) -> str | None:
         if value is None:
             return None
+        if flag == "--time" and isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)  # minutes, as sbatch reads a bare number
         if not isinstance(value, str) or not value.strip() or any(c.isspace() or ord(c) < 32 for c in value):
-            raise PlanError(f"{flag} {value!r} must be one word, e.g. {flag} gpu")
+            raise PlanError(f"{flag} {value!r} must be one word, e.g. {flag} {examples[flag]}")
         return value
 
     if sbatch is not None and (isinstance(sbatch, str) or not all(isinstance(s, str) for s in sbatch)):
@@ -498,6 +528,13 @@ def launch(
     cwd = os.path.abspath(os.getcwd() if cwd is None else os.fspath(cwd))
     if name is not None and not isinstance(name, str):
         raise PlanError(f"name={name!r}: the job name must be a string")
+    if name is not None and len(name) > MAX_NAME_CHARS:
+        raise PlanError(f"the job name is {len(name)} characters long; give at most {MAX_NAME_CHARS}")
+    if not isinstance(args, (str, list, tuple)):
+        raise PlanError(f"args={args!r}: give the tune run-style words as a string or a list of strings")
+    for flag, value in (("force", force), ("dry_run", dry_run)):
+        if value is not None and not isinstance(value, bool):
+            raise PlanError(f"{flag}={value!r}: give True or False")
     options = scheduler_options(scheduler=scheduler, nodes=nodes, gpus_per_node=gpus_per_node,
                                 cpus_per_node=cpus_per_node, partition=partition, time_limit=time_limit,
                                 account=account, sbatch=sbatch, env=caller_env)
@@ -509,14 +546,20 @@ def launch(
         raise PlanError("job_id is for dry runs only; a launch picks its own id")
     job_id = check_job_id(job_id) if job_id is not None else new_job_id()
     if dry_run:
-        # nothing is registered; a temporary folder only holds a cell body's config for the preview
+        # nothing is registered; one file per distinct cell body holds its config for the preview
         if config_overlay is not None:
-            d = Path(tempfile.mkdtemp(prefix="tune_magic_dry_run_"))
-            tokens = _apply_overlay(tokens, config_overlay, cwd, d / "config.yaml")
+            import hashlib
+
+            d = Path(tempfile.gettempdir()) / "tune_magic_dry_run"
+            d.mkdir(mode=0o700, exist_ok=True)
+            digest = hashlib.sha256(f"{tokens}\0{config_overlay}\0{cwd}".encode()).hexdigest()[:16]
+            tokens = _apply_overlay(tokens, config_overlay, cwd, d / f"config-{digest}.yaml")
         plan, _ = _plan(tokens, job_id, gpus=gpus, cwd=cwd, env=caller_env, busy={}, options=options)
         # the job's directory as it would be (the same id-dependent paths a launch gets)
         would_be = jobstore.jobs_root(caller_env, create=False) / job_id
-        return replace(plan, **sched.prepare(plan, options, caller_env, would_be))
+        plan = replace(plan, **sched.prepare(plan, options, caller_env, would_be))
+        problems = resolve_dirs(plan, cwd=cwd).errors  # here, a launch would refuse these
+        return replace(plan, warnings=plan.warnings + [f"a launch here would refuse this: {e}" for e in problems])
     root = jobs_root_for_launch(caller_env)
     _collect_staging(root)
     stage = jobstore.staging_dir(job_id, root)
@@ -553,11 +596,12 @@ def launch(
                 epochs=dirs.epochs, max_steps_per_epoch=dirs.max_steps_per_epoch,
             )
             jobstore.write_record(stage, record)
+            jobstore.write_procs(stage, scheduler=sched.name)  # a damaged record still says where it runs
             os.close(jobstore.open_nofollow(stage / jobstore.LOCK, os.O_WRONLY | os.O_CREAT))
             _launch_step("staged")
             # one launch at a time checks for clashes and registers, so two cannot both take a directory or GPU
             with jobstore.flocked(root / jobstore.LAUNCH_LOCK):
-                _check_clashes(resolved, dirs, _live_jobs(jobstore.list_records(root)), force=force)
+                _check_clashes(resolved, dirs, _live_jobs(jobstore.list_records(root)), force=force, plan=plan)
                 os.rename(stage, final)
             _launch_step("registered")
             if plan.output_dir and dirs.output_dir:
@@ -663,6 +707,17 @@ def _plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, busy, force: b
         if resolved is None:
             resolved = gpu_mod.resolve_gpus(plan.gpus, len(plan.gpus), busy, env, force=force)
         plan = replace(plan, env={**plan.env, "CUDA_VISIBLE_DEVICES": resolved.cuda_visible_devices})
+    elif plan.gpus and "CUDA_VISIBLE_DEVICES" in plan.env:
+        # a dry run shows the CUDA_VISIBLE_DEVICES a launch from this kernel would give the job
+        # (ids are relative to the kernel's own); it checks nothing against this machine's GPUs
+        preview = gpu_mod.preview_cuda_visible_devices(plan.gpus, env)
+        if preview is not None:
+            plan = replace(plan, env={**plan.env, "CUDA_VISIBLE_DEVICES": preview})
+        else:
+            visible = env.get("CUDA_VISIBLE_DEVICES", "")
+            plan = replace(plan, warnings=plan.warnings + [
+                f"GPU ids {','.join(map(str, plan.gpus))} are not all among the {len([v for v in visible.split(',') if v.strip()])} "
+                f"GPUs this kernel may use (CUDA_VISIBLE_DEVICES={visible!r}): a launch from here would refuse them"])
     return plan, resolved
 
 
@@ -698,11 +753,33 @@ def _same_or_nested(a: str, b: str) -> bool:
     return a == b or a in b.parents or b in a.parents
 
 
-def _check_clashes(resolved, dirs, running: list[Job], *, force: bool) -> None:
-    """Refuse a GPU or a directory that a live job uses (unless ``force``). Called under the launch
-    lock, so two launches racing for the same GPU or ``output_dir``: exactly one is refused."""
+def _local_port(endpoint: str | None) -> int | None:
+    """The port of ``host:port`` when the host is this machine, else ``None``."""
+    import socket
+
+    if not endpoint:
+        return None
+    host, sep, port = endpoint.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not port.isdigit():
+        return None
+    mine = {"", "localhost", "0.0.0.0", "::", "::1", socket.gethostname(), socket.getfqdn()}
+    return int(port) if host in mine or host.startswith("127.") else None
+
+
+def _check_clashes(resolved, dirs, running: list[Job], *, force: bool, plan: LaunchPlan | None = None) -> None:
+    """Refuse a GPU, a directory or a rendezvous port on this machine that a live job uses (unless
+    ``force``). Called under the launch lock, so two launches racing for the same GPU or
+    ``output_dir``: exactly one is refused."""
     if force:
         return
+    port = _local_port(plan.endpoint) if plan is not None and plan.rendezvous == "user" else None
+    if port:
+        for job in running:
+            if job.scheduler == "local" and _local_port(job.record.rendezvous_endpoint) == port:
+                raise PlanError(f"port {port} of your rendezvous endpoint is the rendezvous of {job.record.status} job "
+                                f"{job.id}: the second job would fail (EADDRINUSE) or join the first one's rendezvous; "
+                                "leave the endpoint out (a free port is picked), choose another port, or pass --force")
     if resolved is not None:
         busy = {str(k): v for k, v in _busy_gpus(running).items()}
         for typed, physical in zip(resolved.typed, resolved.physical):

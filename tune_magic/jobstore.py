@@ -550,8 +550,11 @@ def list_records_checked(root: Path | None = None, stamps: dict[str, tuple] | No
     out, bad = [], []
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
-    except (FileNotFoundError, NotADirectoryError):
+    except FileNotFoundError:
         return [], []
+    except NotADirectoryError:
+        raise StateDirError(f"{root} (or a folder above it) is not a directory, so it holds no jobs; point "
+                            "TUNE_MAGIC_HOME at a directory") from None
     except OSError as exc:
         raise StateDirError(f"cannot read the job registry {root} ({exc.strerror or exc}); "
                             "point TUNE_MAGIC_HOME at a readable directory") from None
@@ -580,7 +583,7 @@ def list_records_checked(root: Path | None = None, stamps: dict[str, tuple] | No
 
 
 def write_procs(d: Path, supervisor: ProcessRef | None = None, agent: ProcessRef | None = None,
-                workers: list[ProcessRef] | None = None, *, merge: bool = True) -> None:
+                workers: list[ProcessRef] | None = None, *, merge: bool = True, scheduler: str | None = None) -> None:
     """Record the job's processes in ``procs.json`` (kept apart from the record so that a damaged
     record never hides what must be stopped). With ``merge``, fields not given keep their value.
 
@@ -594,13 +597,18 @@ def write_procs(d: Path, supervisor: ProcessRef | None = None, agent: ProcessRef
         data["agent"] = agent
     if workers is not None:
         data["workers"] = workers
-    out = {k: (asdict(v) if isinstance(v, ProcessRef) else [asdict(w) for w in v]) for k, v in data.items()}
+    if scheduler is not None:
+        data["scheduler"] = scheduler
+    out = {k: (asdict(v) if isinstance(v, ProcessRef) else v if isinstance(v, str) else [asdict(w) for w in v])
+           for k, v in data.items()}
     write_atomic(d / PROCS, json.dumps(out).encode(), fsync=False)
 
 
 def read_procs(d: Path) -> dict[str, Any]:
-    """Return ``{"supervisor": ProcessRef, "agent": ProcessRef, "workers": [ProcessRef]}`` (keys
-    present only when known) from ``procs.json``; ``{}`` when missing or damaged."""
+    """Return ``{"supervisor": ProcessRef, "agent": ProcessRef, "workers": [ProcessRef],
+    "scheduler": str}`` (keys present only when known) from ``procs.json``; ``{}`` when missing or
+    damaged. The scheduler is written at registration, so a damaged record still says where the
+    job runs."""
     try:
         data = read_json(d / PROCS, 1 << 20)
     except (OSError, ValueError):
@@ -616,6 +624,8 @@ def read_procs(d: Path) -> dict[str, Any]:
             out["workers"] = [_process_ref(w) for w in data["workers"]]
     except CorruptRecord:
         return {}
+    if data.get("scheduler") in ("local", "slurm"):
+        out["scheduler"] = data["scheduler"]
     return out
 
 

@@ -1,14 +1,18 @@
 """The launch panel: build a run by clicking, see the exact command, launch, compare runs.
 
 Everything goes through the same public API as the magics (:func:`tune_magic.build_plan` for the
-preview, :func:`tune_magic.launch` for Launch), so the preview is exactly what runs (with a
-``<job-id>`` placeholder where the launch puts the job's id).
+preview, :func:`tune_magic.launch` for Launch; a SLURM preview is ``launch(..., dry_run=True)``), so
+the preview is exactly what runs (with a ``<job-id>`` placeholder where the launch puts the job's id).
+Where ``sbatch`` is on PATH the form offers the SLURM scheduler and its options.
 """
 
 from __future__ import annotations
 
 import html
+import math
 import os
+import shutil
+import subprocess
 import threading
 from pathlib import Path
 
@@ -16,15 +20,24 @@ import ipywidgets as widgets
 
 from . import catalog
 from .cellbody import parse_cell_body
-from .command import PlanError, build_plan
-from .gpus import visible_gpus
+from .command import JOB_ID_PLACEHOLDER, PlanError, build_plan
+from .gpus import visibility
 from .jobctl import Job, jobs, launch
+from .schedulers.base import default_scheduler
+from .textfmt import cut
 from .views import JobsTable
 from .watch import JobWatcher
 
 #: How deep recipe/config files are looked for under the working directory.
 SCAN_DEPTH = 2
 _SKIP_DIRS = {".venv", "venv", "node_modules", "__pycache__", ".git", "site-packages"}
+#: Most x-axis ticks on the comparison chart (integer steps, each label once).
+MAX_TICKS = 8
+#: Seconds ``sinfo`` may take to list the partitions.
+SINFO_TIMEOUT_S = 5.0
+# full-width children get no side margin: width 100% then is the panel's width, not 4 px more
+_MARGIN = "2px 0px"
+_WRAP = "white-space:normal;overflow-wrap:anywhere;line-height:1.35"
 _PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 
 
@@ -49,13 +62,59 @@ def _files_under(root: Path, suffix: str, depth: int = SCAN_DEPTH) -> list[str]:
     return out
 
 
-class Panel(widgets.VBox):
-    """A form to build and launch a run, the jobs table, and a chart comparing loss curves.
+def slurm_partitions(env=None) -> list[str]:
+    """The partitions ``sinfo -h -o %P`` lists (the default one's ``*`` removed, the default first),
+    or ``[]`` when sinfo is missing, fails or takes longer than :data:`SINFO_TIMEOUT_S` seconds."""
+    exe = shutil.which("sinfo", path=(env or os.environ).get("PATH"))
+    if exe is None:
+        return []
+    try:
+        r = subprocess.run([exe, "-h", "-o", "%P"], capture_output=True, text=True, timeout=SINFO_TIMEOUT_S,
+                           stdin=subprocess.DEVNULL, env=dict(env) if env is not None else None)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if r.returncode != 0:
+        return []
+    names, default = [], None
+    for line in r.stdout.splitlines():
+        name = line.strip()
+        if name.endswith("*"):
+            name = default = name[:-1]
+        if name and name not in names:
+            names.append(name)
+    return ([default] if default else []) + [n for n in names if n != default]
 
-    Public child widgets (stable names): ``recipe``, ``config``, ``nproc``, ``gpus``,
-    ``endpoint``, ``name``, ``overrides``, ``command_preview``, ``error``, ``launch_button``,
-    ``jobs_table``, ``compare`` (jobs shown in the chart), ``chart``. ``series`` maps job id ->
-    list of (step, loss) shown in the chart; ``launched`` lists the jobs launched from this panel.
+
+def int_ticks(lo: int, hi: int, most: int = MAX_TICKS) -> list[int]:
+    """Integer tick values from ``lo`` to ``hi`` (steps), at most ``most`` of them, each once: a
+    1, 2, 5 x 10^k spacing, starting at a multiple of it (``int_ticks(1, 6)`` -> ``[1, ..., 6]``,
+    ``int_ticks(1, 40)`` -> ``[5, 10, ..., 40]``)."""
+    lo, hi = int(lo), int(max(hi, lo))
+    span = max(hi - lo, 1)
+    spacing = 1
+    k = 0
+    while True:
+        for m in (1, 2, 5):
+            spacing = m * 10 ** k
+            if span // spacing + 1 <= most:
+                first = -(-lo // spacing) * spacing
+                return list(range(first, hi + 1, spacing)) or [lo]
+        k += 1
+
+
+class Panel(widgets.VBox):
+    """A form to build and launch a run, the live jobs table, and a chart comparing loss curves.
+
+    Public child widgets (stable names): ``recipe``, ``config``, ``nproc``, ``gpus`` (where there
+    is no GPU: hidden and disabled, with ``gpu_note`` in its place saying so), ``endpoint``, ``name``,
+    ``overrides``, ``command_preview``, ``error``, ``launch_button``, ``jobs_table`` (a live :class:`~tune_magic.views.JobsTable`),
+    ``compare`` (jobs shown in the chart), ``chart`` (integer step ticks; hidden until a chosen job
+    logged a step, ``chart_note`` then says why) with ``legend``.
+    Where ``sbatch`` is on PATH (``slurm_available``) also ``scheduler`` (local/slurm) and, shown for
+    slurm, ``nodes``, ``gpus_per_node``, ``cpus_per_node`` (0: not asked), ``partition`` (choices from
+    ``sinfo``, free text allowed), ``time_limit``, ``account``, and ``script_preview`` (the batch
+    script; ``command_preview`` then holds the sbatch line). ``series`` maps job id -> list of
+    (step, loss) shown in the chart; ``launched`` lists the jobs launched from this panel.
 
     Args:
         cwd: working directory for relative paths and launched jobs (default: the current one).
@@ -67,56 +126,113 @@ class Panel(widgets.VBox):
         self.launched: list[Job] = []
         self._watchers: dict[str, JobWatcher] = {}
         self._lines: dict[str, object] = {}
+        self._labels: dict[str, str] = {}
         self._lock = threading.Lock()
+        wide = dict(width="100%", max_width="34em", margin=_MARGIN)
 
         recipes = [r.name for r in catalog.recipes()] + _files_under(self.cwd, ".py")
         self.recipe = widgets.Combobox(options=recipes, placeholder="recipe name or .py path",
-                                       description="recipe", ensure_option=False)
+                                       description="recipe", ensure_option=False, layout=widgets.Layout(**wide))
         self.config = widgets.Combobox(options=[], placeholder="config name or .yaml path",
-                                       description="config", ensure_option=False)
-        self.nproc = widgets.BoundedIntText(value=1, min=1, max=1024, description="nproc/node")
-        self.gpus = widgets.SelectMultiple(options=[], description="GPUs", rows=4)
-        self.endpoint = widgets.Text(placeholder="blank = automatic (--standalone)", description="endpoint")
-        self.name = widgets.Text(placeholder="optional", description="name")
+                                       description="config", ensure_option=False, layout=widgets.Layout(**wide))
+        self.nproc = widgets.BoundedIntText(value=1, min=1, max=1024, description="nproc/node",
+                                            layout=widgets.Layout(width="12em"))
+        self.gpus = widgets.SelectMultiple(options=[], description="GPUs", rows=4,
+                                           layout=widgets.Layout(width="100%", max_width="22em", margin=_MARGIN))
+        self.gpu_note = widgets.HTML(description="GPUs", layout=widgets.Layout(display="none", max_width="100%"))
+        self.endpoint = widgets.Text(placeholder="host:port, or blank for --standalone", description="endpoint",
+                                     layout=widgets.Layout(**wide))
+        self.name = widgets.Text(placeholder="optional", description="name", layout=widgets.Layout(**wide))
         self.overrides = widgets.Textarea(placeholder="key=value, one a line", description="overrides",
-                                          layout=widgets.Layout(width="60%", height="6em"))
+                                          layout=widgets.Layout(width="100%", max_width="46em", height="6em", margin=_MARGIN))
         self.command_preview = widgets.Textarea(disabled=True, description="command",
-                                                layout=widgets.Layout(width="100%", height="6em"))
+                                                layout=widgets.Layout(width="100%", height="6em", margin=_MARGIN))
+        self.script_preview = widgets.Textarea(disabled=True, description="script",
+                                               layout=widgets.Layout(width="100%", height="18em", display="none", margin=_MARGIN))
         self.error = widgets.HTML()
         self.launch_button = widgets.Button(description="Launch", button_style="success", icon="play", disabled=True)
         self.refresh_button = widgets.Button(description="Refresh", icon="refresh")
-        self.compare = widgets.SelectMultiple(options=[], description="compare", rows=5)
+        self.compare = widgets.SelectMultiple(options=[], description="compare", rows=5,
+                                              layout=widgets.Layout(width="100%", margin=_MARGIN))
+        self.legend = widgets.HTML()
+        self.legend.add_class("tm-legend")
+        self.chart_note = widgets.HTML()
+        self.chart_note.add_class("tm-chart-note")
         self.chart = self._make_chart()
         self.jobs_table = JobsTable()
 
+        # SLURM: offered where sbatch is on PATH
+        self.slurm_available = shutil.which("sbatch") is not None
+        chosen = default_scheduler(os.environ)
+        self.scheduler = widgets.Dropdown(options=["local", "slurm"],
+                                          value="slurm" if chosen == "slurm" and self.slurm_available else "local",
+                                          description="scheduler", layout=widgets.Layout(width="16em"))
+        self.nodes = widgets.BoundedIntText(value=1, min=1, max=100_000, description="nodes",
+                                            layout=widgets.Layout(width="12em"))
+        self.gpus_per_node = widgets.BoundedIntText(value=0, min=0, max=1024, description="GPUs/node",
+                                                    layout=widgets.Layout(width="12em"))
+        self.cpus_per_node = widgets.BoundedIntText(value=0, min=0, max=100_000, description="CPUs/node",
+                                                    layout=widgets.Layout(width="12em"))
+        self._partitions_listed = False  # sinfo is asked when the SLURM fields are first shown
+        self.partition = widgets.Combobox(options=[], placeholder="blank: the default partition",
+                                          description="partition", ensure_option=False, layout=widgets.Layout(**wide))
+        self.time_limit = widgets.Text(placeholder="e.g. 2:00:00 or 1-12 (blank: default)", description="time",
+                                       layout=widgets.Layout(**wide))
+        self.account = widgets.Text(placeholder="blank: your default account", description="account", layout=widgets.Layout(**wide))
+        self.slurm_box = widgets.VBox([
+            _wrap([self.nodes, self.gpus_per_node, self.cpus_per_node]), self.partition, self.time_limit, self.account],
+            layout=widgets.Layout(display="none"))
+        self.slurm_box.add_class("tm-slurm-fields")
+
         self.refresh_gpus()
-        for w in (self.recipe, self.config, self.nproc, self.gpus, self.endpoint, self.overrides):
+        for w in (self.recipe, self.config, self.nproc, self.gpus, self.endpoint, self.overrides, self.scheduler,
+                  self.nodes, self.gpus_per_node, self.cpus_per_node, self.partition, self.time_limit, self.account):
             w.observe(self._on_change, names="value")
         self.recipe.observe(self._on_recipe, names="value")
         self.launch_button.on_click(self._on_launch)
         self.refresh_button.on_click(lambda _b: self.refresh())
         self.compare.observe(self._on_compare, names="value")
         self._sync_compare_options()
+        self._set_ticks()  # no curve yet: the chart hidden, a line saying so
 
-        form = widgets.VBox([self.recipe, self.config, widgets.HBox([self.nproc, self.gpus]), self.endpoint,
-                             self.name, self.overrides, self.command_preview, self.error, self.launch_button])
+        scheduler_rows = [self.scheduler, self.slurm_box] if self.slurm_available else []
+        self._gpu_row = _wrap([self.nproc, widgets.VBox([self.gpus, self.gpu_note])])
+        form = widgets.VBox([self.recipe, self.config, *scheduler_rows, self._gpu_row, self.endpoint, self.name,
+                             self.overrides, self.command_preview, self.script_preview, self.error,
+                             self.launch_button], layout=widgets.Layout(width="100%"))
         super().__init__(children=[form, widgets.HTML("<b>Jobs</b>"), self.refresh_button, self.jobs_table,
-                                   widgets.HTML("<b>Compare loss curves</b>"), self.compare, self.chart])
+                                   widgets.HTML("<b>Compare loss curves</b>"), self.compare, self.chart_note, self.legend,
+                                   self.chart],
+                         layout=widgets.Layout(width="100%", max_width="100%"))
         self.add_class("tune-magic-panel")
+        self._show_scheduler_fields()
         self.update_preview()
 
     # -- form -----------------------------------------------------------------------------------
     def refresh_gpus(self) -> None:
         """List the GPUs this kernel may use (its CUDA_VISIBLE_DEVICES; nvidia-smi, never CUDA),
-        each labelled with its physical id, marking those used by live jobs."""
+        each labelled with its physical id, marking those used by live jobs; with none, say so
+        (``gpu_note``) and disable the list."""
         busy = {}
         for j in jobs():
             if j.record.state.is_live:
                 r = j.record
                 for g in (r.physical_gpus if r.physical_gpus is not None else r.gpus) or []:
                     busy[str(g)] = j.id
+        seen = visibility()
         self.gpus.options = [(f"{g.label} (busy: {busy[str(g.physical)]})" if str(g.physical) in busy else g.label,
-                              g.typed) for g in visible_gpus()]
+                              g.typed) for g in seen.gpus]
+        self.gpus.disabled = not seen.gpus
+        # with no GPU, a note in the list's place (same label) says so, instead of an empty list
+        self.gpus.layout.display = None if seen.gpus else "none"
+        if seen.gpus:
+            self.gpu_note.value, self.gpu_note.layout.display = "", "none"
+        else:
+            why = seen.note or ("nvidia-smi lists none" if seen.setting is None
+                                else f"CUDA_VISIBLE_DEVICES={seen.setting!r}")
+            self.gpu_note.value = (f"<span class='tm-gpu-note' style='color:#7f7f7f;{_WRAP}'>no GPU found "
+                                   f"({html.escape(why)}); jobs run on CPUs</span>")
+            self.gpu_note.layout.display = None
 
     def _on_recipe(self, change) -> None:
         name = change["new"]
@@ -129,8 +245,23 @@ class Panel(widgets.VBox):
             names = list(entry.configs) + [c for c in catalog.shipped_configs_for(entry.name) if c not in entry.configs]
         self.config.options = names + _files_under(self.cwd, ".yaml")
 
-    def _on_change(self, _change=None) -> None:
+    def _on_change(self, change=None) -> None:
+        if change is not None and change.get("owner") is self.scheduler:
+            self._show_scheduler_fields()
         self.update_preview()
+
+    def _slurm(self) -> bool:
+        return self.slurm_available and self.scheduler.value == "slurm"
+
+    def _show_scheduler_fields(self) -> None:
+        slurm = self._slurm()
+        if slurm and not self._partitions_listed:
+            self._partitions_listed = True
+            self.partition.options = slurm_partitions()
+        self.slurm_box.layout.display = None if slurm else "none"
+        self.script_preview.layout.display = None if slurm else "none"
+        # SLURM allocates the GPUs (GPUs/node): the kernel's own GPUs are not the job's
+        self._gpu_row.children[1].layout.display = "none" if slurm else None
 
     def args(self) -> list[str]:
         """The ``tune run``-style arguments the form describes.
@@ -151,39 +282,75 @@ class Panel(widgets.VBox):
             raise PlanError("overrides must be key=value lines (one a line)")
         return tokens + body.overrides
 
+    def scheduler_options(self) -> dict:
+        """Keyword arguments of :func:`tune_magic.launch` for the chosen scheduler: ``{}`` for local;
+        for slurm ``scheduler``, ``nodes`` and those of ``gpus_per_node``, ``cpus_per_node``,
+        ``partition``, ``time_limit``, ``account`` that are filled in (0 and blank: not asked)."""
+        if not self._slurm():
+            return {}
+        opts: dict = {"scheduler": "slurm", "nodes": self.nodes.value}
+        if self.gpus_per_node.value:
+            opts["gpus_per_node"] = self.gpus_per_node.value
+        if self.cpus_per_node.value:
+            opts["cpus_per_node"] = self.cpus_per_node.value
+        for key, w in (("partition", self.partition), ("time_limit", self.time_limit), ("account", self.account)):
+            if w.value.strip():
+                opts[key] = w.value.strip()
+        return opts
+
+    def _gpu_choice(self):
+        return None if self._slurm() else (list(self.gpus.value) or None)
+
     def update_preview(self) -> None:
-        """Rebuild the command preview; show the builder's error and disable Launch when invalid."""
+        """Rebuild the command preview (for slurm: the sbatch line and the batch script); show the
+        builder's error and disable Launch when invalid."""
         if not self.recipe.value.strip():
-            self.command_preview.value = ""
+            self.command_preview.value = self.script_preview.value = ""
             self.error.value = "<span class='tm-hint'>choose a recipe and a config</span>"
             self.launch_button.disabled = True
             return
+        notes: list[str] = []
         try:
-            plan = build_plan(self.args(), cwd=self.cwd, gpus=list(self.gpus.value) or None)
+            if self._slurm():
+                import warnings
+
+                with warnings.catch_warnings(record=True):
+                    warnings.simplefilter("always")
+                    plan = launch(self.args(), cwd=self.cwd, dry_run=True, **self.scheduler_options())
+                hide = (lambda text: text.replace(plan.job_id, JOB_ID_PLACEHOLDER))
+                self.command_preview.value = hide(plan.command_line())
+                self.script_preview.value = hide(plan.batch_script or "")
+                notes = list(plan.warnings)
+            else:
+                plan = build_plan(self.args(), cwd=self.cwd, gpus=self._gpu_choice())
+                self.command_preview.value = plan.command_line()
+                self.script_preview.value = ""
         except PlanError as exc:
-            self.command_preview.value = ""
+            self.command_preview.value = self.script_preview.value = ""
             self.error.value = f"<span class='tm-error' style='color:#d62728'>{html.escape(str(exc))}</span>"
             self.launch_button.disabled = True
             return
-        self.command_preview.value = plan.command_line()
-        self.error.value = ""
+        self.error.value = "".join(f"<div class='tm-warning' style='color:#8c564b'>{html.escape(n)}</div>"
+                                   for n in notes)
         self.launch_button.disabled = False
 
     # -- launching ------------------------------------------------------------------------------
     def launch(self) -> Job | None:
         """Launch what the form describes (as the Launch button does); return the job, or ``None``
-        with the error shown inline."""
+        with the error shown inline. The job's row appears in the jobs table at once."""
         try:
-            result = launch(self.args(), name=self.name.value.strip() or None,
-                            gpus=list(self.gpus.value) or None, cwd=self.cwd)
+            result = launch(self.args(), name=self.name.value.strip() or None, gpus=self._gpu_choice(), cwd=self.cwd,
+                            **self.scheduler_options())
         except PlanError as exc:
             self.error.value = f"<span class='tm-error' style='color:#d62728'>{html.escape(str(exc))}</span>"
             return None
         if not isinstance(result, Job):  # TUNE_MAGIC_DRY_RUN=1
-            self.error.value = f"<span class='tm-hint'>dry run (TUNE_MAGIC_DRY_RUN=1): nothing started</span>"
+            self.error.value = "<span class='tm-hint'>dry run (TUNE_MAGIC_DRY_RUN=1): nothing started</span>"
             return None
         self.launched.append(result)
-        self.refresh()
+        self.jobs_table.add(result)
+        self._sync_compare_options()
+        self.refresh_gpus()
         self.compare.value = tuple(self.compare.value) + (result.id,)
         return result
 
@@ -191,16 +358,17 @@ class Panel(widgets.VBox):
         self.launch()
 
     def refresh(self) -> None:
-        """Re-read the jobs (table, compare list, GPU list)."""
+        """Re-read the jobs (a new table, the compare list, the GPU list)."""
         table = JobsTable()
-        self.children = tuple(table if c is self.jobs_table else c for c in self.children)
-        self.jobs_table = table
+        old, self.jobs_table = self.jobs_table, table
+        self.children = tuple(table if c is old else c for c in self.children)
+        old.close()
         self._sync_compare_options()
         self.refresh_gpus()
 
     def _sync_compare_options(self) -> None:
         selected = self.compare.value
-        self.compare.options = [(f"{j.name} {j.id}", j.id) for j in jobs()]
+        self.compare.options = [(f"{cut(j.name)}  {j.id}", j.id) for j in jobs()]
         self.compare.value = tuple(v for v in selected if v in {o[1] for o in self.compare.options})
 
     # -- the comparison chart --------------------------------------------------------------------
@@ -208,10 +376,12 @@ class Panel(widgets.VBox):
         import bqplot
 
         self._x, self._y = bqplot.LinearScale(), bqplot.LinearScale()
+        self._x_axis = bqplot.Axis(scale=self._x, label="step", tick_format="d", tick_values=[])
+        # the legend is an HTML line above the chart (legend), never drawn over the curves
         return bqplot.Figure(
-            marks=[], axes=[bqplot.Axis(scale=self._x, label="step"), bqplot.Axis(scale=self._y, side="left", label="loss")],
-            legend_location="top-right", layout=widgets.Layout(width="100%", height="300px"),
-            fig_margin={"top": 10, "bottom": 40, "left": 60, "right": 10},
+            marks=[], axes=[self._x_axis, bqplot.Axis(scale=self._y, side="left", label="loss")],
+            layout=widgets.Layout(width="100%", height="300px", margin=_MARGIN), padding_y=0.05,
+            fig_margin={"top": 10, "bottom": 40, "left": 60, "right": 20},
         )
 
     def _on_compare(self, change) -> None:
@@ -222,34 +392,73 @@ class Panel(widgets.VBox):
             if job_id not in wanted:
                 self._watchers.pop(job_id).stop(timeout=0)
                 self._lines.pop(job_id, None)
+                self._labels.pop(job_id, None)
                 self.series.pop(job_id, None)
-        for i, job_id in enumerate(sorted(wanted - set(self._watchers))):
+        for job_id in sorted(wanted - set(self._watchers)):
             try:
                 job = next(j for j in self.launched if j.id == job_id)
             except StopIteration:
                 from .jobctl import get_job
 
                 job = get_job(job_id)
-            colour = _PALETTE[len(self._lines) % len(_PALETTE)]
-            line = bqplot.Lines(x=[], y=[], scales={"x": self._x, "y": self._y}, colors=[colour],
-                                labels=[job.name + " " + job.id[-6:]], display_legend=True)
+            used = {line.colors[0] for line in self._lines.values()}
+            colour = next((c for c in _PALETTE if c not in used), _PALETTE[len(self._lines) % len(_PALETTE)])
+            line = bqplot.Lines(x=[], y=[], scales={"x": self._x, "y": self._y}, colors=[colour], marker="circle",
+                                marker_size=12, display_legend=False)
             self._lines[job_id] = line
+            self._labels[job_id] = f"{cut(job.name)} {job.id[-6:]}"
             self.series[job_id] = []
             self._watchers[job_id] = JobWatcher(job, lambda snap, jid=job_id: self._show(jid, snap), interval_s=0.5,
                                                 tail_lines=1).start()
         self.chart.marks = [self._lines[j] for j in sorted(self._lines)]
+        self.legend.value = "".join(
+            f"<span class='tm-legend-item' style='margin-right:1.2em;white-space:nowrap'>"
+            f"<span style='display:inline-block;width:1.6em;height:3px;vertical-align:middle;"
+            f"background:{self._lines[j].colors[0]}'></span> {html.escape(self._labels[j])}</span>"
+            for j in sorted(self._lines))
+        self._set_ticks()
 
     def _show(self, job_id: str, snap) -> None:
-        """Watcher-thread sink: set the curve's traits and the series (no printing)."""
+        """Watcher-thread sink: set the curve's traits, the axis ticks and the series (no printing)."""
         line = self._lines.get(job_id)
         if line is None:
             return
         self.series[job_id] = list(zip(snap.steps, snap.losses))
         if snap.steps:
             line.x, line.y = list(snap.steps), list(snap.losses)
+            self._set_ticks()
+
+    def _set_ticks(self) -> None:
+        """Integer steps on the x axis, each label once, over the steps of every curve shown; with no
+        point yet, the chart is hidden (never an empty 0..1 grid) and a line says why."""
+        with self._lock:
+            steps = [s for pts in list(self.series.values()) for s, _ in pts[:1] + pts[-1:]]
+            if not steps:
+                self.chart.layout.display = "none"
+                self.chart_note.value = ("<span class='tm-hint' style='color:#7f7f7f'>"
+                                         + ("waiting for the first step of the jobs chosen" if self._lines else
+                                            "choose jobs above to compare their loss curves") + "</span>")
+                return
+            self.chart.layout.display = None
+            self.chart_note.value = ""
+            lo, hi = min(steps), max(steps)
+            hi = max(hi, lo + 1)  # one point: still a unit-wide axis, not a 0..1 grid of fractions
+            ticks = int_ticks(lo, hi)
+            if (self._x.min, self._x.max) != (lo, hi):
+                self._x.min, self._x.max = float(lo), float(hi)
+            if list(self._x_axis.tick_values) != ticks:
+                self._x_axis.tick_values = ticks
 
     def close(self) -> None:
-        """Stop the chart's watchers (jobs keep running) and close the widgets."""
+        """Stop the chart's watchers and the table's refresher (jobs keep running); close the widgets."""
         for w in getattr(self, "_watchers", {}).values():
             w.stop(timeout=0)
+        table = getattr(self, "jobs_table", None)
+        if table is not None:
+            table.close()
         super().close()
+
+
+def _wrap(children) -> widgets.HBox:
+    """A row that wraps onto the next line instead of overflowing a narrow notebook."""
+    return widgets.HBox(children, layout=widgets.Layout(flex_flow="row wrap", max_width="100%"))

@@ -34,7 +34,8 @@ def batch(k: int, fixed_port: int | None, jobs_all: list) -> dict:
     torchrun = f"--master_port {fixed_port}" if fixed_port else ""
     args = toy_args("steps=3", "step_s=0.2", torchrun=torchrun)
     t0 = time.perf_counter()
-    jobs = [tune_magic.launch(args, cwd=REPO, name=f"k{k}-{i}") for i in range(k)]
+    # force: tune_magic refuses a fixed port a running job uses; the anchor shows what happens without that
+    jobs = [tune_magic.launch(args, cwd=REPO, name=f"k{k}-{i}", force=bool(fixed_port)) for i in range(k)]
     jobs_all += jobs
     for job in jobs:
         job.wait(timeout=600)

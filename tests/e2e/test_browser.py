@@ -458,3 +458,222 @@ def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
     assert not errors, errors  # no uncaught JavaScript errors (widgets, bqplot)
     (ARTIFACTS / "timings.json").write_text(json.dumps({"timings_s": timings, "steps_shown": shown}, indent=1))
     print("\n" + "\n".join(f"{k}: {v:.1f} s" for k, v in timings.items()))
+
+
+# --- the jobs table and the panel (issue 16: "The tables") -------------------------------------------
+
+TABLES = ARTIFACTS / "tables"
+CMP_NAMES = ("cmp-lr-1e-2 learning-rate sweep, run A", "cmp-lr-2e-3 learning-rate sweep, run B")
+TABLE_CELLS = [
+    ("markdown", "# tune_magic browser test: the jobs table and the panel"),
+    ("code", "%load_ext tune_magic\nimport tune_magic"),
+    ("code", "%tune_jobs"),
+    ("code", "panel = tune_magic.Panel()\npanel.recipe.value = 'lora_finetune'\npanel.config.value = 'tiny/lora'\n"
+             "panel.overrides.value = 'max_steps_per_epoch=6 seed=1\\nmetric_logger.name=my run'\n"
+             "panel.compare.value = tuple(j.id for j in tune_magic.jobs() if j.name.startswith('cmp-'))\npanel"),
+    ("code", "slurm_panel = tune_magic.Panel()\nslurm_panel.recipe.value = 'lora_finetune'\n"
+             "slurm_panel.config.value = 'tiny/lora'\nif slurm_panel.slurm_available:\n"
+             "    slurm_panel.scheduler.value = 'slurm'\n    slurm_panel.nodes.value = 2\n"
+             "    slurm_panel.cpus_per_node.value = 4\nslurm_panel"),
+]
+VIEWPORTS = ((800, 900), (1440, 900))
+
+_ROW_JS = """([root, id]) => {
+    const ids = [...root.querySelectorAll('.tm-cell-id')];
+    const i = ids.findIndex(e => e.textContent.trim() === id);
+    if (i < 0) return null;
+    const cell = k => root.querySelectorAll('.tm-cell-' + k)[i];
+    const reason = cell('reason');
+    return {status: cell('status').textContent.trim(), step: cell('step').textContent.trim(),
+            loss: cell('loss').textContent.trim(), name: cell('name').textContent.trim(),
+            buttons: cell('stop').querySelectorAll('button').length,
+            reason: reason.textContent.trim(), reason_shown: reason.offsetParent !== null};
+}"""
+
+# widths the browser gives things: overflow of a root, text vs the box that shows it
+_LAYOUT_JS = """el => {
+    const canvas = document.createElement('canvas').getContext('2d');
+    const fits = (text, box) => {
+        const cs = getComputedStyle(box);
+        canvas.font = `${cs.fontStyle} ${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+        const room = box.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+        return {text, width: Math.ceil(canvas.measureText(text).width), room};
+    };
+    const label = w => (w.querySelector('label') || {}).textContent;
+    const compare = [...el.querySelectorAll('.widget-select-multiple')].find(w => label(w) === 'compare');
+    const select = compare && compare.querySelector('select');
+    const endpoint = [...el.querySelectorAll('.widget-text')].find(w => label(w) === 'endpoint');
+    const input = endpoint && endpoint.querySelector('input');
+    const fig = el.querySelector('.bqplot.figure');
+    const axes = fig ? [...fig.querySelectorAll('g.axis')] : [];
+    const xaxis = axes.find(a => (a.querySelector('.axislabel') || {}).textContent === 'step');
+    const legend = el.querySelector('.tm-legend');
+    const right = el.getBoundingClientRect().right;
+    const wide = [...el.querySelectorAll('*')].filter(e => e.getBoundingClientRect().right > right + 1)
+        .slice(0, 12).map(e => `${e.tagName}.${[...e.classList].join('.')} ${Math.round(e.getBoundingClientRect().width)}px`);
+    return {
+        panel: {scroll: el.scrollWidth, client: el.clientWidth, wide},
+        output: (o => ({scroll: o.scrollWidth, client: o.clientWidth}))(el.closest('.jp-OutputArea-output')),
+        table: (t => t && {scroll: t.scrollWidth, client: t.clientWidth})(el.querySelector('.tune-magic-jobs')),
+        options: select ? [...select.options].map(o => fits(o.text, select)) : null,
+        placeholder: input ? fits(input.placeholder, input) : null,
+        ticks: xaxis ? [...xaxis.querySelectorAll('g.tick text')].map(t => t.textContent) : null,
+        legend: legend && {text: legend.textContent, bottom: legend.getBoundingClientRect().bottom,
+                           items: legend.querySelectorAll('.tm-legend-item').length},
+        figure_top: fig ? fig.getBoundingClientRect().top : null,
+        gpu_note: (n => n && n.textContent)(el.querySelector('.tm-gpu-note')),
+        slurm_shown: (s => !!s && s.offsetParent !== null)(el.querySelector('.tm-slurm-fields')),
+        textareas: [...el.querySelectorAll('textarea')].map(t => t.value),
+    };
+}"""
+
+
+def _row(table, job_id: str) -> dict | None:
+    """What a jobs table shows of one job (read from the DOM), or None when it has no row."""
+    return table.evaluate(f"root => ({_ROW_JS})([root, {json.dumps(job_id)}])")
+
+
+def _charts_laid_out(root) -> None:
+    """Scroll each bqplot chart under ``root`` into view and wait for it to fit its new width: bqplot
+    lays a figure out again only while it is visible (an IntersectionObserver), as a person scrolling
+    to it would see."""
+    figures = root.locator(".bqplot.figure")
+    for i in range(figures.count()):
+        fig = figures.nth(i)
+        if not fig.is_visible():  # a hidden chart (nothing to plot yet) has no layout to wait for
+            continue
+        fig.scroll_into_view_if_needed()
+        # the plot area ends within the figure's right margin (<= 80 px), neither beyond it nor far short
+        fits = ("f => { const bg = f.querySelector('rect.plotarea_background'); if (!bg) return true; "
+                "const gap = f.getBoundingClientRect().right - bg.getBoundingClientRect().right; "
+                "return gap >= -1 && gap <= 80; }")
+        _wait_for("a chart to take its new width", lambda: fig.evaluate(fits), 15,
+                  describe=lambda: fig.evaluate("f => f.getBoundingClientRect().width"))
+
+
+def _shot_whole(page, name: str, locator, width: int) -> None:
+    """Screenshot all of ``locator`` (taller than the window): the window made tall enough first."""
+    height = locator.evaluate("el => Math.ceil(el.getBoundingClientRect().height)")
+    page.set_viewport_size({"width": width, "height": max(900, height + 260)})
+    time.sleep(0.5)
+    _charts_laid_out(locator)
+    _shot(page, name, locator)
+    page.set_viewport_size({"width": width, "height": 900})
+
+
+def _left_sidebar_collapsed(page) -> None:
+    """Collapse JupyterLab's left sidebar (the file browser) if it is open."""
+    shown = "() => { const s = document.querySelector('#jp-left-stack'); return !!s && s.offsetWidth > 0; }"
+    if page.evaluate(shown):
+        page.keyboard.press("Control+b")
+    _wait_for("the left sidebar to collapse", lambda: not page.evaluate(shown), 10)
+
+
+@pytest.mark.timeout(420)
+def test_live_jobs_table_and_panel_layout_in_jupyterlab(lab, page, new_jobs):
+    from jobhelpers import toy_args
+
+    TABLES.mkdir(parents=True, exist_ok=True)
+    for old in TABLES.glob("*.png"):
+        old.unlink()
+    # finished jobs to list and compare (two curves), and a failed one, started while Lab starts
+    done = [tune_magic.launch(toy_args("steps=6", "step_s=0", f"start_loss={loss}"), name=name)
+            for name, loss in zip(CMP_NAMES, (10.0, 8.0))]
+    crashed = tune_magic.launch(toy_args("steps=4", "step_s=0", "crash_rank=1"), name="crash rank 1")
+    assert [j.wait(120) for j in done] + [crashed.wait(120)] == ["succeeded", "succeeded", "failed"]
+    (lab.root / "tables_test.ipynb").write_text(json.dumps(_notebook(TABLE_CELLS), indent=1))
+    page.goto(lab.url("/lab/tree/tables_test.ipynb?reset"), timeout=120 * MS)
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120 * MS)
+    page.locator(".jp-StatusBar-Widget", has_text=re.compile(r"\|\s*Idle")).first.wait_for(timeout=KERNEL_READY_S * MS)
+    _left_sidebar_collapsed(page)
+    page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    tables, panels = page.locator(".tune-magic-jobs"), page.locator(".tune-magic-panel")
+    _wait_for("%tune_jobs and two panels", lambda: tables.count() == 3 and panels.count() == 2, CARDS_S,
+              describe=lambda: page.locator(".jp-OutputArea").all_inner_texts())
+    jobs_table, panel = tables.nth(0), panels.nth(0)
+    assert "Error displaying widget" not in page.locator(".jp-Notebook").inner_text()
+
+    # rows: finished ones without a Stop button, the failed one with its reason under it
+    for job in done:
+        r = _wait_for(f"row {job.id}", lambda: _row(jobs_table, job.id), 30)
+        assert (r["status"], r["step"], r["buttons"], r["reason_shown"]) == ("succeeded", "6", 0, False), r
+    r = _row(jobs_table, crashed.id)
+    assert r["status"] == "failed" and r["buttons"] == 0 and r["reason_shown"], r
+    assert "rank 1" in r["reason"] and "RuntimeError: toy recipe crashed on purpose" in r["reason"], r
+
+    # a job launched elsewhere (here, the test process) appears in both tables and its step moves on
+    # while nobody clicks; its row has a Stop button
+    running = tune_magic.launch(toy_args("steps=400", "step_s=0.5", nproc=None), name="running elsewhere")
+    seen: dict[str, list[str]] = {"table": [], "panel": []}
+
+    def steps_move() -> bool:
+        for key, root in (("table", jobs_table), ("panel", panel.locator(".tune-magic-jobs"))):
+            r = _row(root, running.id)
+            if r and r["step"] and (not seen[key] or seen[key][-1] != r["step"]):
+                seen[key].append(r["step"])
+        return all(len(v) >= 3 for v in seen.values())
+
+    _wait_for("the running job's step to change 3 times in both tables", steps_move, STEPS_S, poll_s=0.3,
+              describe=lambda: json.dumps({"seen": seen, "row": _row(jobs_table, running.id)}))
+    for steps in seen.values():
+        assert [int(s) for s in steps] == sorted(int(s) for s in steps), seen
+    r = _row(jobs_table, running.id)
+    assert r["status"] == "running" and r["buttons"] == 1, r
+    _shot(page, "tables/01-tune-jobs-running", jobs_table)
+
+    # the panel at two widths, left sidebar collapsed: nothing wider than its box
+    for width, height in VIEWPORTS:
+        page.set_viewport_size({"width": width, "height": height})
+        time.sleep(1.0)  # JupyterLab lays the notebook out again
+        for i in range(panels.count()):
+            _charts_laid_out(panels.nth(i))
+            lay = panels.nth(i).evaluate(_LAYOUT_JS)
+            for part in ("panel", "output", "table"):
+                assert lay[part]["scroll"] <= lay[part]["client"], (width, i, part, lay[part])
+        lay = panel.evaluate(_LAYOUT_JS)
+        jobs_lay = jobs_table.evaluate("t => ({scroll: t.scrollWidth, client: t.clientWidth})")
+        assert jobs_lay["scroll"] <= jobs_lay["client"], (width, jobs_lay)
+        # every job name in the compare picker fits (not cut off), the endpoint placeholder is whole
+        assert lay["options"] and all(o["width"] <= o["room"] for o in lay["options"]), (width, lay["options"])
+        shown = [o["text"].replace("\u00a0", " ") for o in lay["options"]]  # ipywidgets writes spaces as nbsp
+        assert all(any(f"{name}  {job.id}" == t for t in shown) for name, job in zip(CMP_NAMES, done)), shown
+        assert lay["placeholder"]["text"].endswith("--standalone") and \
+            lay["placeholder"]["width"] <= lay["placeholder"]["room"], (width, lay["placeholder"])
+        _shot_whole(page, f"tables/02-panel-{width}", panel, width)
+        _shot(page, f"tables/03-tune-jobs-{width}", jobs_table)
+    lay = panel.evaluate(_LAYOUT_JS)
+    # the compare chart: integer steps, each label once; the legend above the plot, not over the curves
+    ticks = _wait_for("the chart's step ticks", lambda: (lambda t: t if t and len(t) >= 2 else None)(
+        panel.evaluate(_LAYOUT_JS)["ticks"]), 30)
+    assert all(re.fullmatch(r"\d+", t) for t in ticks) and len(set(ticks)) == len(ticks), ticks
+    assert [int(t) for t in ticks] == sorted(int(t) for t in ticks)
+    assert lay["legend"]["items"] == 2 and all(n in lay["legend"]["text"] for n in CMP_NAMES), lay["legend"]
+    assert lay["legend"]["bottom"] <= lay["figure_top"] + 1, lay
+    assert panel.locator("svg g.curve path.line").count() == 2  # two curves
+    # no GPU here: the picker says so; an override value with spaces is one argument in the preview
+    assert "no GPU found" in lay["gpu_note"], lay["gpu_note"]
+    assert any("'metric_logger.name=my run'" in t for t in lay["textareas"]), lay["textareas"]
+    if shutil.which("sbatch"):  # the SLURM fields and the sbatch preview
+        slurm = panels.nth(1).evaluate(_LAYOUT_JS)
+        assert slurm["slurm_shown"], slurm
+        assert any(t.startswith("sbatch --parsable --job-name=tune_magic-<job-id> --nodes=2 ") for t in slurm["textareas"])
+        assert any(t.startswith("#!/bin/bash\n") for t in slurm["textareas"])
+        # nothing compared in this panel: no chart (no empty 0..1 grid), a line says so
+        assert not panels.nth(1).locator(".bqplot.figure").is_visible()
+        assert "choose jobs" in panels.nth(1).locator(".tm-chart-note").inner_text()
+        _shot_whole(page, "tables/04-panel-slurm", panels.nth(1), 1440)
+
+    # Stop on the running job's row: it reads stopped and loses its button
+    page.set_viewport_size({"width": 1440, "height": 900})
+    jobs_table.locator(".tm-cell-stop button").first.scroll_into_view_if_needed()
+    row_index = jobs_table.evaluate(
+        f"t => [...t.querySelectorAll('.tm-cell-id')].findIndex(e => e.textContent.trim() === {json.dumps(running.id)})")
+    jobs_table.locator(".tm-cell-stop").nth(row_index).locator("button").click()
+    _wait_for("the row to read stopped", lambda: (_row(jobs_table, running.id) or {}).get("status") == "stopped",
+              STOP_S, describe=lambda: json.dumps(_row(jobs_table, running.id)))
+    assert tune_magic.get_job(running.id).status == "stopped"
+    assert _row(jobs_table, running.id)["buttons"] == 0
+    _shot(page, "tables/05-tune-jobs-after-stop", jobs_table)
+    errors = [line for line in page.tm_console if line.startswith("[pageerror]")]
+    assert not errors, errors

@@ -312,3 +312,62 @@ def test_per_job_output_dir_is_private(tmp_path, cleanup_jobs):
     umask = os.umask(0)
     os.umask(umask)
     assert (os.stat(mine).st_mode & 0o777) == 0o777 & ~umask  # the recipe made it; we left it alone
+
+
+def test_stop_with_record_and_procs_file_both_damaged_still_stops_it(cleanup_jobs):
+    job = started(J.launch(toy_args("steps=1000", "step_s=0.1")))
+    cleanup_jobs.append(job)
+    record = job.dir / jobstore.RECORD
+    record.unlink()
+    record.mkdir()  # the supervisor cannot even rewrite it
+    (job.dir / jobstore.PROCS).write_text("garbage")
+    t0 = time.monotonic()
+    r = cli("stop", "--grace", "2", job.id)
+    assert r.returncode == 0 and r.stdout.split() == [job.id, "stopped"], (r.stdout, r.stderr)
+    assert time.monotonic() - t0 < 20
+    assert members(job) == []
+
+
+def test_a_job_that_ends_by_itself_after_a_stop_was_asked_is_succeeded(cleanup_jobs):
+    job = started(J.launch(toy_args("steps=6", "step_s=0.2")))
+    cleanup_jobs.append(job)
+    (job.dir / jobstore.STOP_REQUESTED).touch()  # a stop that never reached a process
+    assert job.wait(TIMEOUT) == "succeeded" and job.returncode == 0
+
+
+def test_a_planted_exit_code_never_ends_a_running_job(cleanup_jobs):
+    job = started(J.launch(toy_args("steps=1000", "step_s=0.1")))
+    cleanup_jobs.append(job)
+    (job.dir / jobstore.EXIT_CODE).write_text(json.dumps({"returncode": 0, "ended_at": 1.0}))
+    job._checked = 0.0
+    assert job.status == "running"
+    assert cli("stop", "--all").returncode == 0
+    assert J.get_job(job.id).status == "stopped" and members(job) == []
+
+
+def test_a_killed_exit_wrapper_is_not_blamed_on_the_job(cleanup_jobs):
+    job = started(J.launch(toy_args("steps=15", "step_s=0.2")))
+    cleanup_jobs.append(job)
+    wrapper = psutil.Process(job.pid).ppid()
+    os.kill(wrapper, signal.SIGKILL)
+    assert job.wait(TIMEOUT) == "succeeded", (job.error, job.tail(10))
+    assert job.returncode == 0 and "toy recipe done" in job.tail(3)
+
+
+def test_stop_from_a_read_only_view_of_the_home_is_stopped(tmp_path):
+    import faults
+
+    faults.require()
+    home = tmp_path / "home"
+    env = {**os.environ, "TUNE_MAGIC_HOME": str(home)}
+    r = subprocess.run([sys.executable, "-m", "tune_magic", "run", *toy_args("steps=1000", "step_s=0.1").split()],
+                       env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    job_id = r.stdout.strip()
+    job = started(J.Job(home / "jobs" / job_id))
+    try:
+        with faults.MountNamespace(readonly=[home]) as ns:
+            out = ns.run([sys.executable, "-m", "tune_magic", "stop", "--grace", "2", job_id], env=env)
+            assert out.returncode == 0 and out.stdout.split() == [job_id, "stopped"], (out.stdout, out.stderr)
+        assert J.Job(home / "jobs" / job_id).wait(30) == "stopped"
+    finally:
+        J.Job(home / "jobs" / job_id).stop(grace_s=1)

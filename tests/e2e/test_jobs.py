@@ -75,7 +75,9 @@ def test_negative_control_shared_master_port_second_fails_eaddrinuse(tiny_assets
     deadline = time.monotonic() + 60
     while not listening_on(port) and time.monotonic() < deadline:
         time.sleep(0.1)
-    b = J.launch(f"--master_port {port} {LORA}")
+    with pytest.raises(PlanError, match=f"port {port} of your rendezvous endpoint is the rendezvous of running job"):
+        J.launch(f"--master_port {port} {LORA}")  # refused before it starts ...
+    b = J.launch(f"--master_port {port} {LORA}", force=True)  # ... unless forced: then it fails as it would
     cleanup_jobs.append(b)
     assert b.wait(TIMEOUT) == "failed"
     assert "EADDRINUSE" in b.error

@@ -19,6 +19,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 import tune_magic.jobctl as J
 from tune_magic.errors import PlanError
 from tune_magic.gpus import GpuError
@@ -183,3 +185,25 @@ def test_output_dir_race_in_threads_is_refused_under_the_lock(cleanup_jobs, tmp_
     assert f"would share {tmp_path}/race with running job {jobs[0].id}" in str(errors[0])
     assert under_lock == ["PlanError"]
     assert jobs[0].stop(grace_s=5) == "stopped"
+
+
+def test_a_fixed_port_used_by_a_running_job_is_refused(cleanup_jobs):
+    import socket
+
+    import tune_magic.jobctl as J
+    from tune_magic.errors import PlanError
+    from jobhelpers import toy_args
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    first = J.launch(f"--master-port {port} " + toy_args("steps=1000", "step_s=0.1"))
+    cleanup_jobs.append(first)
+    deadline = time.monotonic() + 60
+    while not first.refresh().record.workers:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    for args in (f"--master-port {port} ", f"--rdzv-endpoint localhost:{port} --rdzv-backend c10d "):
+        with pytest.raises(PlanError, match=f"port {port} of your rendezvous endpoint is the rendezvous of running job"):
+            J.launch(args + toy_args("steps=2"))
+    assert first.stop(grace_s=2) == "stopped"

@@ -73,7 +73,7 @@ def port(job) -> str:
 
 
 def table_rows(text: str) -> dict[str, list[str]]:
-    """%tune_jobs text/plain: job id -> [name, status, step, loss, elapsed]."""
+    """%tune_jobs text/plain: job id -> [name, status, step, loss, elapsed, reason words...]."""
     return {line.split()[0]: line.split()[1:] for line in text.splitlines()[1:] if line.strip()}
 
 
@@ -160,22 +160,36 @@ def test_panel_notebook(stop_leftovers, tiny_assets):
     nb = execute("panel", tmp_path)
     preview = stdout(nb, "preview")
     assert "--standalone --nproc_per_node 2 " in preview and "<job-id>" in preview
-    assert "tiny/lora.yaml max_steps_per_epoch=6 seed=1 " in preview
+    assert "tiny/lora.yaml max_steps_per_epoch=6 seed=1 optimizer.lr=1e-2 " in preview
     assert "tiny/lora" in stdout(nb, "form")
     ids = re.findall(r"'(\S+?)'", stdout(nb, "launch"))
     assert stdout(nb, "launch").startswith("launched:") and len(set(ids)) == 2
     launched = [get_job(i) for i in ids]
     assert [j.status for j in launched] == ["succeeded", "succeeded"], [j.tail(20) for j in launched]
+    assert [j.name for j in launched] == ["lr-1e-2", "lr-2e-3"]
+    # the two runs differ in their learning rate only
+    assert ["optimizer.lr=1e-2" in j.argv for j in launched] == [True, False]
+    assert ["optimizer.lr=2e-3" in j.argv for j in launched] == [False, True]
     assert port(launched[0]) != port(launched[1])
     assert stdout(nb, "wait").splitlines() == [f"{j.id}  succeeded  rendezvous {j.rendezvous_endpoint}"
                                                for j in launched]
     series = dict(line.split(" ", 1) for line in stdout(nb, "series").splitlines())
-    assert sorted(series) == sorted(ids)
-    for curve in series.values():
-        points = re.findall(r"\((\d+), (\d+\.\d+)\)", curve)
+    assert list(series) == ids
+    curves = []
+    for job_id in ids:
+        points = re.findall(r"\((\d+), (\d+\.\d+)\)", series[job_id])
         assert [int(s) for s, _ in points] == [1, 2, 3, 4, 5, 6]
+        curves.append([float(v) for _, v in points])
+    fast, slow = curves
+    assert fast[0] == slow[0]  # same seed and data: the same first step
+    assert fast != slow and fast[-1] < slow[-1]  # two curves: the larger learning rate lowers the loss faster
+    assert stdout(nb, "chart-facts").splitlines() == ["curves: 2", "x ticks: [1, 2, 3, 4, 5, 6]"]
+    # the table is live: it shows both ends without a Refresh; names as given, steps and losses
     table = table_rows(stdout(nb, "table"))
-    assert all(table[i][1] == "succeeded" for i in ids)
+    for job, curve in zip(launched, curves):
+        name, status, step, loss = table[job.id][:4]
+        assert (name, status, step) == (job.name, "succeeded", "6")
+        assert abs(float(loss) - curve[-1]) < 1e-3
 
 
 def test_gpu_node_notebook_in_dry_run(stop_leftovers, monkeypatch):

@@ -45,6 +45,12 @@ def test_panel_preview_launch_twice_compare_and_invalid_endpoint(kernel):
     kernel.run("panel.launch_button.click()\npanel.launch_button.click()")
     ids = kernel.value("[j.id for j in panel.launched]")
     assert len(ids) == 2 and ids[0] != ids[1]
+    # the panel's own table shows both at once (no Refresh), live ones with their Stop button
+    shown = kernel.value("{i: [panel.jobs_table.summaries[i][1], panel.jobs_table.rows[i]['stop'] in "
+                         "next(r.stop_cell.children for r in panel.jobs_table._slots if r.job and r.job.id == i)] "
+                         f"for i in {ids!r}}}")
+    assert all(status in ("running", "succeeded") for status, _ in shown.values()), shown
+    assert all(has_stop == (status == "running") for status, has_stop in shown.values()), shown
     jobs = [J.get_job(i) for i in ids]
     assert [j.wait(TIMEOUT) for j in jobs] == ["succeeded", "succeeded"], [j.tail(20) for j in jobs]
     ports = {j.rendezvous_endpoint.rsplit(":", 1)[1] for j in jobs}
@@ -62,5 +68,13 @@ def test_panel_preview_launch_twice_compare_and_invalid_endpoint(kernel):
         assert [s for s, _ in series[i]] == [1, 2, 3, 4]
     marks = kernel.value("[len(m.y) for m in panel.chart.marks]")
     assert marks == [4, 4]
-    table = kernel.value("{k: r['status'].value for k, r in tune_magic.Panel().jobs_table.rows.items()}")
-    assert all(table[i] == "succeeded" for i in ids)
+    # the same table, never refreshed by hand, reads succeeded once its refresher has run
+    deadline = time.monotonic() + 10
+    while True:
+        table = kernel.value(f"{{i: panel.jobs_table.summaries[i][1:3] for i in {ids!r}}}")
+        if all(table[i] == ["succeeded", 4] for i in ids):
+            break
+        assert time.monotonic() < deadline, table
+        time.sleep(0.5)
+    lines = {line.split()[0]: line.split()[1:4] for line in kernel.value("panel.jobs_table.text()").splitlines()}
+    assert all(lines[i] == ["lora_finetune", "succeeded", "4"] for i in ids), lines

@@ -300,3 +300,21 @@ def test_a_job_squeue_no_longer_lists_without_an_exit_file_is_unknown_then_faile
     time.sleep(1.1)
     assert ghost.status == "failed"
     assert "SLURM no longer lists job 999999 and it left no exit code" in ghost.error
+
+
+def test_a_slurm_job_with_a_damaged_record_is_still_found_stopped_and_kept_until_then(cluster):
+    job = launch(cluster, toy_args("steps=2", nproc=1), sbatch=["--hold"])
+    slurm_id = job.slurm_job_id
+    (job.dir / jobstore.RECORD).write_text("garbage")
+    r = subprocess.run([sys.executable, "-m", "tune_magic", "rm", job.id], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 2 and "stop it first" in r.stderr, (r.stdout, r.stderr)
+    r = subprocess.run([sys.executable, "-m", "tune_magic", "stop", job.id], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 0 and r.stdout.split() == [job.id, "stopped"], (r.stdout, r.stderr)
+    state = cluster.client(["squeue", f"--jobs={slurm_id}", "--states=all", "--noheader", "--format=%T"],
+                           check=False).stdout.strip()
+    assert state in ("", "CANCELLED"), state
+    r = subprocess.run([sys.executable, "-m", "tune_magic", "rm", job.id], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 0 and not job.dir.exists()

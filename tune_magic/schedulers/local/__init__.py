@@ -117,13 +117,21 @@ class LocalScheduler(Scheduler):
     # -- following ----------------------------------------------------------------------------
     @staticmethod
     def _refs(job_dir: Path, record: JobRecord | None):
-        """(supervisor, agent, workers) from the record and procs.json together."""
+        """(supervisor, agent, workers) from the record and procs.json together; when both are
+        damaged, from the job's supervisor process itself (found by its command line)."""
+        if record is None:
+            try:
+                record = jobstore.read(job_dir)  # the supervisor may have repaired it meanwhile
+            except jobstore.CorruptRecord:
+                record = None
         side = jobstore.read_procs(job_dir)
         sup = side.get("supervisor") or (record.supervisor if record else None)
         agent = side.get("agent") or (record.agent if record else None)
         workers = {w.pid: w for w in side.get("workers", [])}
         for w in (record.workers if record else []):
             workers.setdefault(w.pid, w)
+        if agent is None:
+            sup, agent = procs.from_supervisor(job_dir) or (sup, agent)
         return sup, agent, list(workers.values())
 
     def keeps_summary(self, job_dir: Path, record: JobRecord) -> bool:
@@ -145,12 +153,16 @@ class LocalScheduler(Scheduler):
         state = record.state
         if state.is_terminal or state is Status.PENDING:
             return {}
+        from .supervisor import outcome
+
         supervised = self.supervisor_alive(job_dir, record)
         exit_info = jobstore.read_exit_code(job_dir)
         stop = jobstore.stop_was_requested(job_dir, record)
+        if exit_info is not None and supervised and procs.alive(self._refs(job_dir, record)[1]) is not None:
+            exit_info = None  # the agent still runs: whatever that file says, the job has not ended
         if exit_info is not None:
             code = exit_info.returncode
-            status = STOPPED if stop else SUCCEEDED if code == 0 else FAILED
+            status = outcome(code, stop)
             changes: dict[str, Any] = {"status": status, "returncode": code,
                                        "ended_at": record.ended_at or exit_info.ended_at}
             if status == FAILED and not record.error:
@@ -182,10 +194,16 @@ class LocalScheduler(Scheduler):
 
     # -- stopping -----------------------------------------------------------------------------
     def cancel(self, job_dir: Path, record: JobRecord | None, grace_s: float) -> None:
+        from .supervisor import STOP_SIGNAL
+
         live = record is None or record.state.is_live
+        sup, agent, workers = self._refs(job_dir, record)
         if live:
+            # tell the supervisor first (a signal: it works on a read-only or full disk), then the registry
+            supervisor = procs.alive(sup)
+            if supervisor is not None:
+                procs.signal_all([supervisor], STOP_SIGNAL)
             jobstore.mark_stop_requested(job_dir)  # never raises: the signals matter more
-        _, agent, workers = self._refs(job_dir, record)
         if agent is None and live and self.supervisor_alive(job_dir, record):
             deadline = time.monotonic() + START_TIMEOUT_S  # launched a moment ago: wait for its first pid
             while agent is None and time.monotonic() < deadline and self.supervisor_alive(job_dir, record):

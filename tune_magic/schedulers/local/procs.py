@@ -119,6 +119,27 @@ def job_processes(agent: ProcessRef | None, workers: Iterable[ProcessRef]) -> li
     return list(found.values())
 
 
+def from_supervisor(job_dir) -> tuple[ProcessRef, ProcessRef] | None:
+    """(supervisor, agent) found from the live supervisor of ``job_dir`` (its command line names
+    the directory; the agent is its exit wrapper's child), for a job whose records are all damaged.
+    ``None`` when there is no such supervisor or it has no agent yet."""
+    marker = "tune_magic.schedulers.local.supervisor"
+    target = str(job_dir)
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info.get("cmdline") or []
+        if marker in cmd and target in cmd:
+            try:
+                for wrapper in p.children():
+                    for agent in wrapper.children():
+                        return ref_of(p), ref_of(agent)
+                for child in p.children():  # an agent adopted after its wrapper died
+                    if os.getsid(child.pid) == child.pid:
+                        return ref_of(p), ref_of(child)
+            except (psutil.Error, OSError):
+                continue
+    return None
+
+
 def signal_all(procs: Iterable[psutil.Process], sig: int) -> None:
     """Send ``sig`` to each process that is still alive (errors ignored: it may just have ended)."""
     for p in procs:

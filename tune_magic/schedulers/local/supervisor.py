@@ -33,7 +33,7 @@ import psutil
 
 from ... import jobstore
 from ...summary import SummaryTracker, write_summary
-from ...jobstore import FAILED, STOPPED, SUCCEEDED, CorruptRecord, JobRecord, ProcessRef
+from ...jobstore import FAILED, STOPPED, SUCCEEDED, UNKNOWN, CorruptRecord, JobRecord, ProcessRef
 from . import exit_text, procs
 
 #: Seconds between polls of the job.
@@ -132,6 +132,7 @@ class Supervisor:
         self._copy_to: int | None = None  # write handle of the recreated log
         self._next_check = 0.0
         self._next_summary = 0.0
+        self.stop_requested = False  #: a stop asked for by SIGUSR1 (works on a read-only or full disk)
         self.tracker = SummaryTracker(self.record)
 
     # -- the record ----------------------------------------------------------------------------
@@ -167,7 +168,8 @@ class Supervisor:
 
     def _write_procs(self) -> None:
         try:
-            jobstore.write_procs(self.dir, supervisor=self.me, agent=self.agent, workers=self.workers)
+            jobstore.write_procs(self.dir, supervisor=self.me, agent=self.agent, workers=self.workers,
+                                 scheduler="local")
         except OSError:
             pass
 
@@ -186,16 +188,37 @@ class Supervisor:
         try:
             self.record = jobstore.read(self.dir)
         except CorruptRecord:
-            self._mine(self.record)
-            try:
-                jobstore.write_record(self.dir, self.record)
-            except OSError:
-                pass
+            self._rewrite_record()
+        side = jobstore.read_procs(self.dir)
+        if side.get("agent") != self.agent or side.get("supervisor") != self.me or "scheduler" not in side:
+            self._write_procs()  # damaged or replaced: what a stop needs to find the job's processes
+
+    def _rewrite_record(self) -> None:
+        """Rewrite a damaged record from what this process knows; something that is not a file
+        where the record goes (a directory, a socket) is moved aside first, never deleted."""
+        path = self.dir / jobstore.RECORD
+        try:
+            st = os.lstat(path)
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+                os.rename(path, self.dir / f"{jobstore.RECORD}.damaged-{int(time.time())}")
+        except OSError:
+            pass
+        self._mine(self.record)
+        try:
+            jobstore.write_record(self.dir, self.record)
+        except OSError:
+            pass
 
     def _recreate(self) -> None:
         now = time.time()
         try:
-            os.makedirs(self.dir, mode=0o700, exist_ok=True)
+            levels = [self.dir, *list(self.dir.parents)[:2]]  # the job's dir, jobs/ and the home: private
+            levels[-1].parent.mkdir(parents=True, exist_ok=True)
+            for d in reversed(levels):
+                try:
+                    d.mkdir(mode=0o700)
+                except FileExistsError:
+                    pass
             self._mine(self.record)
             self.record.log_lost_at = now
             jobstore.write_record(self.dir, self.record)
@@ -302,6 +325,9 @@ class Supervisor:
         exit_info = jobstore.read_exit_code(self.dir)
         if exit_info is not None:
             code = exit_info.returncode
+        elif procs.alive(self.agent) is not None and self.agent != wrapper_ref:
+            # the wrapper was killed, not the job: the agent, reparented to this subreaper, runs on
+            code = self._wait_orphaned_agent()
         elif code is not None and code > 128:  # the wrapper re-raised a signal it could not
             code = 128 - code
         # whatever outlived the command (a killed agent's workers, a rank's children) goes now
@@ -309,7 +335,7 @@ class Supervisor:
         self.check_registry()
         self._copy_log()
         error = None
-        if code != 0 and not jobstore.stop_was_requested(self.dir, self.record):
+        if code not in (0, None) and not (self.stop_requested or jobstore.stop_was_requested(self.dir, self.record)):
             pids = [w.pid for w in self.workers] + ([self.agent.pid] if self.agent else [])
             try:
                 oom = oom_watch.killed(pids)
@@ -329,6 +355,38 @@ class Supervisor:
             pass
         write_summary(self.dir, self.tracker.summary)
         self._final(code, error)
+        return code
+
+    def _wait_orphaned_agent(self) -> int | None:
+        """Supervise the agent after its wrapper died (it is this process's child now: a child
+        subreaper adopts its orphaned descendants); return its exit code and write it as the wrapper
+        would have."""
+        pid = self.agent.pid
+        while True:
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # not adopted after all (no subreaper): its code is lost
+                while procs.alive(self.agent) is not None:
+                    time.sleep(POLL_S)
+                return None
+            if done:
+                code = os.waitstatus_to_exitcode(status)
+                break
+            now = time.monotonic()
+            if now >= self._next_check:
+                self._next_check = now + REGISTRY_CHECK_S
+                self.check_registry()
+            self._copy_log()
+            if now >= self._next_summary:
+                self._next_summary = now + SUMMARY_S
+                if self.tracker.advance():
+                    write_summary(self.dir, self.tracker.summary)
+            time.sleep(POLL_S)
+        try:
+            jobstore.write_atomic(self.dir / jobstore.EXIT_CODE,
+                                  json.dumps({"returncode": code, "ended_at": time.time()}).encode())
+        except OSError:
+            pass
         return code
 
     def _find_agent(self, wrapper: subprocess.Popen, wrapper_ref: ProcessRef) -> None:
@@ -372,8 +430,7 @@ class Supervisor:
     def _final(self, code: int, error: str | None) -> None:
         """Write the end into the record, retrying until it succeeds (a full disk frees up)."""
         delay = 0.1
-        stopped = jobstore.stop_was_requested(self.dir, self.record)
-        status = STOPPED if stopped else SUCCEEDED if code == 0 else FAILED
+        status = outcome(code, self.stop_requested or jobstore.stop_was_requested(self.dir, self.record))
         ended = time.time()
         while True:
             try:
@@ -383,11 +440,12 @@ class Supervisor:
                         self.record = rec
                 except CorruptRecord:
                     self._apply_end(self.record, code, status, error, ended)
-                    jobstore.write_record(self.dir, self.record)
+                    self._rewrite_record()
+                    jobstore.read(self.dir)  # raises (and so retries) until the rewrite took
                 return
             except FileNotFoundError:
                 self._recreate()
-            except (OSError, jobstore.StateDirError):
+            except (OSError, jobstore.StateDirError, CorruptRecord):
                 pass
             time.sleep(delay)
             delay = min(delay * 2, MAX_RETRY_S)
@@ -396,13 +454,24 @@ class Supervisor:
         self._mine(rec)
         if rec.state.is_terminal:
             return
-        if jobstore.stop_was_requested(self.dir, rec):
+        if code not in (0, None) and jobstore.stop_was_requested(self.dir, rec):
             status = STOPPED
         rec.set_status(status)
         rec.returncode = code
         rec.ended_at = ended
         if status == FAILED:
             rec.error = rec.error or error or exit_text(code)
+
+
+def outcome(code: int | None, stop_requested: bool):
+    """The final status of an ended local job: exit 0 is ``succeeded`` whatever was asked (a job
+    that finished before a stop reached it succeeded); otherwise ``stopped`` when a user asked to
+    stop it, else ``failed``; ``unknown`` when the exit code could not be known."""
+    if code is None:
+        return STOPPED if stop_requested else UNKNOWN
+    if code == 0:
+        return SUCCEEDED
+    return STOPPED if stop_requested else FAILED
 
 
 def _port_unknown(endpoint: str | None) -> bool:
@@ -413,6 +482,21 @@ def _port_unknown(endpoint: str | None) -> bool:
     if not sep or "]" in port:  # "host" or "[::1]" without a port
         return True
     return port.strip() in ("", "0")
+
+
+#: The signal a stop sends the supervisor first: "a user asked to stop this job" (no file needed).
+STOP_SIGNAL = signal.SIGUSR1
+
+
+def _become_subreaper() -> None:
+    """Adopt this process's orphaned descendants (Linux PR_SET_CHILD_SUBREAPER): if the exit
+    wrapper is killed, the job's agent becomes this process's child and its exit code is not lost."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -426,8 +510,15 @@ def main(argv: list[str] | None = None) -> int:
     # shutdown) reaches the job through the wrapper, which ends normally and gets recorded
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+    _become_subreaper()
     try:
-        return Supervisor(job_dir, lock_fd, ready_fd).run()
+        supervisor = Supervisor(job_dir, lock_fd, ready_fd)
+
+        def stop_asked(_signum, _frame):  # tune_magic's stop, before it signals the job
+            supervisor.stop_requested = True
+
+        signal.signal(STOP_SIGNAL, stop_asked)
+        return supervisor.run()
     except Exception as exc:  # never leave a record saying "running" for a job nobody watches
         try:
             jobstore.update(job_dir, status=FAILED, ended_at=time.time(), error=f"supervisor error: {exc!r}")

@@ -14,6 +14,7 @@ listing (a plain ``--format`` query where ``--json`` fails). ``sacct`` is not ne
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -119,6 +120,19 @@ class SqueueWatcher:
 WATCHER = SqueueWatcher()
 
 
+def parse_sbatch_id(out: str) -> str | None:
+    """SLURM's job id from sbatch's answer: ``--parsable`` gives ``123`` or ``123;cluster``; a site
+    wrapper may still print ``Submitted batch job 123``. ``None`` when there is no id."""
+    for line in reversed(out.strip().splitlines()):
+        first = line.strip().split(";")[0].strip()
+        if re.fullmatch(r"\d+(_\d+)?", first):
+            return first
+        m = re.search(r"Submitted batch job (\d+)", line)
+        if m:
+            return m.group(1)
+    return None
+
+
 def find_by_name(job_id: str, env: Mapping[str, str]) -> str | None:
     """SLURM's id of the job submitted as ``tune_magic-<job_id>`` (a launcher killed between
     sbatch and recording the id leaves only the name), or ``None``."""
@@ -181,14 +195,22 @@ class SlurmScheduler(Scheduler):
         client_env.pop("CUDA_VISIBLE_DEVICES", None)  # the kernel's GPUs are not the job's: SLURM allocates them
         try:
             r = _run(list(plan.sbatch_argv), client_env)
-        except (OSError, subprocess.SubprocessError) as exc:
+        except subprocess.TimeoutExpired:
+            # it may still have queued the job: keep the record; the next look finds it by name
+            raise JobStartError(f"sbatch did not answer within {CLIENT_TIMEOUT_S:.0f} s; job {record.id} stays listed "
+                                f"and is found in squeue as tune_magic-{record.id} if SLURM took it (else it is marked "
+                                f"failed after {MISSING_GRACE_S:.0f} s)") from None
+        except OSError as exc:
             raise PlanError(f"sbatch could not run ({exc}); nothing was submitted") from None
         if r.returncode != 0:
             message = " ".join((r.stderr or r.stdout).split()) or f"exit code {r.returncode}"
             raise PlanError(f"sbatch refused the job: {message}")
-        slurm_id = r.stdout.strip().split(";")[0].strip()
-        if not slurm_id.split("_")[0].isdigit():
-            raise JobStartError(f"sbatch answered {r.stdout.strip()!r}, not a job id; see {job_dir}")
+        slurm_id = parse_sbatch_id(r.stdout)
+        if slurm_id is None:
+            slurm_id = find_by_name(record.id, client_env)
+        if slurm_id is None:
+            raise JobStartError(f"sbatch answered {r.stdout.strip()[:200]!r}, not a job id, and squeue lists no "
+                                f"tune_magic-{record.id}; see {job_dir}")
         from ...jobctl import _launch_step
 
         _launch_step("sbatch-returned")  # fault tests: the launcher dies before it records SLURM's id
@@ -236,14 +258,16 @@ class SlurmScheduler(Scheduler):
                 changes.update(status=UNKNOWN, ended_at=time.time(), pending_reason=None)
             return changes
         outcome = sq.job_outcome(job, stopped_by_us=stop, time_limit=record.time_limit)
+        if job.state == "TIMEOUT" and not record.time_limit:  # the partition's default limit, not one we set
+            outcome = sq.Outcome(outcome.status, outcome.reason.replace("the --time limit", "the partition's time limit"))
         if job.nodes:
             changes["nodes"] = list(job.nodes)
         if outcome.status is Status.PENDING:
             changes.update(status=PENDING, pending_reason=outcome.reason)
         elif outcome.status is Status.RUNNING:
             changes.update(status=RUNNING, pending_reason=outcome.reason)
-        elif outcome.status is Status.UNKNOWN:
-            changes.update(status=UNKNOWN, pending_reason=None)
+        elif outcome.status is Status.UNKNOWN:  # squeue lists it in a state we do not map: it exists
+            changes.update(status=RUNNING, pending_reason=outcome.reason)
         else:  # ended per squeue; the exit file (written just before) wins when it turns up first
             # our stop signals the batch script: 22.05 then says FAILED (signal 15), not CANCELLED
             status = STOPPED if stop else outcome.status
@@ -278,6 +302,9 @@ class SlurmScheduler(Scheduler):
         from ..local import exit_text
         from ..local.supervisor import explain
 
+        if code is None:
+            reason = explain(record, None)
+            return reason.line if reason is not None else "the batch script failed (SLURM gave no exit code)"
         reason = explain(record, code)
         if reason is not None:
             try:
@@ -295,13 +322,12 @@ class SlurmScheduler(Scheduler):
 
     # -- stopping -----------------------------------------------------------------------------
     def cancel(self, job_dir: Path, record: JobRecord | None, grace_s: float) -> None:
-        if record is None:
-            return
-        if record.state.is_terminal:
+        if record is not None and record.state.is_terminal:
             return
         jobstore.mark_stop_requested(job_dir)
         env = _client_env(None, record)
-        slurm_id = record.slurm_job_id or find_by_name(record.id, env)
+        # a damaged record: the job is still findable, by the name it was submitted with
+        slurm_id = (record.slurm_job_id if record is not None else None) or find_by_name(job_dir.name, env)
         if slurm_id is None:
             return
         WATCHER.forget()
@@ -331,7 +357,7 @@ class SlurmScheduler(Scheduler):
         except sq.SqueueParseError:
             return False
         job = jobs.get(slurm_id)
-        return job is not None and sq.job_outcome(job).status.is_live
+        return job is not None and sq.job_outcome(job).status in (Status.PENDING, Status.RUNNING, Status.UNKNOWN)
 
     def settle_after_cancel(self, job_dir: Path, record: JobRecord) -> dict[str, Any]:
         WATCHER.forget()
@@ -343,11 +369,9 @@ class SlurmScheduler(Scheduler):
     def has_live_parts(self, job_dir: Path, record: JobRecord | None) -> bool:
         if jobstore.lock_is_held(job_dir / jobstore.SUPERVISOR_LOCK):
             return True
-        if record is None:
-            return False
-        if record.state.is_live:
+        if record is not None and record.state.is_live:
             return True
-        if record.slurm_job_id is None:
-            return False
-        return self._alive(record.slurm_job_id, _client_env(None, record))
+        env = _client_env(None, record)
+        slurm_id = (record.slurm_job_id if record is not None else None) or find_by_name(job_dir.name, env)
+        return slurm_id is not None and self._alive(slurm_id, env)
 

@@ -1,0 +1,69 @@
+"""The panel's SLURM fields against the real two-node test cluster (tests/slurmcluster.py): the
+partition list comes from its sinfo, the preview's sbatch line is the one the launch runs, and
+Launch submits one two-node job whose row the panel's table shows to the end."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from tune_magic.panel import Panel
+from tune_magic.schedulers import slurm as slurm_sched
+
+from jobhelpers import TOY_CONFIG, TOY_RECIPE
+
+pytestmark = pytest.mark.slurm
+TIMEOUT = 240
+
+
+@pytest.fixture
+def cluster(slurm_netns_cluster, monkeypatch):
+    """The test cluster, with this process's environment set for its SLURM clients."""
+    c = slurm_netns_cluster
+    for key in list(os.environ):
+        if key.startswith(("SLURM_", "SBATCH_", "SQUEUE_")) or key == "TUNE_MAGIC_SCHEDULER":
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("SLURM_CONF", c.env["SLURM_CONF"])
+    monkeypatch.setenv("PATH", c.env["PATH"])
+    slurm_sched.WATCHER.forget()
+    yield c
+    c.wait_idle(60)
+
+
+def test_panel_launches_one_two_node_job_on_the_cluster(cluster, tmp_path):
+    panel = Panel(cwd=tmp_path)
+    job = None
+    try:
+        assert panel.slurm_available
+        panel.recipe.value = str(TOY_RECIPE)
+        panel.config.value = str(TOY_CONFIG)
+        panel.overrides.value = "steps=3 step_s=0.2"
+        panel.name.value = "from the panel"
+        panel.scheduler.value = "slurm"
+        assert panel.partition.options == (cluster.partition,)  # the cluster's sinfo, its * removed
+        panel.partition.value = cluster.partition
+        panel.nodes.value = 2
+        panel.cpus_per_node.value = 1
+        panel.time_limit.value = "10"
+        preview, script = panel.command_preview.value, panel.script_preview.value
+        assert preview.startswith("sbatch --parsable --job-name=tune_magic-<job-id> --nodes=2 ")
+        assert f"--partition={cluster.partition}" in preview and "--time=10" in preview
+        panel.launch_button.click()
+        assert panel.error.value == "", panel.error.value
+        (job,) = panel.launched
+        assert job.scheduler == "slurm" and job.num_nodes == 2 and job.name == "from the panel"
+        # what was submitted is what the preview showed, with the job's own id
+        assert (job.dir / slurm_sched.SCRIPT).read_text() == script.replace("<job-id>", job.id)
+        assert job.id in panel.jobs_table.rows  # in the panel's table at once
+        assert job.wait(TIMEOUT) == "succeeded", job.tail(30)
+        assert sorted(job.nodes) == sorted(cluster.node_names)
+        deadline = time.monotonic() + 15
+        while panel.jobs_table.summaries[job.id][1:3] != ("succeeded", 3):
+            assert time.monotonic() < deadline, panel.jobs_table.summaries[job.id]
+            time.sleep(0.5)
+    finally:
+        if job is not None and job.status in ("pending", "running"):
+            job.stop(grace_s=1)
+        panel.close()

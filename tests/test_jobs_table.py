@@ -1,0 +1,205 @@
+"""The jobs table (``%tune_jobs`` and the panel's): rows from records and summaries, refreshed in
+place by one thread, new jobs shown, removed ones hidden. Built in the test process (no kernel).
+
+Job records are written here by hand into a registry of the test's own; a "running" one names this
+test process as its supervisor (FAKE: no job process runs), so the table follows it through its
+summary file exactly as it follows a supervised job. Real jobs: tests/e2e/test_jobs_table_live.py.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+import ipywidgets.widgets.widget as widget_mod
+import psutil
+import pytest
+
+from tune_magic import jobstore, views
+from tune_magic import summary as S
+from tune_magic.jobstore import JobRecord, ProcessRef
+from tune_magic.views import JobsTable
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    monkeypatch.setenv("TUNE_MAGIC_HOME", str(home))
+    r = home / "jobs"
+    r.mkdir(parents=True)
+    return r
+
+
+def make(root, job_id, *, status="succeeded", name="n", error=None, pending_reason=None, supervised=False,
+         step=None, loss=None, started=None):
+    """A job record (and a summary when ``step`` is given) written by hand."""
+    me = psutil.Process()
+    rec = JobRecord(id=job_id, name=name, argv=["python", "x.py"], env={}, cwd=str(root), started_at=started or time.time() - 65,
+                    log_path=str(root / job_id / "output.log"), status=status, error=error,
+                    pending_reason=pending_reason,
+                    ended_at=time.time() if status in ("succeeded", "failed", "stopped") else None,
+                    returncode={"succeeded": 0, "failed": 1, "stopped": -15}.get(status),
+                    # FAKE supervisor: this process (alive), so the record is never settled by a reader
+                    supervisor=ProcessRef(me.pid, me.create_time()) if supervised else None,
+                    agent=ProcessRef(me.pid, 0.0) if supervised else None)  # never matches: never signalled
+    d = root / job_id
+    d.mkdir()
+    jobstore.write_record(d, rec)
+    (d / "output.log").write_text("")
+    if step is not None:
+        set_summary(root, job_id, step, loss)
+    return rec
+
+
+def set_summary(root, job_id, step, loss):
+    S.write_summary(root / job_id, S.Summary(step=step, loss=loss, metric_step=step, metric_loss=loss,
+                                              updated_at=time.time()))
+
+
+def texts(table, job_id):
+    return {k: w.value for k, w in table.rows[job_id].items() if k != "stop"}
+
+
+def has_stop(table, job_id) -> bool:
+    """The row shows a Stop button (it is in the row's cell, enabled)."""
+    row = next(r for r in table._slots if r.job is not None and r.job.id == job_id)
+    return row.stop_cell.children == (row.button,) and not row.button.disabled
+
+
+def test_rows_show_status_step_loss_reasons_and_stop_only_on_live_jobs(root):
+    make(root, "j1-ok", step=5, loss=2.0)
+    make(root, "j2-failed", status="failed", step=1, loss=10.0,
+         error="rank 1 (pid 42) failed: RuntimeError: toy recipe crashed on purpose <b>")
+    make(root, "j3-pending", status="pending", pending_reason="Resources")
+    make(root, "j4-running", status="running", supervised=True, step=3, loss=3.25)
+    table = JobsTable(live=False)
+    assert [j.id for j in table.jobs] == ["j1-ok", "j2-failed", "j3-pending", "j4-running"]
+    assert table.summaries["j1-ok"][1:4] == ("succeeded", 5, 2.0)
+    assert ">5<" in table.rows["j1-ok"]["step"].value and ">2<" in table.rows["j1-ok"]["loss"].value
+    failed = table.rows["j2-failed"]
+    assert "failed" in failed["status"].value
+    assert "toy recipe crashed on purpose &lt;b&gt;" in failed["reason"].value  # escaped, not markup
+    assert failed["reason"].layout.display is None
+    assert "waiting for Resources" in table.rows["j3-pending"]["reason"].value
+    assert table.rows["j1-ok"]["reason"].layout.display == "none"
+    assert [has_stop(table, i) for i in ("j1-ok", "j2-failed", "j3-pending", "j4-running")] == [
+        False, False, True, True]
+    lines = table.text().splitlines()
+    assert lines[0].split() == ["id", "name", "status", "step", "loss", "elapsed", "reason"]
+    row = {line.split()[0]: line.split() for line in lines[1:]}
+    assert row["j2-failed"][1:6] == ["n", "failed", "1", "10", row["j2-failed"][5]]
+    assert " ".join(row["j2-failed"][6:]).startswith("rank 1 (pid 42) failed: RuntimeError")
+    assert row["j3-pending"][-1] == "Resources"
+    assert row["j4-running"][2:5] == ["running", "3", "3.25"]
+    assert row["j4-running"][5] in ("1:05", "1:06", "1:07")
+
+
+def test_a_running_row_updates_in_place_from_its_summary(root):
+    make(root, "r1", status="running", supervised=True, step=1, loss=5.0)
+    table = JobsTable(live=False)
+    step_widget, grid = table.rows["r1"]["step"], table.grid.children
+    widgets_before = len(widget_mod._instances)
+    for step in (2, 3):
+        set_summary(root, "r1", step, 10 / step)
+        table.refresh_once()
+        assert table.summaries["r1"][2:4] == (step, 10 / step)
+        assert f">{step}<" in step_widget.value and f"{10 / step:.5g}" in table.rows["r1"]["loss"].value
+    # the job fails: status, reason and no Stop button, in the same widgets
+    jobstore.update(root / "r1", status="failed", returncode=1, ended_at=time.time(),
+                    error="rank 0 (pid 7) failed: ValueError: bad\x1b[31m")
+    table.refresh_once()
+    assert "failed" in table.rows["r1"]["status"].value and not has_stop(table, "r1")
+    assert "ValueError: bad\\x1b[31m" in table.rows["r1"]["reason"].value  # the control character escaped
+    assert table.rows["r1"]["step"] is step_widget and table.grid.children == grid
+    assert len(widget_mod._instances) == widgets_before  # refreshing created no widget
+    done = next(r for r in table._slots if r.job is not None and r.job.id == "r1")
+    assert done.done  # ended: never read again
+
+
+def test_new_jobs_fill_spare_rows_without_creating_widgets_and_removed_jobs_hide(root):
+    make(root, "a0")
+    table = JobsTable(live=False)
+    widgets_before = len(widget_mod._instances)
+    make(root, "b1", status="running", supervised=True, step=2, loss=1.5, started=time.time() - 5)
+    make(root, "b0", status="pending", pending_reason="Priority", started=time.time() - 10)
+    (root / ".staging-zz").mkdir()  # a launch in progress is not a job yet
+    (root / "no-record").mkdir()  # nor a directory without a record: skipped, the others still shown
+    table.refresh_once()
+    assert [j.id for j in table.jobs] == ["a0", "b0", "b1"]  # appended, oldest first
+    assert table.summaries["b1"][1:4] == ("running", 2, 1.5) and has_stop(table, "b1")
+    assert table.rows["b1"]["name"].layout.display is None
+    assert len(widget_mod._instances) == widgets_before
+    shutil.rmtree(root / "a0")  # tune-magic rm
+    table.refresh_once()
+    assert all(w.layout.display == "none" for w in table.rows["a0"].values() if w is not table.rows["a0"]["stop"])
+    assert "a0" not in table.text()
+    # more new jobs than spare rows: a note says how many are not shown; add() (the kernel's
+    # thread) shows a job at once and refills the spares
+    spare = sum(1 for r in table._slots if r.job is None)
+    for i in range(spare + 2):
+        make(root, f"c{i:02d}")
+    table.refresh_once()
+    assert len(table.overflow) == 2 and "2 more new job(s)" in table.note.value
+    from tune_magic.jobctl import get_job
+
+    table.add(get_job("c00"))  # already shown: no second row
+    assert [j.id for j in table.jobs].count("c00") == 1
+    table.add(get_job(table.overflow[0]))
+    assert table.overflow[0] in table.rows and sum(1 for r in table._slots if r.job is None) == views.SPARE_ROWS
+
+
+def test_names_with_control_characters_are_escaped_in_cells_and_text(root):
+    make(root, "x1", name="evil\nname\x1b[2J\u202e" + "y" * 60)
+    table = JobsTable(live=False)
+    cell = table.rows["x1"]["name"].value
+    assert "\n" not in cell and "\x1b" not in cell and "\u202e" not in cell
+    assert "evil\\nname\\x1b[2J\\u202e" in cell and "…" in cell
+    line = table.text().splitlines()[1]
+    assert "evil\\nname\\x1b[2J\\u202e" in line and "\x1b" not in line
+
+
+def test_the_refresher_is_one_named_daemon_thread_at_most_once_a_second(root):
+    make(root, "r1", status="running", supervised=True, step=1, loss=5.0)
+    ticks = []
+    real = JobsTable.refresh_once
+
+    def counted(self):
+        ticks.append(time.monotonic())
+        real(self)
+
+    table = JobsTable(live=False)
+    table.refresh_once = counted.__get__(table)  # instrument this table only
+    before = {t.name for t in threading.enumerate()}
+    table.start()
+    (thread,) = [t for t in threading.enumerate() if t.name not in before]
+    assert thread.name.startswith("tune_magic-jobs-table-") and thread.daemon
+    set_summary(root, "r1", 2, 2.5)
+    deadline = time.monotonic() + 10
+    while ">2<" not in table.rows["r1"]["step"].value and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ">2<" in table.rows["r1"]["step"].value  # updated without a call from here
+    time.sleep(2.2)
+    table.close()
+    assert not thread.is_alive()
+    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+    assert len(ticks) >= 2 and min(gaps) >= views.TABLE_INTERVAL_S - 0.01, gaps
+    n = len(ticks)
+    time.sleep(1.5)
+    assert len(ticks) == n  # stopped
+
+
+def test_refresher_never_prints(root, capfd):
+    """The real refresh (no instrumentation) over a row that changes: nothing on stdout/stderr."""
+    make(root, "r1", status="running", supervised=True, step=1, loss=5.0)
+    table = JobsTable()
+    capfd.readouterr()
+    for step in (2, 3):
+        set_summary(root, "r1", step, 1.0)
+        time.sleep(1.3)
+    jobstore.update(root / "r1", status="failed", returncode=1, ended_at=time.time(), error="boom")
+    time.sleep(1.3)
+    table.close()
+    assert "failed" in table.rows["r1"]["status"].value
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")
