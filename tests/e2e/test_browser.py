@@ -11,7 +11,7 @@ first line is the job's error (``rank 1: RuntimeError: ...``) with the traceback
 card's Stop button stops its job (the card reads ``stopped``, its log tail has no torchrun
 ``SignalException``) while the other job goes on, and no card is wider than its room (scrollWidth
 <= clientWidth) at 800x900 and 1440x900 with the left sidebar collapsed. Screenshots of a running,
-a succeeded, a failed and a stopped card go to ``test-artifacts/browser/``.
+a succeeded, a failed and a stopped card go to ``test-artifacts/browser/cards/``.
 
 The browser is Debian's chromium (``scripts/install-browser``), not Playwright's download. Without
 it the test skips, unless ``TUNE_MAGIC_REQUIRE_BROWSER=1``, where it fails.
@@ -42,11 +42,12 @@ import tune_magic
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts" / "browser"
+CARDS = ARTIFACTS / "cards"  # the card test's screenshots (the tables test has its own folder)
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run", "--disable-quic", "--disable-dev-shm-usage"]
 SERVER_START_S = 90
 KERNEL_READY_S = 120
-CARDS_S = 120  # both cards on the page
+CARDS_S = 120  # the cards on the page
 STEPS_S = 150  # jobs started (5-10 s each, slower side by side on 2 cores) and logging steps
 STOP_S = 60
 MS = 1000
@@ -65,8 +66,6 @@ CELLS = [
              "warning=every_rank_prints_this_warning"),
     ("code", f"%%tune_run --name c {TOY_LINE}\ncrash_rank=1"),
 ]
-VIEWPORTS = [(800, 900), (1440, 900)]
-
 # JupyterLab user settings for the test: no news/update toast, every cell attached to the DOM.
 LAB_SETTINGS = {
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false", "checkForUpdates": False},
@@ -314,6 +313,9 @@ def _distinct_int_ticks(ticks) -> bool:
 
 @pytest.mark.timeout(480)
 def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
+    CARDS.mkdir(parents=True, exist_ok=True)
+    for old in CARDS.glob("*"):
+        old.unlink()
     t0 = time.monotonic()
     timings = {}
     page.goto(lab.url("/lab/tree/browser_test.ipynb?reset"), timeout=120 * MS)
@@ -379,8 +381,8 @@ def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
     sb = _card_state(b)
     assert re.search(r"epoch 1/1 · step \d+/2000 · loss [\d.]+ · \d+/2000 this epoch · \d+:\d\d elapsed · ETA \d+:\d\d",
                      sb["progress"] or ""), sb["progress"]
-    _shot(page, "01-running")
-    _shot(page, "02-card-b-running", b)
+    _shot(page, "cards/01-running")
+    _shot(page, "cards/02-card-b-running", b)
 
     # the failed card (the stand-in's rank 1 raises): its first line is the job's error
     sc = _wait_for("card c to read 'failed'", lambda: (lambda s: s if s["status"] == "failed" else None)(_card_state(c)),
@@ -394,7 +396,7 @@ def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
     tb.wait_for(state="visible", timeout=10 * MS)
     assert tb.inner_text().startswith("Traceback (most recent call last):"), tb.inner_text()[:300]
     assert "RuntimeError: toy recipe crashed on purpose" in tb.inner_text()
-    _shot(page, "03-card-c-failed", c)
+    _shot(page, "cards/03-card-c-failed", c)
 
     # Stop on card b: its status becomes "stopped"; a keeps going (or has finished)
     b_id = b.locator("code").first.inner_text().strip()  # the header: <b>name</b> <code>job id</code>
@@ -421,8 +423,8 @@ def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
     assert _distinct_int_ticks(sb["ticks"]), sb["ticks"]
     sa = _card_state(a)
     assert sa["status"] in ("running", "succeeded"), sa
-    _shot(page, "04-after-stop")
-    _shot(page, "05-card-b-stopped", b)
+    _shot(page, "cards/04-after-stop")
+    _shot(page, "cards/05-card-b-stopped", b)
 
     # a runs to its end: A_STEPS steps on its chart
     _wait_for("card a to read 'succeeded'", lambda: _card_state(a)["status"] == "succeeded", STEPS_S,
@@ -434,7 +436,7 @@ def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
                      sa["progress"] or ""), sa["progress"]
     assert sum("%|" in line for line in sa["log"].splitlines()) <= 1, sa["log"]  # bar redraws: the latest only
     timings["a succeeded"] = time.monotonic() - t0
-    _shot(page, "06-card-a-succeeded", a)
+    _shot(page, "cards/06-card-a-succeeded", a)
 
     # no card wider than its room, in a narrow and a wide window, the sidebar collapsed
     assert page.locator("#jp-left-stack").is_hidden()
@@ -451,12 +453,12 @@ def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
             states.append(s)
         assert _too_wide(page) == [], (width, _too_wide(page))
         assert LONG_LINE in states[1]["log"].replace("\n", "")  # the long line is there, wrapped
-        _shot(page, f"07-cards-{width}x{height}")
+        _shot(page, f"cards/07-cards-{width}x{height}")
         b.evaluate("el => el.scrollIntoView({block: 'start'})")
-        _shot(page, f"07-card-b-{width}x{height}", b)
+        _shot(page, f"cards/07-card-b-{width}x{height}", b)
     errors = [line for line in page.tm_console if line.startswith("[pageerror]")]
     assert not errors, errors  # no uncaught JavaScript errors (widgets, bqplot)
-    (ARTIFACTS / "timings.json").write_text(json.dumps({"timings_s": timings, "steps_shown": shown}, indent=1))
+    (CARDS / "timings.json").write_text(json.dumps({"timings_s": timings, "steps_shown": shown}, indent=1))
     print("\n" + "\n".join(f"{k}: {v:.1f} s" for k, v in timings.items()))
 
 
