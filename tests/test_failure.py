@@ -411,3 +411,36 @@ def test_reason_is_its_line_as_a_string():
     r = describe_failure(log("sigkill"))
     assert str(r) == r.line == failure_line(log("sigkill"))
     assert r.to_dict()["kind"] == "signal"
+
+
+def test_a_rank_traceback_glued_after_the_bar_is_found_whole():
+    # captured here (toy recipe, 2 processes, crash_rank=1): rank 1's traceback begins on the line of
+    # rank 0's open tqdm bar, so its first line does not start the line; regression: the traceback
+    # was cut down to its last line
+    text = (
+        "INFO:torchtune.utils._logging:Writing logs to /tmp/h/runs/toy/j/logs/log_1796105474.txt\n"
+        "1|1|Loss: 10.0:  20%|██        | 1/5 [00:00<00:00,  4.99it/s][rank1]: Traceback (most recent call last):\n"
+        '[rank1]:   File "/w/tests/recipes/toy_recipe.py", line 119, in <module>\n'
+        "[rank1]:     main(sys.argv[1:])\n"
+        '[rank1]:   File "/w/tests/recipes/toy_recipe.py", line 92, in main\n'
+        '[rank1]:     raise RuntimeError(cfg.get("crash_message", "toy recipe crashed on purpose"))\n'
+        "[rank1]: RuntimeError: toy recipe crashed on purpose\n"
+        "1|2|Loss: 5.0:  40%|████      | 2/5 [00:00<00:00,  4.99it/s]1|3|Loss: 3.33:  60%|██████    | 3/5 "
+        "[00:00<00:00,  4.99it/s][rank0]: Traceback (most recent call last):\n"
+        '[rank0]:   File "/w/tests/recipes/toy_recipe.py", line 112, in main\n'
+        "[rank0]:     dist.barrier()\n"
+        "[rank0]: RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:20677.\n"
+        "Root Cause (first observed failure):\n[0]:\n  time      : 2026-12-01_06:11:16\n  host      : localhost\n"
+        "  rank      : 1 (local_rank: 1)\n  exitcode  : 1 (pid: 31164) \n  error_file: <N/A>\n"
+        "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n"
+        "============================================================\n")
+    reason = describe_failure(text)
+    assert reason.line == "rank 1: RuntimeError: toy recipe crashed on purpose"
+    assert reason.traceback.splitlines() == [
+        "Traceback (most recent call last):",
+        '  File "/w/tests/recipes/toy_recipe.py", line 119, in <module>',
+        "    main(sys.argv[1:])",
+        '  File "/w/tests/recipes/toy_recipe.py", line 92, in main',
+        '    raise RuntimeError(cfg.get("crash_message", "toy recipe crashed on purpose"))',
+        "RuntimeError: toy recipe crashed on purpose",
+    ]

@@ -32,6 +32,9 @@ class JobDirs:
         missing_inputs: ``(key, path)`` of inputs (:data:`INPUT_KEYS`) that do not exist here.
         errors: why a directory key could not be resolved (e.g. an ``${oc.env:...}`` variable
             that is not set); the job would fail at start-up.
+        epochs, max_steps_per_epoch: the config's keys of those names (torchtune 0.6.1 recipes:
+            how many epochs, and the cap on steps per epoch), positive integers, or ``None``
+            when unset, null, or not a positive integer (cards show how long the run is).
     """
 
     output_dir: str | None
@@ -40,6 +43,8 @@ class JobDirs:
     warnings: list[str] = field(default_factory=list)
     missing_inputs: list[tuple[str, str]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    epochs: int | None = None
+    max_steps_per_epoch: int | None = None
 
 
 def _select(cfg, key: str, cwd: str, errors: list[str] | None = None) -> str | None:
@@ -64,6 +69,20 @@ def _select(cfg, key: str, cwd: str, errors: list[str] | None = None) -> str | N
                           f"{key}={os.path.expanduser(text)}")
         return None
     return os.path.normpath(os.path.join(cwd, text))
+
+
+def _count(cfg, key: str) -> int | None:
+    """``key``'s value when it is a positive integer (or its text), else ``None``."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        value = OmegaConf.select(cfg, key, throw_on_missing=False)
+    except (OmegaConfBaseException, ValueError):
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _inside(child: str, parent: str) -> bool:
@@ -121,7 +140,8 @@ def resolve_dirs(plan: LaunchPlan, cwd: str | os.PathLike | None = None) -> JobD
                           "a job; choose another directory")
     missing = [(key, path) for key in INPUT_KEYS for path in [_select(cfg, key, cwd, errors)]
                if path is not None and not os.path.exists(path)]
-    return JobDirs(out, logs, ckpt, warnings, missing, errors)
+    return JobDirs(out, logs, ckpt, warnings, missing, errors, epochs=_count(cfg, "epochs"),
+                   max_steps_per_epoch=_count(cfg, "max_steps_per_epoch"))
 
 
 def write_overlaid_config(base: str | os.PathLike | None, overlay_yaml: str, dest: str | os.PathLike) -> Path:

@@ -594,6 +594,7 @@ def launch(
                 recipe=plan.recipe, config=plan.config, rank_log_dir=plan.rank_log_dir, scheduler=sched.name,
                 status=getattr(sched, "initial_status", Status.RUNNING).value,
                 num_nodes=int(plan.nnodes) if (plan.nnodes or "").isdigit() else 1, time_limit=options.time_limit,
+                epochs=dirs.epochs, max_steps_per_epoch=dirs.max_steps_per_epoch,
             )
             jobstore.write_record(stage, record)
             jobstore.write_procs(stage, scheduler=sched.name)  # a damaged record still says where it runs

@@ -99,6 +99,8 @@ class JobRecord:
     recreated it: the log before that moment is gone. The ``slurm_*``, ``num_nodes``, ``nodes``,
     ``rank_hosts`` (``{host, rank}`` the batch script reported), ``pending_reason`` and
     ``time_limit`` fields belong to SLURM jobs (a local job has one node, this host).
+    ``epochs`` and ``max_steps_per_epoch`` are the config's keys of those names as resolved at
+    launch (positive integers, or ``None`` when unset or not a number): how long the run is.
     """
 
     id: str
@@ -138,6 +140,8 @@ class JobRecord:
     pending_reason: str | None = None
     time_limit: str | None = None
     log_lost_at: float | None = None
+    epochs: int | None = None
+    max_steps_per_epoch: int | None = None
     schema: int = SCHEMA
 
     def to_dict(self) -> dict[str, Any]:
@@ -207,6 +211,9 @@ class JobRecord:
                 isinstance(x, int if key == "gpus" else str) and not isinstance(x, bool) for x in kwargs[key]
             ):
                 raise CorruptRecord(f"field {key!r} has items of the wrong type")
+        for key in ("epochs", "max_steps_per_epoch"):
+            if kwargs.get(key) is not None and kwargs[key] < 1:
+                raise CorruptRecord(f"field {key!r} must be a positive integer")
         for key in ("supervisor", "agent"):
             if kwargs.get(key) is not None:
                 kwargs[key] = _process_ref(kwargs[key])
@@ -250,7 +257,8 @@ _FIELD_TYPES: dict[str, tuple[tuple, bool]] = {
     "scheduler": ((str,), False), "slurm_job_id": (_OPT_STR, False), "slurm_conf": (_OPT_STR, False),
     "num_nodes": ((int,), False), "nodes": ((list,), False), "rank_hosts": ((list,), False),
     "pending_reason": (_OPT_STR, False), "time_limit": (_OPT_STR, False),
-    "log_lost_at": ((int, float, type(None)), False), "schema": ((int,), False),
+    "log_lost_at": ((int, float, type(None)), False), "epochs": ((int, type(None)), False),
+    "max_steps_per_epoch": ((int, type(None)), False), "schema": ((int,), False),
 }
 
 

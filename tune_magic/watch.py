@@ -19,9 +19,17 @@ from .follow import JobMetricsFollower
 from .gpus import gpus_label
 from .jobctl import Job
 from .jobstore import RECORD
+from .progress import (SAVED, SAVING, Bar, RunProgress, checkpoint_state, fmt_duration, fmt_rate,
+                       parse_bar, run_progress)
+from .status import Status
+from .tailview import display_tail
 
 #: Metric plotted by the views.
 LOSS = "loss"
+#: Metric shown as throughput when the recipe logs it (torchtune 0.6.1 recipes: tokens per second per GPU).
+THROUGHPUT = "tokens_per_second_per_gpu"
+#: Log lines read per shown line: repeated warnings and bar redraws are collapsed from these.
+READ_PER_SHOWN = 4
 
 # tqdm's bar after torchtune's description: "40%|####      | 2/5 [00:00<00:01,  3.87it/s]"
 _BAR = re.compile(r"(\d+%)\|[^|]*\|\s*(\d+/\d+)\s*(\[[^\]]*\])?")
@@ -48,18 +56,33 @@ class JobSnapshot:
 
     Attributes:
         job_id, name: the job's id and name.
-        status: ``running``, ``succeeded``, ``failed`` or ``stopped``.
+        status: a :class:`~tune_magic.Status` value (``pending``, ``running``, ``unknown``,
+            ``succeeded``, ``failed``, ``stopped``); :attr:`label` is what to show.
         elapsed_s: seconds since launch (the whole run once ended).
         gpus: GPU ids as typed (relative to the kernel's CUDA_VISIBLE_DEVICES) or ``None``.
         physical_gpus: the same GPUs as nvidia-smi indices (MIG ids as strings), or ``None``.
         endpoint: real rendezvous ``host:port`` once known.
         output_dir: the job's output directory.
         progress: the latest progress-bar line (``1|12|Loss: 2.31: 60%|...| 12/20 [00:10<00:06, ...]``).
-        tail: the last lines of the log (bounded by the watcher's ``tail_lines``).
+        tail: the last lines of the log as a card shows them (:func:`tune_magic.tailview.display_tail`:
+            bar redraws and repeated warnings collapsed; at most the watcher's ``tail_lines``, plus as
+            many of each per-rank file, prefixed ``[rank N stream] ``, for jobs run with
+            ``--redirects``/``--tee``). The log on disk keeps every line.
         steps, losses: the loss curve (possibly thinned to ``max_points`` for charts).
         step, loss: the latest step with a loss, and that loss.
-        error: the failing rank and message for a failed job.
+        error: the failing rank and message for a failed job (the record's ``error``).
         returncode: exit code once ended.
+        run: where the whole run is (:class:`tune_magic.progress.RunProgress`: epoch of epochs,
+            steps, ETA, throughput, checkpoint saving).
+        run_at_s: :attr:`elapsed_s` when :attr:`run` was last read (its ETA counts down from there).
+        traceback: a failed job's whole traceback (:meth:`Job.failure`), or ``None``.
+        pending_reason: why a pending job waits (SLURM's reason), or ``None``.
+        nodes: host names the job runs on, for jobs on several nodes or on a SLURM allocation
+            (``()`` otherwise, and while pending).
+        num_nodes: nodes the job asked for.
+        warnings: the record's launch warnings (e.g. SLURM's "no --cpus-per-node: ...").
+        log_lost_at: unix seconds since which the log is kept, when the job's directory was
+            deleted while it ran (the log before is gone), else ``None``.
     """
 
     job_id: str
@@ -78,10 +101,88 @@ class JobSnapshot:
     loss: float | None
     error: str | None
     returncode: int | None
+    run: RunProgress = RunProgress()
+    run_at_s: float = 0.0
+    traceback: str | None = None
+    pending_reason: str | None = None
+    nodes: tuple[str, ...] = ()
+    num_nodes: int = 1
+    warnings: tuple[str, ...] = ()
+    log_lost_at: float | None = None
+
+    @property
+    def label(self) -> str:
+        """The status as listings show it (``unknown`` -> ``"outcome unknown"``)."""
+        try:
+            return Status(self.status).label
+        except ValueError:
+            return str(self.status)
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds left (:attr:`RunProgress.eta_s` counted down since it was read), or ``None``."""
+        if self.run.eta_s is None:
+            return None
+        return max(self.run.eta_s - max(self.elapsed_s - self.run_at_s, 0.0), 0.0)
+
+    def progress_parts(self) -> list[tuple[str, str, str]]:
+        """The progress line as ``(css class, text, suffix)`` parts, in order; views join them
+        with `` · `` (the HTML card puts ``text`` in a span of that class, ``suffix`` after it)."""
+        parts: list[tuple[str, str, str]] = []
+        state = Status(self.status) if self.status in Status._value2member_map_ else None
+        live = state is not None and state.is_live
+        run = self.run
+        if state is Status.PENDING:
+            reason = f": {self.pending_reason}" if self.pending_reason else ""
+            parts.append(("tm-pending", f"waiting in the queue{reason}", ""))
+        elif live and run.checkpoint == SAVING:
+            parts.append(("tm-saving", "saving checkpoint…", ""))
+        elif live and run.checkpoint == SAVED:
+            parts.append(("tm-saving", "checkpoint saved", ""))
+        elif state is Status.RUNNING and self.step is None and run.step is None:
+            parts.append(("tm-waiting", "waiting for the first step", ""))
+        if run.epoch is not None:
+            parts.append(("tm-epoch", f"epoch {run.epoch}", f"/{run.epochs}" if run.epochs else ""))
+        if self.step is not None:
+            parts.append(("tm-step", f"step {self.step}", f"/{run.total_steps}" if run.total_steps else ""))
+            parts.append(("tm-loss", f"loss {self.loss:.5g}", ""))
+        elif run.step is not None:
+            parts.append(("tm-step", f"step {run.step}", f"/{run.total_steps}" if run.total_steps else ""))
+        if run.epoch_step is not None and run.epoch_steps:
+            parts.append(("tm-epoch-steps", f"{run.epoch_step}/{run.epoch_steps} this epoch", ""))
+        elif run.epoch is None and self.progress:
+            bar = progress_summary(self.progress)  # some other bar (not torchtune's): its counters
+            if bar:
+                parts.append(("tm-bar", bar, ""))
+        elapsed = fmt_duration(self.elapsed_s)
+        parts.append(("tm-elapsed", f"{elapsed} elapsed" if live or state is Status.UNKNOWN else f"took {elapsed}", ""))
+        eta = self.eta_s
+        if state is Status.RUNNING and eta is not None and run.checkpoint is None:
+            parts.append(("tm-eta", f"ETA {fmt_duration(eta)}" if run.eta_is_run else f"epoch ends in {fmt_duration(eta)}",
+                          ""))
+        if run.throughput is not None:
+            parts.append(("tm-throughput", f"{fmt_rate(run.throughput)} tokens/s/GPU", ""))
+        return parts
+
+    def progress_text(self) -> str:
+        """The progress line as plain text."""
+        return " · ".join(text + suffix for _, text, suffix in self.progress_parts())
+
+    def notes(self) -> list[str]:
+        """Small notes about the job: where it runs (several nodes), launch warnings, a lost log."""
+        out = []
+        if self.nodes:
+            out.append(("nodes " if len(self.nodes) > 1 else "node ") + ", ".join(self.nodes))
+        if self.log_lost_at is not None:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.log_lost_at))
+            out.append(f"the job's directory was deleted while it ran and recreated at {when}: "
+                       "the log before that time is gone")
+        out += [f"warning: {w}" for w in self.warnings]
+        return out
 
     def summary(self) -> str:
         """A plain-text rendering (terminals, nbconvert, ``--wait``)."""
-        lines = [f"job {self.job_id} ({self.name}): {self.status}, {self.elapsed_s:.0f} s"]
+        lines = [f"job {self.job_id} ({self.name}): {self.label}, {self.elapsed_s:.0f} s"]
         if self.error:
             lines.append(f"error: {self.error}")
         details = [gpus_label(self.gpus, self.physical_gpus) or None,
@@ -89,6 +190,7 @@ class JobSnapshot:
                    f"output_dir {self.output_dir}" if self.output_dir else None]
         if any(details):
             lines.append("  ".join(d for d in details if d))
+        lines += self.notes()
         if self.step is not None:
             lines.append(f"step {self.step} loss {self.loss:.6g}  {progress_summary(self.progress)}".rstrip())
         return "\n".join(lines)
@@ -154,9 +256,10 @@ class JobWatcher:
         self.fast = False  #: the job is chatty: woken polls are 2 intervals apart
         self.subscription = None  #: the notifier subscription while the thread runs (notify=True)
         r = job.record
+        # more lines are kept than shown: bar redraws and repeated warnings collapse out of them
         self.follower = JobMetricsFollower(r.log_path, log_dir=r.metric_log_dir, started_after=r.started_at - 1,
                                            rank_log_dir=r.rank_log_dir,
-                                           max_lines=max(tail_lines, 1), cwd=r.cwd)
+                                           max_lines=max(tail_lines * READ_PER_SHOWN, 1), cwd=r.cwd)
         self._record_path = os.path.join(str(job.dir), RECORD)
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -169,6 +272,12 @@ class JobWatcher:
         self.files_changed = False  #: whether the last poll found a followed file changed
         self._followed_key: tuple | None = None  # (metric file, metric dir) the subscription follows
         self._followed: tuple[list, list] = ([], [])
+        self._last_run: RunProgress | None = None  # the last run progress read, and the elapsed time then
+        self._run_at = 0.0
+        self._checkpoint: str | None = None  # checkpoint state, and the step it was entered at
+        self._checkpoint_step: int | None = None
+        self._first_step: tuple[float, int] | None = None  # (monotonic s, step) of the first step seen
+        self._failure = None  # a failed job's FailureReason, read once
 
     def poll_once(self) -> JobSnapshot:
         """Read what is new, return the snapshot, and hand it to the sink if it changed."""
@@ -218,14 +327,72 @@ class JobWatcher:
                            last.step if last else None, last.value if last else None)
         steps, losses, step, loss = self._curve
         r = self.job.record
+        tail, raw = self._tail()
+        run = self._progress(status, step, raw)
+        if status == Status.FAILED and self._failure is None:
+            self._failure = self.job.failure() or False  # written before the record says failed
+        failure = self._failure or None
+        nodes = ()
+        if status.is_live and (r.num_nodes > 1 or r.scheduler != "local"):
+            nodes = tuple(self.job.nodes)
         return JobSnapshot(
             job_id=r.id, name=r.name, status=r.status, elapsed_s=self.job.elapsed_s,
             gpus=tuple(r.gpus) if r.gpus else None,
             physical_gpus=tuple(r.physical_gpus) if r.physical_gpus else None, endpoint=r.rendezvous_endpoint,
             output_dir=r.output_dir,
-            progress=self.follower.latest_progress, tail=tuple(self.follower.tail(self.tail_lines)),
+            progress=self.follower.latest_progress, tail=tail,
             steps=steps, losses=losses, step=step, loss=loss, error=r.error, returncode=r.returncode,
+            run=run, run_at_s=self._run_at, traceback=failure.traceback if failure else None,
+            pending_reason=r.pending_reason if status == Status.PENDING else None, nodes=nodes,
+            num_nodes=r.num_nodes, warnings=tuple(r.warnings), log_lost_at=r.log_lost_at,
         )
+
+    def _tail(self) -> tuple[tuple[str, ...], list[list[str]]]:
+        """The shown tail, and the raw last lines of each followed log (combined, rank files)."""
+        keep = self.tail_lines * READ_PER_SHOWN
+        if not self.job.record.rank_log_dir:
+            raw = self.follower.tail(keep)
+            return tuple(display_tail(raw, self.tail_lines)), [raw]
+        sections = self.follower.log_sections(keep)
+        shown = display_tail(sections[0][1], self.tail_lines)
+        for label, lines in sections[1:]:
+            shown += [f"[{label}] {line}" for line in display_tail(lines, self.tail_lines)]
+        return tuple(shown), [lines for _, lines in sections]
+
+    def _progress(self, status, step: int | None, raw: list[list[str]]) -> RunProgress:
+        """Where the run is; :attr:`_run_at` moves only when it changed (its ETA counts down)."""
+        r = self.job.record
+        bar = _latest_bar(raw) or parse_bar(self.follower.latest_progress)
+        current = max((s for s in (step, bar and bar.step) if s is not None), default=None)
+        # steps per second as seen here (the fallback when the bar gives no rate), recomputed only
+        # when the step moved, so that a snapshot changes only when the job wrote something
+        observed = self._last_run.rate if self._last_run is not None else None
+        if current is not None and (self._last_run is None or current != self._last_run.step):
+            now = time.monotonic()
+            if self._first_step is None or current < self._first_step[1]:
+                self._first_step = (now, current)
+            elif current > self._first_step[1] and now > self._first_step[0]:
+                observed = (current - self._first_step[1]) / (now - self._first_step[0])
+        checkpoint = None
+        if status.is_live:
+            states = [checkpoint_state(lines) for lines in raw]
+            decided = SAVING if SAVING in states else SAVED if SAVED in states else None
+            if decided is not None:
+                if decided != self._checkpoint:
+                    self._checkpoint_step = current
+                checkpoint = decided
+            elif self._checkpoint is not None and current == self._checkpoint_step:
+                # only a new step ends it: the bar's closing redraw after a save, or the deciding
+                # line scrolling out of the lines kept, leave it as it was
+                checkpoint = self._checkpoint
+            self._checkpoint = checkpoint
+        point = self.follower.last(THROUGHPUT)
+        run = run_progress(bar, epochs=r.epochs, max_steps_per_epoch=r.max_steps_per_epoch, metric_step=step,
+                           observed_rate=observed, throughput=point.value if point is not None else None,
+                           checkpoint=checkpoint)
+        if run != self._last_run:
+            self._last_run, self._run_at = run, self.job.elapsed_s
+        return self._last_run
 
     @property
     def finished(self) -> bool:
@@ -343,6 +510,22 @@ class JobWatcher:
         """Wait for the thread to end (it ends once the job ended and was read)."""
         if self._thread is not None:
             self._thread.join(timeout)
+
+
+def _latest_bar(sections: list[list[str]]) -> Bar | None:
+    """The newest torchtune bar in the last lines of the logs: tqdm leaves its line open, so the
+    latest redraw is the line still being written, which the parser has not seen yet."""
+    best = None
+    for lines in sections:
+        for line in reversed(lines):
+            if "Loss: " in line:
+                # the line's last redraw: a log line glued after it does not hide it
+                bar = parse_bar(line)
+                if bar is not None:
+                    if best is None or (bar.step, bar.n is not None) > (best.step, best.n is not None):
+                        best = bar
+                    break
+    return best
 
 
 def _stat(path) -> tuple | None:

@@ -1,18 +1,24 @@
-"""Two live job cards in a real JupyterLab, in headless Chromium: what a person sees (issue 8).
+"""Live job cards in a real JupyterLab, in headless Chromium: what a person sees (issues 8 and 16).
 
 Starts JupyterLab on 127.0.0.1 (free port, token, --no-browser) in a temporary root holding a
-notebook written here with the quickstart's job cells (two 2-process ``lora_finetune --config
-tiny/lora`` jobs side by side), opens it with Playwright (sync API), runs all cells from the Run menu
-and checks the page's DOM: both cards show a rising ``step N`` and ``loss X``, their bqplot charts
-draw points, and a card's Stop button stops its job (the card's status reads ``stopped``) while the
-other job goes on. Screenshots go to ``test-artifacts/browser/``.
+notebook written here with three job cells: a real 2-process ``lora_finetune --config tiny/lora``
+job (runs to its end), and two of the test-only stand-in recipe (tests/recipes/toy_recipe.py), one
+long (stopped from its card; it prints a 400-character log line and a warning every rank repeats)
+and one whose rank 1 crashes. It opens the notebook with Playwright (sync API), runs all cells from
+the Run menu and checks the page's DOM: the cards show a rising ``step N`` and ``loss X``, their
+bqplot charts draw points, the step axis's tick labels are distinct integers, the failed card's
+first line is the job's error (``rank 1: RuntimeError: ...``) with the traceback behind a toggle, a
+card's Stop button stops its job (the card reads ``stopped``, its log tail has no torchrun
+``SignalException``) while the other job goes on, and no card is wider than its room (scrollWidth
+<= clientWidth) at 800x900 and 1440x900 with the left sidebar collapsed. Screenshots of a running,
+a succeeded, a failed and a stopped card go to ``test-artifacts/browser/cards/``.
 
 The browser is Debian's chromium (``scripts/install-browser``), not Playwright's download. Without
 it the test skips, unless ``TUNE_MAGIC_REQUIRE_BROWSER=1``, where it fails.
 
 Why its own notebook rather than ``notebooks/quickstart.ipynb``: the quickstart's later cells (and
 its step counts) are free to change for readers, and this test needs a job still running when it
-clicks Stop; the cells here are the quickstart's job cells, with one job given more epochs.
+clicks Stop.
 """
 
 from __future__ import annotations
@@ -36,24 +42,30 @@ import tune_magic
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts" / "browser"
+CARDS = ARTIFACTS / "cards"  # the card test's screenshots (the tables test has its own folder)
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run", "--disable-quic", "--disable-dev-shm-usage"]
 SERVER_START_S = 90
 KERNEL_READY_S = 120
-CARDS_S = 120  # both cards on the page
+CARDS_S = 120  # the cards on the page
 STEPS_S = 150  # jobs started (5-10 s each, slower side by side on 2 cores) and logging steps
 STOP_S = 60
 MS = 1000
 
 JOB_LINE = "--nproc_per_node 2 lora_finetune --config tiny/lora"
+TOY_LINE = f"--nproc_per_node 2 {REPO / 'tests' / 'recipes' / 'toy_recipe.py'} --config {REPO / 'tests' / 'recipes' / 'toy.yaml'}"
+A_STEPS = 12  # the real recipe's steps (max_steps_per_epoch): it runs to its end
+LONG_LINE = "long line: " + "x" * 389  # 400 characters, no space to break at
 CELLS = [
-    ("markdown", "# tune_magic browser test\nTwo LoRA fine-tunes side by side, each with its live card."),
+    ("markdown", "# tune_magic browser test\nA LoRA fine-tune and two stand-in jobs, each with its live card."),
     ("code", "%load_ext tune_magic\nimport tune_magic\ntune_magic.make_assets();"),
-    ("code", f"%%tune_run --name a {JOB_LINE}\n# overrides, one key=value a line\nmax_steps_per_epoch=30\noptimizer.lr=1e-2"),
-    # b: 20 epochs, so it is surely still running when the test clicks its Stop button
-    ("code", f"%%tune_run --name b {JOB_LINE}\nmax_steps_per_epoch=30\noptimizer.lr=2e-3\nepochs=20"),
+    ("code", f"%%tune_run --name a {JOB_LINE}\n# overrides, one key=value a line\nmax_steps_per_epoch={A_STEPS}\n"
+             "optimizer.lr=1e-2"),
+    # b: long, so it is surely still running when the test clicks its Stop button
+    ("code", f"%%tune_run --name b {TOY_LINE}\nsteps=2000\nstep_s=0.3\nlong_line_chars=389\n"
+             "warning=every_rank_prints_this_warning"),
+    ("code", f"%%tune_run --name c {TOY_LINE}\ncrash_rank=1"),
 ]
-
 # JupyterLab user settings for the test: no news/update toast, every cell attached to the DOM.
 LAB_SETTINGS = {
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false", "checkForUpdates": False},
@@ -217,21 +229,59 @@ def page(lab, chromium_exe, tmp_path):
 def _shot(page, name: str, locator=None) -> None:
     if locator is not None:  # the whole card in the notebook's scroll area, not just its visible part
         locator.evaluate("el => el.scrollIntoView({block: 'start'})")
+    time.sleep(0.6)  # bqplot draws a chart that came into view (or was just shown) after a short debounce
     target = locator if locator is not None else page
     target.screenshot(path=str(ARTIFACTS / f"{name}.png"), animations="disabled")
 
 
 def _card_state(card) -> dict:
-    """What one card shows: status, step, loss, chart points, button label (read from the DOM)."""
+    """What one card shows (read from the DOM): status, step, loss, progress line, chart points, the
+    step axis's tick labels, button label, its first line of text, its log tail, and its widths."""
     return card.evaluate("""el => {
         const t = sel => { const n = el.querySelector(sel); return n ? n.textContent.trim() : null; };
         const line = el.querySelector('svg g.curve path.line');
-        return {status: t('.tm-status'), step: t('.tm-step'), loss: t('.tm-loss'),
+        // the step axis: the bqplot axis labelled "step"; its tick labels as drawn
+        let ticks = null;
+        for (const axis of el.querySelectorAll('svg g.axis')) {
+            const label = axis.querySelector('.axislabel');
+            if (label && label.textContent.trim() === 'step')
+                ticks = Array.from(axis.querySelectorAll('.tick text')).map(n => n.textContent.trim());
+        }
+        const chart = el.querySelector('.bqplot');
+        const visible = n => !!n && n.offsetParent !== null && n.getClientRects().length > 0;
+        const stop = Array.from(el.querySelectorAll('button.widget-button')).find(b => b.textContent.includes('Stop'));
+        return {status: t('.tm-status'), step: t('.tm-step'), loss: t('.tm-loss'), progress: t('.tm-progress'),
                 dots: el.querySelectorAll('svg g.curve path.dot').length,
                 line_d: line ? (line.getAttribute('d') || '') : '',
-                button: t('button.widget-button'), button_disabled: !!(el.querySelector('button.widget-button') || {}).disabled,
-                header: t('.tm-status') ? el.querySelector('.tm-status').closest('.widget-html-content').textContent : null,
+                ticks: ticks, chart_visible: visible(chart),
+                button: stop ? stop.textContent.trim() : null, button_disabled: stop ? stop.disabled : null,
+                button_visible: visible(stop),
+                header: t('.tm-header'),
+                first_line: (el.innerText || '').split('\\n').map(x => x.trim()).filter(x => x)[0] || '',
+                log: t('.tm-log') || '',
+                scroll_width: el.scrollWidth, client_width: el.clientWidth,
                 text: el.innerText};
+    }""")
+
+
+def _too_wide(page) -> list[dict]:
+    """Every card (any scrolling element inside one, its cell's output area) whose content is wider
+    than its box."""
+    return page.evaluate("""() => {
+        const out = [];
+        for (const card of document.querySelectorAll('.tune-magic-card')) {
+            const area = card.closest('.jp-OutputArea-output');  // the card's cell output: no scrollbar either
+            if (area && area.scrollWidth > area.clientWidth)
+                out.push({tag: 'output area', cls: '', scroll_width: area.scrollWidth, client_width: area.clientWidth});
+            for (const el of [card, ...card.querySelectorAll('*')]) {
+                const style = getComputedStyle(el);
+                if (!['auto', 'scroll'].includes(style.overflowX) && el !== card) continue;
+                if (el.scrollWidth > el.clientWidth)
+                    out.push({tag: el.tagName, cls: String(el.className.baseVal ?? el.className).slice(0, 80),
+                              scroll_width: el.scrollWidth, client_width: el.clientWidth});
+            }
+        }
+        return out;
     }""")
 
 
@@ -256,8 +306,16 @@ def _wait_for(what: str, check, timeout_s: float, poll_s: float = 0.5, describe=
         time.sleep(poll_s)
 
 
-@pytest.mark.timeout(420)
+def _distinct_int_ticks(ticks) -> bool:
+    return bool(ticks) and all(re.fullmatch(r"-?\d+", t) for t in ticks) and len(set(ticks)) == len(ticks) and \
+        [int(t) for t in ticks] == sorted(int(t) for t in ticks)
+
+
+@pytest.mark.timeout(480)
 def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
+    CARDS.mkdir(parents=True, exist_ok=True)
+    for old in CARDS.glob("*"):
+        old.unlink()
     t0 = time.monotonic()
     timings = {}
     page.goto(lab.url("/lab/tree/browser_test.ipynb?reset"), timeout=120 * MS)
@@ -265,20 +323,27 @@ def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
     # the kernel is started and idle (status bar: "Python 3 (ipykernel) | Idle")
     page.locator(".jp-StatusBar-Widget", has_text=re.compile(r"\|\s*Idle")).first.wait_for(timeout=KERNEL_READY_S * MS)
     timings["lab+kernel ready"] = time.monotonic() - t0
-    page.keyboard.press("Control+b")  # hide the file browser: more room for the cards
+    page.keyboard.press("Control+b")  # collapse the left sidebar: more room for the cards
+    _wait_for("the left sidebar to collapse", lambda: page.locator("#jp-left-stack").is_hidden(), 10)
     page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
 
     cards = page.locator(".tune-magic-card")
-    _wait_for("two job cards", lambda: cards.count() == 2, CARDS_S,
+    _wait_for("three job cards", lambda: cards.count() == 3, CARDS_S,
               describe=lambda: page.locator(".jp-OutputArea").all_inner_texts())
     timings["cards shown"] = time.monotonic() - t0
-    a, b = cards.nth(0), cards.nth(1)
-    for card in (a, b):
+    a, b, c = cards.nth(0), cards.nth(1), cards.nth(2)
+    for card in (a, b, c):
         card.locator(".tm-status").wait_for(timeout=60 * MS)
     assert "Error displaying widget" not in page.locator(".jp-Notebook").inner_text()
 
-    # both cards show a step and a loss, and the step count rises: the DOM polled as a person watches
+    # before its first step a card says so and draws no empty chart
+    sb = _card_state(b)
+    if _step(sb) is None:
+        assert not sb["chart_visible"], sb  # no empty 0..1 grid
+        assert "waiting for the first step" in (sb["progress"] or "") or sb["status"] != "running", sb
+
+    # the running cards show a step and a loss, and the step count rises: the DOM polled as a person watches
     shown = {"a": [], "b": []}  # the distinct (step, loss) each card showed, in order
 
     def watch() -> bool:
@@ -288,62 +353,112 @@ def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
                 shown[key].append((_step(s), _loss(s)))
         if "steps shown" not in timings and all(shown.values()):
             timings["steps shown"] = time.monotonic() - t0
-        return all(len(v) >= 3 for v in shown.values())
+        # the stand-in's steps come 0.3 s apart: it shows 3 of them; the real recipe's 12 steps take
+        # about a second after its start-up, so at least one of them is seen before its end
+        return len(shown["b"]) >= 3 and len(shown["a"]) >= 1
 
-    _wait_for("both cards to show 3 different steps", watch, STEPS_S, poll_s=0.25,
+    _wait_for("the running cards to show their steps (b: 3 different ones)", watch, STEPS_S, poll_s=0.25,
               describe=lambda: json.dumps({"shown": shown, "a": _card_state(a), "b": _card_state(b)}, indent=1))
     timings["steps rose"] = time.monotonic() - t0
-    _shot(page, "01-running")
     for key, seq in shown.items():
         steps = [st for st, _ in seq]
         assert steps == sorted(steps) and len(set(steps)) == len(steps), (key, seq)  # rising, never back
         assert all(loss is not None and 0 < loss < 100 for _, loss in seq), (key, seq)  # finite cross-entropy
-    for c in (a, b):
-        assert _card_state(c)["status"] in ("running", "succeeded"), _card_state(c)
+    assert _card_state(b)["status"] == "running", _card_state(b)
+    assert _card_state(a)["status"] in ("running", "succeeded"), _card_state(a)
 
-    # the charts draw the curve: a line path and one marker per logged step
+    # the charts draw the curve: a line path and one marker per logged step; the step axis has
+    # integer tick labels, each once (was "1 2 2 3 3 ... 8 8")
     charts = _wait_for("points on both charts",
                        lambda: (lambda s: s if all(x["dots"] >= 2 and x["line_d"].count("L") >= 1 for x in s) else None)(
                            [_card_state(a), _card_state(b)]),
                        30, describe=lambda: json.dumps([_card_state(a), _card_state(b)], indent=1))
-    for c, s in zip((a, b), charts):
+    for s in charts:
         assert s["dots"] <= (_step(s) or 0) + 1, s  # not more markers than steps
+        assert _distinct_int_ticks(s["ticks"]), s["ticks"]
     assert a.locator("svg .axis").count() >= 2  # x and y axes drawn
-    _shot(page, "02-card-a", a)
-    _shot(page, "02-card-b", b)
+    # where the whole run is: epoch of epochs, step of steps, steps this epoch, elapsed, ETA
+    sb = _card_state(b)
+    assert re.search(r"epoch 1/1 · step \d+/2000 · loss [\d.]+ · \d+/2000 this epoch · \d+:\d\d elapsed · ETA \d+:\d\d",
+                     sb["progress"] or ""), sb["progress"]
+    _shot(page, "cards/01-running")
+    _shot(page, "cards/02-card-b-running", b)
+
+    # the failed card (the stand-in's rank 1 raises): its first line is the job's error
+    sc = _wait_for("card c to read 'failed'", lambda: (lambda s: s if s["status"] == "failed" else None)(_card_state(c)),
+                   STEPS_S, describe=lambda: json.dumps(_card_state(c), indent=1))
+    assert "rank 1" in sc["first_line"] and "RuntimeError: toy recipe crashed on purpose" in sc["first_line"], sc
+    assert not sc["button_visible"], sc  # no Stop on an ended job
+    # the whole traceback is behind a toggle: collapsed, and shown on a click
+    tb = c.locator(".tm-traceback")
+    assert not tb.is_visible()
+    c.get_by_text("traceback", exact=True).click()
+    tb.wait_for(state="visible", timeout=10 * MS)
+    assert tb.inner_text().startswith("Traceback (most recent call last):"), tb.inner_text()[:300]
+    assert "RuntimeError: toy recipe crashed on purpose" in tb.inner_text()
+    _shot(page, "cards/03-card-c-failed", c)
 
     # Stop on card b: its status becomes "stopped"; a keeps going (or has finished)
     b_id = b.locator("code").first.inner_text().strip()  # the header: <b>name</b> <code>job id</code>
     assert b_id not in new_jobs and tune_magic.get_job(b_id).status == "running"
+    assert LONG_LINE in _card_state(b)["log"].replace("\n", "")  # the 400-character line is on the card
     b.locator("button.widget-button", has_text="Stop").click()  # (bqplot's toolbar has buttons too)
     t_click = time.monotonic()
     _wait_for("card b to read 'stopped'", lambda: _card_state(b)["status"] == "stopped", STOP_S,
               describe=lambda: json.dumps(_card_state(b), indent=1))
     timings["stop click -> 'stopped' shown"] = time.monotonic() - t_click
     assert tune_magic.get_job(b_id).status == "stopped"
-    sb = _card_state(b)
-    assert sb["button_disabled"], json.dumps({k: v for k, v in sb.items() if k != "text"}, indent=1)
+    sb = _wait_for("card b's tail to end with torchrun's stop",
+                   lambda: (lambda s: s if "stopped its workers" in s["log"] else None)(_card_state(b)), 15,
+                   describe=lambda: json.dumps(_card_state(b), indent=1))
+    assert "SignalException" in Path(tune_magic.get_job(b_id).log_path).read_text()  # in the log file ...
+    assert "SignalException" not in sb["log"] and "Traceback" not in sb["log"], sb["log"]  # ... not on the card
+    assert not sb["button_visible"], json.dumps({k: v for k, v in sb.items() if k != "text"}, indent=1)
+    assert sb["first_line"].startswith("stopped by the user at step "), sb["first_line"]
     stopped_at = _step(sb)
     time.sleep(2)
     sb = _card_state(b)
     assert _step(sb) == stopped_at  # no more steps after the stop
     assert sb["dots"] == stopped_at, sb  # one marker per step (steps 1..N), as the card's text says
+    assert _distinct_int_ticks(sb["ticks"]), sb["ticks"]
     sa = _card_state(a)
     assert sa["status"] in ("running", "succeeded"), sa
-    _shot(page, "03-after-stop")
-    _shot(page, "03-card-b-stopped", b)
+    _shot(page, "cards/04-after-stop")
+    _shot(page, "cards/05-card-b-stopped", b)
 
-    # a runs to its end: 30 steps on its chart
+    # a runs to its end: A_STEPS steps on its chart
     _wait_for("card a to read 'succeeded'", lambda: _card_state(a)["status"] == "succeeded", STEPS_S,
               describe=lambda: json.dumps(_card_state(a), indent=1))
-    sa = _wait_for("card a's last step", lambda: (lambda s: s if _step(s) == 30 and s["dots"] == 30 else None)(
+    sa = _wait_for("card a's last step", lambda: (lambda s: s if _step(s) == A_STEPS and s["dots"] == A_STEPS else None)(
         _card_state(a)), 15, describe=lambda: json.dumps(_card_state(a), indent=1))
+    assert _distinct_int_ticks(sa["ticks"]) and int(sa["ticks"][-1]) <= A_STEPS, sa["ticks"]
+    assert re.search(rf"epoch 1/1 · step {A_STEPS}/{A_STEPS} · loss [\d.]+ · {A_STEPS}/{A_STEPS} this epoch · took ",
+                     sa["progress"] or ""), sa["progress"]
+    assert sum("%|" in line for line in sa["log"].splitlines()) <= 1, sa["log"]  # bar redraws: the latest only
     timings["a succeeded"] = time.monotonic() - t0
-    _shot(page, "04-card-a-succeeded", a)
-    _shot(page, "04-final")
+    _shot(page, "cards/06-card-a-succeeded", a)
+
+    # no card wider than its room, in a narrow and a wide window, the sidebar collapsed
+    assert page.locator("#jp-left-stack").is_hidden()
+    for width, height in VIEWPORTS:
+        page.set_viewport_size({"width": width, "height": height})
+        time.sleep(1)  # JupyterLab lays out again
+        assert _too_wide(page) == [], (width, _too_wide(page))  # also the cards out of view
+        states = []
+        for card in (a, b, c):  # as a person sees each card: scrolled into view (bqplot redraws it then)
+            card.evaluate("el => el.scrollIntoView({block: 'start'})")
+            time.sleep(0.7)
+            s = _card_state(card)
+            assert s["scroll_width"] <= s["client_width"], (width, s["scroll_width"], s["client_width"], s["header"])
+            states.append(s)
+        assert _too_wide(page) == [], (width, _too_wide(page))
+        assert LONG_LINE in states[1]["log"].replace("\n", "")  # the long line is there, wrapped
+        _shot(page, f"cards/07-cards-{width}x{height}")
+        b.evaluate("el => el.scrollIntoView({block: 'start'})")
+        _shot(page, f"cards/07-card-b-{width}x{height}", b)
     errors = [line for line in page.tm_console if line.startswith("[pageerror]")]
     assert not errors, errors  # no uncaught JavaScript errors (widgets, bqplot)
-    (ARTIFACTS / "timings.json").write_text(json.dumps({"timings_s": timings, "steps_shown": shown}, indent=1))
+    (CARDS / "timings.json").write_text(json.dumps({"timings_s": timings, "steps_shown": shown}, indent=1))
     print("\n" + "\n".join(f"{k}: {v:.1f} s" for k, v in timings.items()))
 
 

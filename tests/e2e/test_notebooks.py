@@ -119,7 +119,8 @@ def test_quickstart_through_the_demo(tmp_path, tiny_assets):
     for text, job in zip(cards, (a, b)):
         assert text.startswith(f"job {job.id} ({job.name}): succeeded")
         assert f"rendezvous {job.rendezvous_endpoint}" in text
-        assert re.search(r"^step 8 loss \d+\.\d+( |$)", text, re.M), text
+        # where the run is: epoch of epochs, step of steps, loss, steps this epoch, how long it took
+        assert re.search(r"^epoch 1/1 · step 8/8 · loss \d+\.\d+ · 8/8 this epoch · took \d+:\d\d( |$)", text, re.M), text
     rows = table_rows(texts(nb, "jobs")[0])
     assert rows[ida][:3] == ["lr-1e-2", "succeeded", "8"] and rows[idb][:3] == ["lr-2e-3", "succeeded", "8"]
     table = [line.split() for line in stdout(nb, "compare-table").splitlines()]
