@@ -15,6 +15,7 @@ activation offloading, optimizer-in-backward) are rejected with a clear error in
 from __future__ import annotations
 
 import os
+import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -382,9 +383,10 @@ class DistributedRecipeBase(FTRecipeInterface):
             self.save_checkpoint(epoch=curr_epoch)
 
     def cleanup(self) -> None:
-        """Close the metric logger (rank 0) and leave the process group."""
+        """Close the metric logger (rank 0) and leave the process group, all ranks together."""
         if self._is_rank_zero:
             self._metric_logger.close()
+        dist.barrier()  # no rank tears gloo down while another still talks to it
         dist.destroy_process_group()
 
 
@@ -401,3 +403,11 @@ def run(recipe_cls: type[DistributedRecipeBase], cfg: DictConfig) -> None:
     recipe.setup(cfg=cfg)
     recipe.train()
     recipe.cleanup()
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        # A torchrun worker: end now, with everything written and the process group gone. Interpreter
+        # finalization would still destroy gloo's and FSDP's C++ objects, and under load a worker
+        # thread destroyed while joinable aborts the rank ("terminate called without an active
+        # exception", SIGABRT) after a run that succeeded (cf. pytorch/pytorch#179291).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
