@@ -28,6 +28,15 @@ def test_a_new_kernel_lists_follows_and_stops_a_running_slurm_job(slurm_netns_cl
         job_id = first.value("_.id")
     finally:
         first.shutdown()  # the job belongs to no kernel
+    try:
+        _follow_and_stop(c, env, job_id, tmp_path)
+    finally:  # a failed check leaves no job holding the cluster's nodes for the next test
+        job = J.get_job(job_id)
+        if not job.status.is_terminal:
+            job.stop(grace_s=2)
+
+
+def _follow_and_stop(c, env, job_id, tmp_path):
     k = Kernel(cwd=str(tmp_path), env=env)
     try:
         k.run("%load_ext tune_magic")

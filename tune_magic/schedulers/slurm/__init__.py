@@ -223,7 +223,7 @@ class SlurmScheduler(Scheduler):
             return {}
         exit_info = jobstore.read_exit_code(job_dir)
         stop = jobstore.stop_was_requested(job_dir, record)
-        changes: dict[str, Any] = self._from_log(job_dir, record)
+        changes, started = self._from_log(job_dir, record)
         if exit_info is not None:
             code = exit_info.returncode
             status = STOPPED if stop else SUCCEEDED if code == 0 else FAILED
@@ -245,7 +245,9 @@ class SlurmScheduler(Scheduler):
                 return changes
             changes["slurm_job_id"] = slurm_id
         job = WATCHER.get(slurm_id, env)
-        if job is False:
+        if job is False:  # no fresh squeue answer yet
+            if started and state is Status.PENDING:
+                changes.update(status=RUNNING, pending_reason=None)
             return changes
         if job is None:  # squeue no longer lists it and it left no exit code
             if state is Status.UNKNOWN:
@@ -262,7 +264,9 @@ class SlurmScheduler(Scheduler):
             outcome = sq.Outcome(outcome.status, outcome.reason.replace("the --time limit", "the partition's time limit"))
         if job.nodes:
             changes["nodes"] = list(job.nodes)
-        if outcome.status is Status.PENDING:
+        if outcome.status is Status.PENDING and started:  # a cached squeue answer older than the start
+            changes.update(status=RUNNING, pending_reason=None)
+        elif outcome.status is Status.PENDING:
             changes.update(status=PENDING, pending_reason=outcome.reason)
         elif outcome.status is Status.RUNNING:
             changes.update(status=RUNNING, pending_reason=outcome.reason)
@@ -281,8 +285,10 @@ class SlurmScheduler(Scheduler):
         return changes
 
     @staticmethod
-    def _from_log(job_dir: Path, record: JobRecord) -> dict[str, Any]:
-        """Nodes, ranks and the rendezvous endpoint the batch script printed (via the summary)."""
+    def _from_log(job_dir: Path, record: JobRecord) -> tuple[dict[str, Any], bool]:
+        """Nodes, ranks and the rendezvous endpoint the batch script printed (via the summary), as record
+        changes, and whether the log shows the batch script started (it printed its nodes, the endpoint or
+        a step)."""
         from ...summary import current_summary
 
         s = current_summary(job_dir, record, kept=False, final=False)
@@ -294,7 +300,8 @@ class SlurmScheduler(Scheduler):
         hosts = [{"host": h, "rank": r} for h, r in s.rank_hosts]
         if hosts and hosts != record.rank_hosts:
             out["rank_hosts"] = hosts
-        return out
+        # only a batch script that SLURM started prints these; squeue read up to 5 s ago may still say PENDING
+        return out, bool(s.nodes or s.endpoint or s.step is not None)
 
     @staticmethod
     def failure_reason(job_dir: Path, record: JobRecord, code: int | None) -> str:

@@ -1,0 +1,68 @@
+"""How the SLURM scheduler reads a job's status from squeue's answer and the job's own log.
+
+squeue is asked at most once per 5 s (SqueueWatcher), so its answer can be older than what the
+batch script already printed. These tests put a parsed squeue answer (the plain format squeue
+prints for SQUEUE_FORMAT) in the watcher's cache and a log in a real job directory.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+import tune_magic.schedulers.slurm as S
+from tune_magic import jobstore
+from tune_magic.jobstore import JobRecord
+from tune_magic.schedulers.slurm import squeue as sq
+
+
+def _job(tmp_path: Path, log: str) -> tuple[Path, JobRecord]:
+    d = tmp_path / "j1"
+    d.mkdir()
+    (d / jobstore.OUTPUT_LOG).write_text(log)
+    rec = JobRecord(id="j1", name="n", argv=["torchrun", "x.py"], env={}, cwd=str(tmp_path),
+                    log_path=str(d / jobstore.OUTPUT_LOG), started_at=time.time() - 10, status="pending",
+                    scheduler="slurm", slurm_job_id="42")
+    jobstore.write_record(d, rec)
+    return d, rec
+
+
+@pytest.fixture
+def squeue_says(monkeypatch):
+    """Put one squeue line (job 42) in the watcher's cache, as if asked just now."""
+    w = S.SqueueWatcher()
+    monkeypatch.setattr(S, "WATCHER", w)
+
+    def put(line: str) -> None:
+        w._jobs = sq.parse_squeue_format(line)
+        w._asked = frozenset({"42"})
+        w._last = time.monotonic()
+    return put
+
+
+@pytest.mark.parametrize("log, started", [
+    ("", False),
+    ("node tmnode1 10.0.0.1\n", True),  # the batch script printed its nodes: SLURM started it
+    ("rendezvous 10.0.0.1:29500\n", True),
+    ("\r1|2|Loss: 2.5: 10%|#| 2/20 [00:01<00:09, 2.0it/s]\n", True),  # a step
+])
+def test_a_pending_answer_older_than_the_log_reads_running(tmp_path, squeue_says, log, started):
+    d, rec = _job(tmp_path, log)
+    squeue_says("42|PENDING|Resources|2|(null)|10:00|tune_magic-j1")
+    changes = S.SlurmScheduler().describe(d, rec)
+    if started:
+        assert changes["status"] == "running" and changes["pending_reason"] is None, changes
+    else:
+        assert changes["status"] == "pending" and "Resources" in changes["pending_reason"], changes
+
+
+def test_no_squeue_answer_yet_and_a_started_log_reads_running(tmp_path, monkeypatch):
+    d, rec = _job(tmp_path, "node tmnode1 10.0.0.1\n")
+    monkeypatch.setattr(S.WATCHER, "get", lambda slurm_id, env: False)  # squeue not asked yet
+    assert S.SlurmScheduler().describe(d, rec)["status"] == "running"
+    d2 = tmp_path / "other"
+    d2.mkdir()
+    d, rec = _job(d2, "")
+    assert "status" not in S.SlurmScheduler().describe(d, rec)  # nothing known: stays pending
