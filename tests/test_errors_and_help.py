@@ -184,3 +184,22 @@ def test_pet_variables_alone_mean_torchrun(monkeypatch, var, value, words):
 def test_counts_take_ascii_digits_only(nodes):
     with pytest.raises(errors.PlanError, match="positive integer"):
         tune_magic.launch(toy_args(nproc=1), scheduler="slurm", nodes=nodes, dry_run=True)
+
+
+def test_nproc_gpu_without_a_visible_gpu_is_refused_before_anything_starts(monkeypatch, tmp_path):
+    # no nvidia-smi on PATH (this machine has no GPU): torchrun's agent would stop with "Cuda is not available."
+    import os
+    from pathlib import Path
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    root = Path(os.environ["TUNE_MAGIC_HOME"]) / "jobs"
+    before = set(root.iterdir()) if root.is_dir() else set()
+    with pytest.raises(errors.PlanError, match=r"--nproc_per_node gpu .*nvidia-smi lists no GPU.*--nproc_per_node 2"):
+        tune_magic.launch("--nproc_per_node gpu " + toy_args("steps=1", nproc=None))
+    assert (set(root.iterdir()) if root.is_dir() else set()) == before  # no job directory, no process
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(errors.PlanError, match="CUDA_VISIBLE_DEVICES='' lets this kernel use no GPU"):
+        tune_magic.launch("--nproc_per_node gpu " + toy_args("steps=1", nproc=None))
+    plan = tune_magic.launch("--nproc_per_node gpu " + toy_args("steps=1", nproc=None), dry_run=True)
+    assert plan.nproc_per_node == "gpu"  # a dry run (for a GPU machine) stays buildable here

@@ -704,6 +704,12 @@ def _plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, busy, force: b
     options = options or SchedulerOptions()
     plan = build_plan(tokens, env=env, cwd=cwd, gpus=gpus, job_id=job_id, job_dir=job_dir,
                       scheduler=options.scheduler, nodes=options.nodes, gpus_per_node=options.gpus_per_node)
+    if launching and plan.scheduler == "local" and plan.nproc_per_node == "gpu" and not plan.gpus:
+        # torchrun would count CUDA devices in its agent and stop with "Cuda is not available."
+        vis = gpu_mod.visibility(env)
+        if not vis.gpus:
+            raise PlanError(f"--nproc_per_node gpu starts one process per visible GPU, and {vis.describe()}; "
+                            f"give a number of processes instead (--nproc_per_node 2) or run where a GPU is")
     if plan.gpus and launching:
         if resolved is None:
             resolved = gpu_mod.resolve_gpus(plan.gpus, len(plan.gpus), busy, env, force=force)

@@ -25,14 +25,12 @@ from .gpus import visibility
 from .jobctl import Job, jobs, launch
 from .schedulers.base import default_scheduler
 from .textfmt import cut
-from .views import JobsTable
+from .views import MAX_TICKS, JobsTable, int_ticks  # noqa: F401 (one tick rule for card and comparison chart)
 from .watch import JobWatcher
 
 #: How deep recipe/config files are looked for under the working directory.
 SCAN_DEPTH = 2
 _SKIP_DIRS = {".venv", "venv", "node_modules", "__pycache__", ".git", "site-packages"}
-#: Most x-axis ticks on the comparison chart (integer steps, each label once).
-MAX_TICKS = 8
 #: Seconds ``sinfo`` may take to list the partitions.
 SINFO_TIMEOUT_S = 5.0
 # full-width children get no side margin: width 100% then is the panel's width, not 4 px more
@@ -83,23 +81,6 @@ def slurm_partitions(env=None) -> list[str]:
         if name and name not in names:
             names.append(name)
     return ([default] if default else []) + [n for n in names if n != default]
-
-
-def int_ticks(lo: int, hi: int, most: int = MAX_TICKS) -> list[int]:
-    """Integer tick values from ``lo`` to ``hi`` (steps), at most ``most`` of them, each once: a
-    1, 2, 5 x 10^k spacing, starting at a multiple of it (``int_ticks(1, 6)`` -> ``[1, ..., 6]``,
-    ``int_ticks(1, 40)`` -> ``[5, 10, ..., 40]``)."""
-    lo, hi = int(lo), int(max(hi, lo))
-    span = max(hi - lo, 1)
-    spacing = 1
-    k = 0
-    while True:
-        for m in (1, 2, 5):
-            spacing = m * 10 ** k
-            if span // spacing + 1 <= most:
-                first = -(-lo // spacing) * spacing
-                return list(range(first, hi + 1, spacing)) or [lo]
-        k += 1
 
 
 class Panel(widgets.VBox):

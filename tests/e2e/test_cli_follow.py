@@ -22,8 +22,11 @@ def cli(*args, **kw):
 
 
 def _ctrl_c(argv: list[str]) -> tuple[subprocess.CompletedProcess, str]:
+    # as at a terminal: a test run started in the background (`cmd &` in a script) hands its children
+    # SIGINT ignored, and Python then never turns Ctrl-C into KeyboardInterrupt
     p = subprocess.Popen([sys.executable, "-m", "tune_magic", *argv], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     first = p.stdout.readline().strip()
     while "Loss" not in (line := p.stdout.readline()):  # following: the log streams

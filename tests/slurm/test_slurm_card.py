@@ -4,42 +4,18 @@ shows squeue's reason and a Stop button, a running two-node job its nodes, and t
 
 from __future__ import annotations
 
-import os
 import re
 import time
 
 import pytest
 
 import tune_magic
-import tune_magic.jobctl as J
-from tune_magic.schedulers import slurm as slurm_sched
 from tune_magic.views import JobCard
 
 from jobhelpers import toy_args
 
 pytestmark = pytest.mark.slurm
 TIMEOUT = 240
-
-
-@pytest.fixture
-def cluster(slurm_netns_cluster, monkeypatch):
-    """The test cluster, with this process's environment set for its SLURM clients."""
-    c = slurm_netns_cluster
-    for key in list(os.environ):
-        if key.startswith(("SLURM_", "SBATCH_", "SQUEUE_")) or key == "TUNE_MAGIC_SCHEDULER":
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("SLURM_CONF", c.env["SLURM_CONF"])
-    monkeypatch.setenv("PATH", c.env["PATH"])
-    slurm_sched.WATCHER.forget()
-    started: list[J.Job] = []
-    c.started = started
-    yield c
-    for job in started:
-        try:
-            job.stop(grace_s=1)
-        except Exception:
-            pass
-    c.wait_idle(60)
 
 
 def wait_for(pred, what: str, timeout: float = TIMEOUT):

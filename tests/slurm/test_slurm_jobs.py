@@ -29,27 +29,6 @@ pytestmark = pytest.mark.slurm
 TIMEOUT = 240
 
 
-@pytest.fixture
-def cluster(slurm_netns_cluster, monkeypatch):
-    """The test cluster, with this process's environment set for its SLURM clients."""
-    c = slurm_netns_cluster
-    for key in list(os.environ):
-        if key.startswith(("SLURM_", "SBATCH_", "SQUEUE_")) or key == "TUNE_MAGIC_SCHEDULER":
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("SLURM_CONF", c.env["SLURM_CONF"])
-    monkeypatch.setenv("PATH", c.env["PATH"])
-    slurm_sched.WATCHER.forget()
-    started: list[J.Job] = []
-    c.started = started
-    yield c
-    for job in started:
-        try:
-            job.stop(grace_s=1)
-        except Exception:
-            pass
-    c.wait_idle(60)
-
-
 def launch(c, args: str, **kw) -> J.Job:
     job = tune_magic.launch(args, scheduler="slurm", **{"nodes": 2, "cpus_per_node": 1, **kw})
     c.started.append(job)

@@ -4,7 +4,6 @@ Launch submits one two-node job whose row the panel's table shows to the end."""
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -16,20 +15,6 @@ from jobhelpers import TOY_CONFIG, TOY_RECIPE
 
 pytestmark = pytest.mark.slurm
 TIMEOUT = 240
-
-
-@pytest.fixture
-def cluster(slurm_netns_cluster, monkeypatch):
-    """The test cluster, with this process's environment set for its SLURM clients."""
-    c = slurm_netns_cluster
-    for key in list(os.environ):
-        if key.startswith(("SLURM_", "SBATCH_", "SQUEUE_")) or key == "TUNE_MAGIC_SCHEDULER":
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("SLURM_CONF", c.env["SLURM_CONF"])
-    monkeypatch.setenv("PATH", c.env["PATH"])
-    slurm_sched.WATCHER.forget()
-    yield c
-    c.wait_idle(60)
 
 
 def test_panel_launches_one_two_node_job_on_the_cluster(cluster, tmp_path):

@@ -309,14 +309,7 @@ class Supervisor:
                         self.endpoint = endpoint or self.endpoint
                         self._write_procs()
                         self._update()
-            if now >= self._next_check:
-                self._next_check = now + REGISTRY_CHECK_S
-                self.check_registry()
-            self._copy_log()
-            if now >= self._next_summary:
-                self._next_summary = now + SUMMARY_S
-                if self.tracker.advance():
-                    write_summary(self.dir, self.tracker.summary)
+            self._housekeep(now)
             try:
                 wrapper.wait(timeout=POLL_S)
             except subprocess.TimeoutExpired:
@@ -373,14 +366,7 @@ class Supervisor:
                 code = os.waitstatus_to_exitcode(status)
                 break
             now = time.monotonic()
-            if now >= self._next_check:
-                self._next_check = now + REGISTRY_CHECK_S
-                self.check_registry()
-            self._copy_log()
-            if now >= self._next_summary:
-                self._next_summary = now + SUMMARY_S
-                if self.tracker.advance():
-                    write_summary(self.dir, self.tracker.summary)
+            self._housekeep(now)
             time.sleep(POLL_S)
         try:
             jobstore.write_atomic(self.dir / jobstore.EXIT_CODE,
@@ -388,6 +374,18 @@ class Supervisor:
         except OSError:
             pass
         return code
+
+    def _housekeep(self, now: float) -> None:
+        """One poll's upkeep while the job runs (``now``: monotonic seconds): the registry check every
+        :data:`REGISTRY_CHECK_S`, the log copy, and the summary every :data:`SUMMARY_S`."""
+        if now >= self._next_check:
+            self._next_check = now + REGISTRY_CHECK_S
+            self.check_registry()
+        self._copy_log()
+        if now >= self._next_summary:
+            self._next_summary = now + SUMMARY_S
+            if self.tracker.advance():
+                write_summary(self.dir, self.tracker.summary)
 
     def _find_agent(self, wrapper: subprocess.Popen, wrapper_ref: ProcessRef) -> None:
         """Record the wrapper's child (the agent) as soon as it exists."""
