@@ -22,6 +22,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -37,6 +38,7 @@ from .command import LaunchPlan, build_plan, check_job_id, resolve_config, split
 from .configview import resolve_dirs, write_overlaid_config
 from .errors import JobNotFound, JobStartError, PlanError, StateDirError, UserError
 from .ids import new_job_id
+from .notify import get_notifier
 from .jobstore import JobRecord, ProcessRef
 from .schedulers.base import SchedulerOptions, check_scheduler_name, default_scheduler
 from .schedulers.local.procs import alive as _alive
@@ -245,10 +247,23 @@ class Job:
                                     or not 0 <= timeout < math.inf):
             raise ValueError(f"timeout={timeout!r}: give seconds (a number >= 0) or None to wait for ever")
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self.status.is_live:
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job {self.id} still {self._record.status} after {timeout} s")
-            time.sleep(poll_s)
+        # the supervisor writes the record by renaming a new file into the job's directory: a watch
+        # on the directory's names ends each wait the moment it does (polling every poll_s all the
+        # same, for where notification never comes); the rest of the job's writes wake nobody
+        woke = threading.Event()
+        sub = get_notifier().subscribe(woke.set)
+        try:
+            sub.watch(dirs=[self.dir])
+            while True:
+                woke.clear()
+                if not self.status.is_live:
+                    break
+                now = time.monotonic()
+                if deadline is not None and now > deadline:
+                    raise TimeoutError(f"job {self.id} still {self._record.status} after {timeout} s")
+                woke.wait(poll_s if deadline is None else min(poll_s, deadline - now + 0.001))
+        finally:
+            sub.close()
         self._settle_supervisor()
         return self._record.state
 

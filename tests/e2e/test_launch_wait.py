@@ -41,3 +41,44 @@ def test_a_slow_supervisor_is_waited_for_without_polling_the_record(tmp_path, mo
     assert len(during) <= waited / 0.1 + 4, (len(during), waited)
     assert job.stop(grace_s=5) == "stopped"
 
+
+
+def test_wait_ends_when_the_record_changes_not_at_the_next_poll(cleanup_jobs):
+    # a poll spacing no test waits for: only the notification on the job's directory can end it
+    job = J.launch(toy_args("steps=3", "step_s=0.2", nproc=None))
+    cleanup_jobs.append(job)
+    t0 = time.monotonic()
+    assert job.wait(timeout=120, poll_s=3600) == "succeeded"
+    assert time.monotonic() - t0 < 60
+    assert job.record.ended_at is not None
+
+
+def test_wait_still_ends_where_the_filesystem_never_notifies(cleanup_jobs, monkeypatch):
+    import sys
+
+    from tune_magic import notify
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from test_notify import DeafBackend  # accepts every watch, never reports an event (NFS, Lustre)
+
+    deaf = notify.Notifier(DeafBackend)
+    monkeypatch.setattr(J, "get_notifier", lambda: deaf)
+    job = J.launch(toy_args("steps=3", "step_s=0.2", nproc=None))
+    cleanup_jobs.append(job)
+    try:
+        assert job.wait(timeout=120, poll_s=0.2) == "succeeded"
+        assert deaf.watches == {}  # the wait's directory watch went with it
+    finally:
+        deaf.close()
+
+
+def test_wait_keeps_its_timeout_whatever_the_poll_spacing(cleanup_jobs):
+    import pytest
+
+    job = J.launch(toy_args("steps=1000", "step_s=0.1", nproc=None))
+    cleanup_jobs.append(job)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match=f"job {job.id} still running after 0.5 s"):
+        job.wait(timeout=0.5, poll_s=3600)
+    assert time.monotonic() - t0 < 30  # not the hour of poll_s
+    assert job.stop(grace_s=5) == "stopped"

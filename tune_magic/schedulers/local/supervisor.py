@@ -22,6 +22,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import select
 import signal
 import stat
 import subprocess
@@ -288,6 +289,7 @@ class Supervisor:
         oom_watch = OomWatch.start(wrapper.pid)
         self._find_agent(wrapper, wrapper_ref)
         self._tell_launcher()
+        exited = _exit_fd(wrapper.pid)
         known: tuple = ()
         next_look = 0.0
         expected = int(rec.nproc_per_node) if (rec.nproc_per_node or "").isdigit() else 1
@@ -310,10 +312,9 @@ class Supervisor:
                         self._write_procs()
                         self._update()
             self._housekeep(now)
-            try:
-                wrapper.wait(timeout=POLL_S)
-            except subprocess.TimeoutExpired:
-                pass
+            _wait_exit(wrapper, exited, POLL_S)
+        if exited is not None:
+            os.close(exited)
         code = wrapper.returncode
         exit_info = jobstore.read_exit_code(self.dir)
         if exit_info is not None:
@@ -483,6 +484,31 @@ def _port_unknown(endpoint: str | None) -> bool:
 
 
 #: The signal a stop sends the supervisor first: "a user asked to stop this job" (no file needed).
+def _exit_fd(pid: int) -> int | None:
+    """A pidfd of ``pid`` (readable once it exits; Linux 5.3+), or ``None`` where there is none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _wait_exit(proc: subprocess.Popen, exited: int | None, timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for ``proc`` to exit. With a pidfd the wait ends the moment
+    it does (``Popen.wait(timeout)`` sleeps in steps of up to 50 ms, which the job's end would wait
+    out); then ``proc.poll()`` reaps it."""
+    if exited is not None:
+        try:
+            select.select([exited], [], [], timeout)
+        except (OSError, ValueError):
+            time.sleep(timeout)
+        proc.poll()
+        return
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 STOP_SIGNAL = signal.SIGUSR1
 
 
