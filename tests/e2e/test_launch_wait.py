@@ -42,7 +42,6 @@ def test_a_slow_supervisor_is_waited_for_without_polling_the_record(tmp_path, mo
     assert job.stop(grace_s=5) == "stopped"
 
 
-
 def test_wait_ends_when_the_record_changes_not_at_the_next_poll(cleanup_jobs):
     # a poll spacing no test waits for: only the notification on the job's directory can end it
     job = J.launch(toy_args("steps=3", "step_s=0.2", nproc=None))
@@ -54,11 +53,8 @@ def test_wait_ends_when_the_record_changes_not_at_the_next_poll(cleanup_jobs):
 
 
 def test_wait_still_ends_where_the_filesystem_never_notifies(cleanup_jobs, monkeypatch):
-    import sys
-
     from tune_magic import notify
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from test_notify import DeafBackend  # accepts every watch, never reports an event (NFS, Lustre)
 
     deaf = notify.Notifier(DeafBackend)

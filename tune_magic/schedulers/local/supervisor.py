@@ -483,7 +483,6 @@ def _port_unknown(endpoint: str | None) -> bool:
     return port.strip() in ("", "0")
 
 
-#: The signal a stop sends the supervisor first: "a user asked to stop this job" (no file needed).
 def _exit_fd(pid: int) -> int | None:
     """A pidfd of ``pid`` (readable once it exits; Linux 5.3+), or ``None`` where there is none."""
     try:
@@ -509,6 +508,7 @@ def _wait_exit(proc: subprocess.Popen, exited: int | None, timeout: float) -> No
         pass
 
 
+#: The signal a stop sends the supervisor first: "a user asked to stop this job" (no file needed).
 STOP_SIGNAL = signal.SIGUSR1
 
 
