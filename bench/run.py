@@ -75,7 +75,8 @@ def _cleanup(home: Path) -> list[str]:
     if not jobs_dir.is_dir():
         return found
     from bench.common import leftovers
-    from tune_magic import jobctl, jobstore
+    from tune_magic import job as jobctl
+    from tune_magic.registry import store as jobstore
 
     for record in jobstore.list_records(jobs_dir):
         job = jobctl.Job(jobs_dir / record.id, record)

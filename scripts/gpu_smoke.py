@@ -68,7 +68,7 @@ def header(cpu: bool, dry_run: bool = False) -> list[str]:
     """Date, host, Python, torch (version only: CUDA is never initialised here) and GPUs."""
     import torch
 
-    from tune_magic import gpus
+    from tune_magic.schedulers.local import gpus
 
     lines = [f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC",
              f"python: {platform.python_version()} ({sys.executable})",
@@ -88,7 +88,7 @@ def import_builtin_recipe() -> str | None:
     """Import torchtune's ``lora_finetune_distributed`` in a fresh process, without running it
     (``--cpu``: it needs CUDA to run, but a missing package shows at import). ``None`` when it imports,
     else what went wrong."""
-    from tune_magic import catalog
+    from tune_magic.plan import catalog
 
     path = catalog.find_recipe("lora_finetune_distributed").path
     code = ("import importlib.util, sys; s = importlib.util.spec_from_file_location('builtin_recipe', sys.argv[1]); "
@@ -125,7 +125,7 @@ def nccl_seen(job) -> str:
 
 def check(phase_jobs: list[list]) -> list[str]:
     """Every failure of the run, as sentences (empty: all passed)."""
-    from tune_magic.demo import final_loss
+    from tune_magic.ui.demo import final_loss
 
     failures = []
     for jobs in phase_jobs:
@@ -151,8 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=PHASE_TIMEOUT_S, help="seconds per phase (default %(default)s)")
     ns = parser.parse_args(argv)
 
-    from tune_magic import gpus, launch, make_assets
-    from tune_magic.demo import summary
+    from tune_magic import launch, make_assets
+
+    from tune_magic.schedulers.local import gpus
+    from tune_magic.ui.demo import summary
     from tune_magic.paths import home
 
     print("\n".join(header(ns.cpu, ns.dry_run)), flush=True)

@@ -3,15 +3,15 @@
 import subprocess
 import sys
 
-from tune_magic.command import build_plan
-from tune_magic.watch import progress_summary
+from tune_magic.plan.build import build_plan
+from tune_magic.ui.watch import progress_summary
 
 
 def test_public_functions_stay_callable_after_submodules_load():
     # regression: a submodule named like a public function (tune_magic.jobs) replaced the function
     code = ("import tune_magic, json\n"
             "tune_magic.Job; tune_magic.launch; tune_magic.Panel\n"
-            "import tune_magic.magics, tune_magic.views, tune_magic.cli\n"
+            "import tune_magic.ui.magics, tune_magic.ui.views, tune_magic.ui.cli\n"
             "print(json.dumps([callable(tune_magic.jobs), callable(tune_magic.get_job), callable(tune_magic.launch),"
             " isinstance(tune_magic.jobs(), list)]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

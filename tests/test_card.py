@@ -1,4 +1,4 @@
-"""A job's card (tune_magic.views.JobCard), asserted on its widgets' traits, no browser.
+"""A job's card (tune_magic.ui.views.JobCard), asserted on its widgets' traits, no browser.
 
 Jobs here are records and logs written by the test in the format the real ones have (torchtune
 0.6.1's bar and DiskLogger lines, torchrun's output); the card reads them through its real
@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from tune_magic import jobstore
-from tune_magic.failure import FailureReason
-from tune_magic.jobctl import Job
-from tune_magic.jobstore import JobRecord
-from tune_magic.views import JobCard, int_ticks, step_domain
-from tune_magic.watch import JobSnapshot
+from tune_magic.registry import store as jobstore
+from tune_magic.logs.failure import FailureReason
+from tune_magic.job import Job
+from tune_magic.registry.store import JobRecord
+from tune_magic.ui.views import JobCard, int_ticks, step_domain
+from tune_magic.ui.watch import JobSnapshot
 
 SAVE_START = "INFO:torchtune.utils._logging:Saving checkpoint. This may take some time. Retrieving full model state dict..."
 SAVE_END = "INFO:torchtune.utils._logging:Saving checkpoint took 31.20 secs"

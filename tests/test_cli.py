@@ -154,7 +154,7 @@ def registry_log(tmp_path):
 
 
 def test_read_from_reads_a_regular_log_from_an_offset(registry_log):
-    from tune_magic.cli import _read_from
+    from tune_magic.ui.cli import _read_from
 
     log, _ = registry_log
     assert list(_read_from(str(log), 0)) == []  # not written yet
@@ -169,7 +169,7 @@ def test_read_from_reads_a_regular_log_from_an_offset(registry_log):
     ("device", "is a character device, not a regular file"),
 ])
 def test_read_from_refuses_anything_but_a_regular_file(kind, words, registry_log):
-    from tune_magic.cli import CliError, _read_from, check_job_log
+    from tune_magic.ui.cli import CliError, _read_from, check_job_log
 
     log, secret = registry_log
     if kind == "symlink":

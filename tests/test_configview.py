@@ -2,10 +2,10 @@
 
 import pytest
 
-import tune_magic.jobctl as J
-from tune_magic import jobstore
-from tune_magic.command import PlanError, build_plan
-from tune_magic.configview import resolve_dirs
+import tune_magic.job as J
+from tune_magic.registry import store as jobstore
+from tune_magic.plan.build import PlanError, build_plan
+from tune_magic.plan.configview import resolve_dirs
 
 
 def test_shipped_config_dirs_fall_inside_the_job_output_dir(session_home):

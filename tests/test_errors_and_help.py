@@ -7,8 +7,11 @@ import pytest
 from IPython.core.error import UsageError
 
 import tune_magic
-from tune_magic import cli, errors, gpus, jobctl
-from tune_magic.magics import empty_cell_to_line
+from tune_magic import errors
+from tune_magic.ui import cli
+from tune_magic.schedulers.local import gpus
+from tune_magic import job as jobctl
+from tune_magic.ui.magics import empty_cell_to_line
 
 from jobhelpers import toy_args
 
@@ -123,7 +126,7 @@ def test_dry_run_env_values(monkeypatch, value, dry):
 
 @pytest.mark.parametrize("value", ["2", "y", "enabled", "tru"])
 def test_an_unknown_dry_run_value_fails_closed(monkeypatch, value):
-    from tune_magic import jobstore
+    from tune_magic.registry import store as jobstore
 
     monkeypatch.setenv("TUNE_MAGIC_DRY_RUN", value)
     before = {r.id for r in jobstore.list_records()}

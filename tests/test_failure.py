@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tune_magic.failure import Evidence, FailureReason, describe_failure, failure_line, parse_reports
-from tune_magic.follow import read_rank_logs
-from tune_magic.oom import OomEvidence
+from tune_magic.logs.failure import Evidence, FailureReason, describe_failure, failure_line, parse_reports
+from tune_magic.logs.follow import read_rank_logs
+from tune_magic.logs.oom import OomEvidence
 
 DATA = Path(__file__).parent / "data"
 

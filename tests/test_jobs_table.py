@@ -16,10 +16,12 @@ import ipywidgets.widgets.widget as widget_mod
 import psutil
 import pytest
 
-from tune_magic import jobstore, views
-from tune_magic import summary as S
-from tune_magic.jobstore import JobRecord, ProcessRef
-from tune_magic.views import JobsTable
+from tune_magic.registry import store as jobstore
+
+from tune_magic.ui import views
+from tune_magic.logs import summary as S
+from tune_magic.registry.store import JobRecord, ProcessRef
+from tune_magic.ui.views import JobsTable
 
 
 @pytest.fixture
@@ -141,7 +143,7 @@ def test_new_jobs_fill_spare_rows_without_creating_widgets_and_removed_jobs_hide
         make(root, f"c{i:02d}")
     table.refresh_once()
     assert len(table.overflow) == 2 and "2 more new job(s)" in table.note.value
-    from tune_magic.jobctl import get_job
+    from tune_magic.job import get_job
 
     table.add(get_job("c00"))  # already shown: no second row
     assert [j.id for j in table.jobs].count("c00") == 1

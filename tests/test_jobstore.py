@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from tune_magic import jobstore
-from tune_magic.jobstore import CorruptRecord, JobRecord, ProcessRef
+from tune_magic.registry import store as jobstore
+from tune_magic.registry.store import CorruptRecord, JobRecord, ProcessRef
 
 
 def rec(job_id="j1", **kw):
@@ -65,7 +65,7 @@ def test_create_refuses_existing_id(tmp_path):
     {"name": 5}, {"started_at": float("nan")}, {"gpus": ["0"]}, {"env": {"A": 1}}, {"returncode": True},
 ])
 def test_every_field_is_validated_and_bad_records_can_be_removed(tmp_path, monkeypatch, change):
-    import tune_magic.jobctl as J
+    import tune_magic.job as J
 
     monkeypatch.setenv("TUNE_MAGIC_HOME", str(tmp_path))
     root = jobstore.jobs_root()
@@ -90,7 +90,7 @@ def test_home_that_is_a_file_is_a_clear_error(tmp_path):
 
 
 def test_stop_checks_grace_before_signalling_anything(tmp_path, monkeypatch):
-    import tune_magic.jobctl as J
+    import tune_magic.job as J
 
     monkeypatch.setenv("TUNE_MAGIC_HOME", str(tmp_path))
     d = jobstore.create(rec("j-grace"), jobstore.jobs_root())

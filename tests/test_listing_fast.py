@@ -16,9 +16,11 @@ from dataclasses import asdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import tune_magic.jobctl as J
-from tune_magic import jobstore, summary as S, textfmt
-from tune_magic.jobstore import JobRecord
+import tune_magic.job as J
+from tune_magic.registry import store as jobstore
+from tune_magic.logs import summary as S
+from tune_magic.ui import textfmt
+from tune_magic.registry.store import JobRecord
 
 
 def _slow_cut(text: str, width: int, keep: str) -> str:

@@ -1,4 +1,4 @@
-"""Table tests for tune_magic.logparse (torchtune 0.6.1 log formats).
+"""Table tests for tune_magic.logs.parse (torchtune 0.6.1 log formats).
 
 Every expected value below is written by hand from the format, never computed by the parser.
 """
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tune_magic.logparse import (
+from tune_magic.logs.parse import (
     MetricPoint,
     LogParser,
     RecordSplitter,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tune_magic.follow import JobMetricsFollower
+from tune_magic.logs.follow import JobMetricsFollower
 
 DATA = Path(__file__).parent / "data" / "lora_2proc_5steps"
 DISKLOGGER = next(DATA.glob("log_*.txt"))

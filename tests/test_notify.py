@@ -1,5 +1,5 @@
-"""File-change notification: the process's notifier (tune_magic.notify) and the watcher that waits
-on "notified or interval elapsed" (tune_magic.watch.JobWatcher).
+"""File-change notification: the process's notifier (tune_magic.logs.notify) and the watcher that waits
+on "notified or interval elapsed" (tune_magic.ui.watch.JobWatcher).
 
 The notifier tests use the kernel's real inotify; where a failure must be simulated (no inotify
 instance or watch left, a filesystem that never notifies), the backend is a real inotify instance
@@ -19,10 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from tune_magic import jobstore, notify
-from tune_magic.jobctl import Job
-from tune_magic.jobstore import JobRecord
-from tune_magic.watch import JobWatcher
+from tune_magic.registry import store as jobstore
+
+from tune_magic.logs import notify
+from tune_magic.job import Job
+from tune_magic.registry.store import JobRecord
+from tune_magic.ui.watch import JobWatcher
 
 inotify_simple = pytest.importorskip("inotify_simple")
 
@@ -303,7 +305,7 @@ def test_a_notification_wakes_the_watcher_before_its_interval(tmp_path):
 
 
 def test_watchers_share_the_process_notifier_and_release_their_watches_on_stop(tmp_path):
-    from tune_magic.views import JobCard
+    from tune_magic.ui.views import JobCard
 
     job, other = pending_job(tmp_path), pending_job(tmp_path, "20990101-000000-notif2")
     shared = notify.get_notifier()

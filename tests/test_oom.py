@@ -1,4 +1,4 @@
-"""tune_magic.oom without a real OOM kill (the real one is tests/e2e/test_oom.py).
+"""tune_magic.logs.oom without a real OOM kill (the real one is tests/e2e/test_oom.py).
 
 The cgroup files here are written in the kernel's documented formats (Documentation/admin-guide/
 cgroup-v2.rst ``memory.events``; cgroup-v1/memory.rst ``memory.oom_control``)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from tune_magic.oom import OomEvidence, OomWatch, cgroup_dirs, read_kernel_log, read_oom_kill_count
+from tune_magic.logs.oom import OomEvidence, OomWatch, cgroup_dirs, read_kernel_log, read_oom_kill_count
 
 V2_EVENTS = "low 0\nhigh 0\nmax 12\noom 3\noom_kill {n}\noom_group_kill 0\n"
 V1_CONTROL = "oom_kill_disable 0\nunder_oom 0\noom_kill {n}\n"

@@ -14,9 +14,9 @@ from argparse import Namespace
 
 import pytest
 
-from tune_magic import overrides
-from tune_magic.cellbody import parse_cell_body
-from tune_magic.command import PlanError, build_plan
+from tune_magic.plan import overrides
+from tune_magic.plan.cellbody import parse_cell_body
+from tune_magic.plan.build import PlanError, build_plan
 
 BUILTIN = "lora_finetune_distributed --config llama3_2/1B_lora"
 

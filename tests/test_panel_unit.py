@@ -8,10 +8,10 @@ import time
 import psutil
 import pytest
 
-from tune_magic import jobstore
-from tune_magic.command import build_plan
-from tune_magic.jobstore import JobRecord, ProcessRef
-from tune_magic.panel import Panel
+from tune_magic.registry import store as jobstore
+from tune_magic.plan.build import build_plan
+from tune_magic.registry.store import JobRecord, ProcessRef
+from tune_magic.ui.panel import Panel
 
 from jobhelpers import write_fake_nvidia_smi
 
@@ -138,7 +138,7 @@ def test_an_override_value_with_spaces_needs_no_quotes_in_the_panel(tmp_path):
     (3, 7, [3, 4, 5, 6, 7]), (1, 1000, [200, 400, 600, 800, 1000]), (100, 130, list(range(100, 131, 5))),
 ])
 def test_int_ticks(lo, hi, ticks):
-    from tune_magic.panel import MAX_TICKS, int_ticks
+    from tune_magic.ui.panel import MAX_TICKS, int_ticks
 
     got = int_ticks(lo, hi)
     assert got == ticks and len(got) <= MAX_TICKS and len(set(got)) == len(got)
@@ -152,7 +152,7 @@ def _snap(steps, losses):
 
 
 def test_compare_chart_has_integer_ticks_a_legend_apart_and_full_names(tmp_path):
-    from tune_magic.jobctl import get_job
+    from tune_magic.job import get_job
 
     long_name = "learning-rate-sweep-" + "x" * 30  # 50 characters: the picker cuts at 40 and says so
     ids = []
@@ -265,7 +265,7 @@ def test_FAKE_sbatch_slurm_fields_preview_sbatch_line_and_script(tmp_path, fake_
 
 
 def test_FAKE_sbatch_launch_passes_the_slurm_fields_to_launch(tmp_path, fake_slurm_clients, monkeypatch):
-    from tune_magic import panel as panel_mod
+    from tune_magic.ui import panel as panel_mod
 
     calls = []
     real = panel_mod.launch
@@ -299,7 +299,7 @@ def test_FAKE_sbatch_launch_passes_the_slurm_fields_to_launch(tmp_path, fake_slu
     ("sleep 5", []),  # longer than SINFO_TIMEOUT_S (0.5 s here)
 ])
 def test_FAKE_sinfo_partitions(tmp_path, monkeypatch, script, expected):
-    from tune_magic import panel as panel_mod
+    from tune_magic.ui import panel as panel_mod
 
     (tmp_path / "sinfo").write_text(f"#!/bin/sh\n{script}\n")
     (tmp_path / "sinfo").chmod(0o755)

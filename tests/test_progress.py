@@ -1,4 +1,4 @@
-"""Where a whole run is, from the bar, the config and the metric file (tune_magic.progress), and the
+"""Where a whole run is, from the bar, the config and the metric file (tune_magic.logs.progress), and the
 config keys that say how long a run is (configview, the record)."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from tune_magic import jobstore
-from tune_magic.command import build_plan
-from tune_magic.configview import resolve_dirs
-from tune_magic.jobstore import CorruptRecord, JobRecord
-from tune_magic.progress import (SAVED, SAVING, UNDECIDED, Bar, checkpoint_state, fmt_duration, fmt_rate, parse_bar,
+from tune_magic.registry import store as jobstore
+from tune_magic.plan.build import build_plan
+from tune_magic.plan.configview import resolve_dirs
+from tune_magic.registry.store import CorruptRecord, JobRecord
+from tune_magic.logs.progress import (SAVED, SAVING, UNDECIDED, Bar, checkpoint_state, fmt_duration, fmt_rate, parse_bar,
                                  run_progress)
 
 # torchtune 0.6.1's bar as captured in tests/data/lora_2proc_5steps/output.log (tqdm 4.x default format)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import tune_magic.schedulers.slurm as S
-from tune_magic import jobstore
-from tune_magic.jobstore import JobRecord
+from tune_magic.registry import store as jobstore
+from tune_magic.registry.store import JobRecord
 from tune_magic.schedulers.slurm import squeue as sq
 
 

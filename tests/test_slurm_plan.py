@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import tune_magic
-from tune_magic.command import build_plan
+from tune_magic.plan.build import build_plan
 from tune_magic.errors import PlanError
 from tune_magic.schedulers.slurm.script import batch_script, sbatch_argv, shell_word
 
@@ -120,7 +120,7 @@ def test_pet_variables_set_per_node_are_refused_FAKE_sbatch(fake_sbatch, monkeyp
 
 
 def test_without_sbatch_the_message_says_how_to_get_it_and_nothing_is_left(monkeypatch, tmp_path):
-    from tune_magic import jobstore
+    from tune_magic.registry import store as jobstore
 
     monkeypatch.setenv("PATH", str(tmp_path))
     before = {r.id for r in jobstore.list_records()}
@@ -151,7 +151,7 @@ def test_scheduler_names(name, words, monkeypatch):
 
 
 def test_own_options_after_a_torchrun_option_get_put_it_first():
-    from tune_magic import launchopts
+    from tune_magic.plan import options as launchopts
 
     for flag in ("--nodes 2", "--gpus-per-node 8", "--partition gpu", "--time 10", "--account a",
                  "--sbatch=--qos=x", "--scheduler slurm", "--cpus-per-node 4"):

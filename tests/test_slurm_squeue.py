@@ -24,7 +24,7 @@ from tune_magic.schedulers.slurm.squeue import (
     parse_time_limit,
     squeue_argv,
 )
-from tune_magic.status import Status
+from tune_magic.registry.status import Status
 
 DATA = Path(__file__).parent / "data" / "slurm"
 NODES = ("tmnode1", "tmnode2")

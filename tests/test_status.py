@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tune_magic.status import STATUSES, Status, can_move, parse, transition
+from tune_magic.registry.status import STATUSES, Status, can_move, parse, transition
 
 TERMINAL = {Status.SUCCEEDED, Status.FAILED, Status.STOPPED}
 

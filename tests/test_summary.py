@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-import tune_magic.jobctl as J
-from tune_magic import jobstore, summary as S
-from tune_magic.jobstore import JobRecord
+import tune_magic.job as J
+from tune_magic.registry import store as jobstore
+from tune_magic.logs import summary as S
+from tune_magic.registry.store import JobRecord
 
 
 def make_job(root: Path, job_id: str, *, status="succeeded", steps=5, bar=True, ended=True) -> JobRecord:
@@ -136,8 +137,9 @@ def test_listings_open_no_log(tmp_path, monkeypatch):
 
     monkeypatch.setattr(builtins, "open", spy_open)
     monkeypatch.setattr(os, "open", spy_os_open)
-    from tune_magic import cli, demo
-    from tune_magic.views import JobsTable
+    from tune_magic.ui import cli
+    from tune_magic.ui import demo
+    from tune_magic.ui.views import JobsTable
 
     listed = J.jobs()
     table = JobsTable(listed)
@@ -194,8 +196,9 @@ def test_second_listing_of_a_million_step_job_reads_only_record_and_summary_file
     monkeypatch.setattr(builtins, "open", spy(real_open))
     monkeypatch.setattr(io, "open", spy(real_io_open))
     monkeypatch.setattr(os, "open", spy(real_os_open))
-    from tune_magic import cli, demo
-    from tune_magic.views import JobsTable
+    from tune_magic.ui import cli
+    from tune_magic.ui import demo
+    from tune_magic.ui.views import JobsTable
 
     listed = J.jobs()
     table = JobsTable(listed)

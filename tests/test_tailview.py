@@ -1,11 +1,11 @@
-"""The card's form of a log's last lines (tune_magic.tailview): display only."""
+"""The card's form of a log's last lines (tune_magic.logs.tailview): display only."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tune_magic.follow import LineFollower
-from tune_magic.tailview import display_tail
+from tune_magic.logs.follow import LineFollower
+from tune_magic.logs.tailview import display_tail
 
 DATA = Path(__file__).parent / "data"
 

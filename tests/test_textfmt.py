@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tune_magic.textfmt import ELLIPSIS, NAME_WIDTH, cell, cut, escape
+from tune_magic.ui.textfmt import ELLIPSIS, NAME_WIDTH, cell, cut, escape
 
 
 @pytest.mark.parametrize("text, shown", [

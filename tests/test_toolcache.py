@@ -20,7 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from tune_magic import catalog, toolcache, torchrun_options
+from tune_magic.plan import catalog
+
+from tune_magic.plan import toolcache
+
+from tune_magic.plan import torchrun_options
 
 REPO = Path(__file__).resolve().parents[1]
 

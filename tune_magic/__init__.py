@@ -13,22 +13,22 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _API = {
-    "build_plan": "command",
-    "LaunchPlan": "command",
+    "build_plan": "plan.build",
+    "LaunchPlan": "plan.build",
     "PlanError": "errors",
     "TuneMagicError": "errors",
     "UserError": "errors",
     "JobStartError": "errors",
     "StateDirError": "errors",
-    "Status": "status",
+    "Status": "registry.status",
     "home": "paths",
     "make_assets": "assets",
-    "launch": "jobctl",
-    "jobs": "jobctl",
-    "get_job": "jobctl",
-    "Job": "jobctl",
+    "launch": "job",
+    "jobs": "job",
+    "get_job": "job",
+    "Job": "job",
     "JobNotFound": "errors",
-    "Panel": "panel",
+    "Panel": "ui.panel",
 }
 
 __all__ = sorted(_API) + ["load_ipython_extension"]
@@ -49,6 +49,6 @@ def __dir__() -> list[str]:
 
 def load_ipython_extension(ipython: Any) -> None:
     """Register the tune_magic magics with an IPython shell (``%load_ext tune_magic``)."""
-    from .magics import register
+    from tune_magic.ui.magics import register
 
     register(ipython)

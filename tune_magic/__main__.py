@@ -1,5 +1,5 @@
 import sys
 
-from .cli import main
+from tune_magic.ui.cli import main
 
 sys.exit(main())

@@ -31,9 +31,9 @@ def run(quick: bool) -> list[dict]:
 
     from IPython.testing.globalipapp import start_ipython
 
-    import tune_magic.jobctl as jobctl
+    import tune_magic.job as jobctl
     from tune_magic import build_plan
-    from tune_magic.ids import new_job_id
+    from tune_magic.registry.ids import new_job_id
 
     ip = start_ipython()
     ip.run_line_magic("load_ext", "tune_magic")

@@ -35,7 +35,7 @@ def demo() -> dict:
     wall = perf_counter() - t
     (home / "demo.stdout").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     m = re.search(r"ran in (\d+) s", proc.stdout)
-    from tune_magic import jobstore
+    from tune_magic.registry import store as jobstore
 
     records = jobstore.list_records(home / "jobs") if (home / "jobs").is_dir() else []
     left = leftovers([r.id for r in records])

@@ -35,8 +35,8 @@ def run(quick: bool) -> list[dict]:
     args = f"{LORA_ARGS} max_steps_per_epoch={steps}"
 
     import tune_magic
-    from tune_magic.configview import resolve_dirs
-    from tune_magic.ids import new_job_id
+    from tune_magic.plan.configview import resolve_dirs
+    from tune_magic.registry.ids import new_job_id
 
     tune_magic.make_assets()
     home = Path(os.environ["TUNE_MAGIC_HOME"])

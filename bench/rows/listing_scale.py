@@ -13,7 +13,7 @@ about 100 bytes) and its metric file has 1,000,000 lines (about 190 MB together)
 final=True)`` run once); the figures are taken with those summaries present, except 9c.
 
 - 9a: in a fresh ``python -c`` process, after the imports, ``tune_magic.jobs()`` then building the
-  ``%tune_jobs`` table (``tune_magic.views.JobsTable``), timed with ``perf_counter``. Anchor: the
+  ``%tune_jobs`` table (``tune_magic.ui.views.JobsTable``), timed with ``perf_counter``. Anchor: the
   same with 200 one-step jobs. Goal ≤ 3×.
 - 9b: ``tune-magic jobs`` (the console script, a fresh process: wall time from start to exit,
   output read through a pipe) on the 200-job registry. Anchor: ``tune-magic jobs`` on an empty
@@ -49,7 +49,7 @@ CLI = Path(sys.executable).with_name("tune-magic")
 TABLE = textwrap.dedent("""
     import json, sys, time
     import tune_magic
-    from tune_magic.views import JobsTable
+    from tune_magic.ui.views import JobsTable
     t = time.perf_counter()
     listed = tune_magic.jobs()
     table = JobsTable(listed)
@@ -71,7 +71,7 @@ def _bar(step: int, total: int, loss: float) -> str:
 def _write_job(root: Path, template, job_id: str, started: float, steps: int, *, status: str = "succeeded",
                error: str | None = None) -> None:
     """One finished job's directory and metric file, as its supervisor and the recipe leave them."""
-    from tune_magic import jobstore
+    from tune_magic.registry import store as jobstore
 
     home = root.parent
     d = root / job_id
@@ -107,7 +107,8 @@ def _write_job(root: Path, template, job_id: str, started: float, steps: int, *,
 def build_registry(home: Path, template, *, big: bool) -> dict:
     """``home/jobs`` with N_JOBS finished jobs (the middle one a BIG_STEPS one when ``big``) and
     their summaries as the supervisor leaves them. Returns ids and the summaries' bytes."""
-    from tune_magic import jobstore, summary
+    from tune_magic.registry import store as jobstore
+    from tune_magic.logs import summary
 
     root = home / "jobs"
     root.mkdir(parents=True, mode=0o700)

@@ -8,9 +8,9 @@ and one real running toy job (2 processes under torchrun, 1,000,000 steps of 0.1
 a step: about 200 lines/s), whose supervisor keeps its summary current.
 
 Windows alternate card, table, card, table (``--quick``: 8 s each; full: 20 s), after a 4 s
-warm-up each: during a card window one :class:`tune_magic.views.JobCard` (its watcher thread
+warm-up each: during a card window one :class:`tune_magic.ui.views.JobCard` (its watcher thread
 polls every 0.25 s, as in a notebook) is the only live view; during a table window one
-:class:`tune_magic.views.JobsTable` of all 200 jobs (its refresher thread, once a second) is.
+:class:`tune_magic.ui.views.JobsTable` of all 200 jobs (its refresher thread, once a second) is.
 Measured: this process's CPU time (all threads; ``time.process_time``) over each window;
 the figures are the sums over both windows of each kind. Also reported: building the table
 (``JobsTable()``, 200 rows) and the refresher's CPU per tick. No Jupyter frontend is connected:
@@ -37,7 +37,8 @@ def _registry(home: Path) -> tuple[list[str], object]:
     """The finished jobs (one real, the rest cloned from it) in ``home``'s registry; their ids."""
     import tune_magic
     from bench.rows.listing_scale import _write_job
-    from tune_magic import jobstore, summary
+    from tune_magic.registry import store as jobstore
+    from tune_magic.logs import summary
 
     template = tune_magic.launch(f"{TOY_RECIPE} --config {TOY_CONFIG} steps=1 step_s=0", cwd=REPO, name="template")
     status = template.wait(timeout=120)
@@ -67,7 +68,7 @@ def _window(seconds: float) -> tuple[float, float]:
 
 def run(quick: bool) -> list[dict]:
     import tune_magic
-    from tune_magic import views
+    from tune_magic.ui import views
 
     window = 8.0 if quick else 20.0
     warmup = 4.0

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tune_magic.views import JobCard
+from tune_magic.ui.views import JobCard
 
 from jobhelpers import toy_args
 

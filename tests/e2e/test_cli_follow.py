@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-import tune_magic.jobctl as J
+import tune_magic.job as J
 
 from jobhelpers import toy_args
 

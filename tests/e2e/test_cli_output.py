@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import tune_magic
-from tune_magic.cli import CHUNK_BYTES
+from tune_magic.ui.cli import CHUNK_BYTES
 
 from jobhelpers import toy_args
 
@@ -41,7 +41,7 @@ def launched():
     yield jobs
     for job in jobs:
         job.stop(grace_s=2)
-        tune_magic.jobctl.remove(job.id)
+        tune_magic.job.remove(job.id)
 
 
 def finished_toy_job(launched, name=None, *overrides):

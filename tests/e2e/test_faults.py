@@ -18,8 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-import tune_magic.jobctl as J
-from tune_magic import jobstore
+import tune_magic.job as J
+from tune_magic.registry import store as jobstore
 from tune_magic.schedulers.local import procs
 
 from jobhelpers import toy_args
@@ -173,7 +173,7 @@ def test_deleted_job_directory_is_recreated_and_the_job_stays_stoppable(cleanup_
 
 LAUNCHER = """
 import sys
-import tune_magic.jobctl as J
+import tune_magic.job as J
 J.launch(sys.argv[1])
 """
 

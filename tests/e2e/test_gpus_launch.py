@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-import tune_magic.jobctl as J
-from tune_magic.gpus import GpuError
-from tune_magic.watch import JobWatcher
+import tune_magic.job as J
+from tune_magic.schedulers.local.gpus import GpuError
+from tune_magic.ui.watch import JobWatcher
 
 from jobhelpers import fake_gpu_uuid, toy_args
 

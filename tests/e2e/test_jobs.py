@@ -19,9 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-import tune_magic.jobctl as J
-from tune_magic import jobstore
-from tune_magic.command import PlanError
+import tune_magic.job as J
+from tune_magic.registry import store as jobstore
+from tune_magic.plan.build import PlanError
 
 from jobhelpers import listening_on, processes_mentioning, toy_args
 
@@ -175,7 +175,7 @@ def test_rank1_crash_is_failed_with_rank_and_message(cleanup_jobs):
 
 LAUNCHER = """
 import sys, time
-import tune_magic.jobctl as J
+import tune_magic.job as J
 job = J.launch(sys.argv[1])
 print(job.id, flush=True)
 if sys.argv[2] == "hang":
@@ -295,7 +295,7 @@ def test_supervisor_dying_at_start_is_a_start_error(tmp_path):
 
 
 def test_supervisor_keeps_the_summary_current(cleanup_jobs):
-    from tune_magic.summary import read_summary
+    from tune_magic.logs.summary import read_summary
 
     job = J.launch(toy_args("steps=25", "step_s=0.2"))
     cleanup_jobs.append(job)

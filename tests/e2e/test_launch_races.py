@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-import tune_magic.jobctl as J
+import tune_magic.job as J
 from tune_magic.errors import PlanError
-from tune_magic.gpus import GpuError
+from tune_magic.schedulers.local.gpus import GpuError
 
 from jobhelpers import toy_args
 
@@ -36,7 +36,7 @@ WIDEN_S = 0.3
 CHILD = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
-    import tune_magic.jobctl as J
+    import tune_magic.job as J
 
     gate, me, args, gpus = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] or None
     WIDEN_S = float(sys.argv[5])
@@ -190,7 +190,7 @@ def test_output_dir_race_in_threads_is_refused_under_the_lock(cleanup_jobs, tmp_
 def test_a_fixed_port_used_by_a_running_job_is_refused(cleanup_jobs):
     import socket
 
-    import tune_magic.jobctl as J
+    import tune_magic.job as J
     from tune_magic.errors import PlanError
     from jobhelpers import toy_args
 

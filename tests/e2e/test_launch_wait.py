@@ -8,8 +8,8 @@ import os
 import time
 from pathlib import Path
 
-import tune_magic.jobctl as J
-from tune_magic import jobstore
+import tune_magic.job as J
+from tune_magic.registry import store as jobstore
 
 from jobhelpers import toy_args
 
@@ -53,7 +53,7 @@ def test_wait_ends_when_the_record_changes_not_at_the_next_poll(cleanup_jobs):
 
 
 def test_wait_still_ends_where_the_filesystem_never_notifies(cleanup_jobs, monkeypatch):
-    from tune_magic import notify
+    from tune_magic.logs import notify
 
     from test_notify import DeafBackend  # accepts every watch, never reports an event (NFS, Lustre)
 

@@ -13,10 +13,10 @@ import pytest
 import yaml
 from IPython.core.error import UsageError
 
-import tune_magic.jobctl as J
-from tune_magic import jobstore
-from tune_magic.command import LaunchPlan
-from tune_magic.views import JobCard
+import tune_magic.job as J
+from tune_magic.registry import store as jobstore
+from tune_magic.plan.build import LaunchPlan
+from tune_magic.ui.views import JobCard
 
 from jobhelpers import TOY_CONFIG, processes_mentioning, toy_args
 

@@ -19,8 +19,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from tune_magic import jobstore
-from tune_magic.jobctl import get_job, jobs
+from tune_magic.registry import store as jobstore
+from tune_magic.job import get_job, jobs
 
 from jobhelpers import processes_mentioning
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tune_magic.failure import Evidence, describe_failure, parse_reports
-from tune_magic.oom import OomWatch, cgroup_dirs, read_oom_kill_count
+from tune_magic.logs.failure import Evidence, describe_failure, parse_reports
+from tune_magic.logs.oom import OomWatch, cgroup_dirs, read_oom_kill_count
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 LIMIT = 64 << 20  # bytes

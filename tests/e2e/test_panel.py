@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-import tune_magic.jobctl as J
+import tune_magic.job as J
 
 from kernelhelpers import Kernel
 

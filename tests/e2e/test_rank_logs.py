@@ -7,9 +7,9 @@ import os
 import subprocess
 from pathlib import Path
 
-from tune_magic.command import build_plan
-from tune_magic.failure import describe_failure
-from tune_magic.follow import JobMetricsFollower, rank_log_files, read_rank_logs
+from tune_magic.plan.build import build_plan
+from tune_magic.logs.failure import describe_failure
+from tune_magic.logs.follow import JobMetricsFollower, rank_log_files, read_rank_logs
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 

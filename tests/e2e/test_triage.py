@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import tune_magic.jobctl as J
-from tune_magic import jobstore
+import tune_magic.job as J
+from tune_magic.registry import store as jobstore
 
 from jobhelpers import toy_args
 

@@ -13,7 +13,7 @@ from tune_magic.schedulers import slurm as slurm_sched
 def cluster(slurm_netns_cluster, monkeypatch):
     """The test cluster, with this process's environment set for its SLURM clients.
 
-    Jobs a test appends to ``cluster.started`` (a list of :class:`tune_magic.jobctl.Job`) are
+    Jobs a test appends to ``cluster.started`` (a list of :class:`tune_magic.job.Job`) are
     stopped afterwards, even when the test failed, and the cluster must then go idle within 60 s.
     """
     c = slurm_netns_cluster

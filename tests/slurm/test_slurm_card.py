@@ -10,7 +10,7 @@ import time
 import pytest
 
 import tune_magic
-from tune_magic.views import JobCard
+from tune_magic.ui.views import JobCard
 
 from jobhelpers import toy_args
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 import tune_magic
-import tune_magic.jobctl as J
-from tune_magic import jobstore
+import tune_magic.job as J
+from tune_magic.registry import store as jobstore
 from tune_magic.errors import PlanError
 from tune_magic.schedulers import slurm as slurm_sched
 
@@ -156,7 +156,7 @@ def test_dry_run_script_and_submitted_script_differ_only_in_the_id(cluster):
 def test_squeue_runs_at_most_once_per_5_s_for_a_listing_and_live_cards(cluster, tmp_path, monkeypatch):
     """A PATH wrapper counts squeue calls while 20 held (pending) SLURM jobs are listed again and
     again and 4 live cards follow 4 of them for 30 s: at most 7 calls."""
-    from tune_magic.views import JobCard, JobsTable
+    from tune_magic.ui.views import JobCard, JobsTable
 
     held = [launch(cluster, toy_args("steps=1", nproc=1), sbatch=["--hold"]) for _ in range(20)]
     real = subprocess.run(["which", "squeue"], capture_output=True, text=True).stdout.strip()

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tune_magic.panel import Panel
+from tune_magic.ui.panel import Panel
 from tune_magic.schedulers import slurm as slurm_sched
 
 from jobhelpers import TOY_CONFIG, TOY_RECIPE

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-from .base import Scheduler, SchedulerOptions
+from tune_magic.schedulers.base import Scheduler, SchedulerOptions
 
 #: scheduler name -> "module:class"
 _IMPLEMENTATIONS = {

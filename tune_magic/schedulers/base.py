@@ -25,11 +25,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ..errors import PlanError
+from tune_magic.errors import PlanError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..command import LaunchPlan
-    from ..jobstore import JobRecord
+    from tune_magic.plan.build import LaunchPlan
+    from tune_magic.registry.store import JobRecord
 
 #: Environment variable naming the default scheduler.
 SCHEDULER_ENV = "TUNE_MAGIC_SCHEDULER"
@@ -72,7 +72,7 @@ def check_scheduler_name(name: Any, source: str = "--scheduler") -> str:
     Raises:
         PlanError: anything else; ``nccl``/``gloo`` get a word on the difference.
     """
-    from . import names
+    from tune_magic.schedulers import names
 
     if isinstance(name, str) and name in names():
         return name

@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from ... import jobstore
-from ...errors import JobStartError, PlanError
-from ...jobstore import FAILED, RUNNING, STOPPED, SUCCEEDED, UNKNOWN, JobRecord
-from ...status import Status
-from ..base import Scheduler, SchedulerOptions
-from . import procs
+from tune_magic.registry import store as jobstore
+from tune_magic.errors import JobStartError, PlanError
+from tune_magic.registry.store import FAILED, RUNNING, STOPPED, SUCCEEDED, UNKNOWN, JobRecord
+from tune_magic.registry.status import Status
+from tune_magic.schedulers.base import Scheduler, SchedulerOptions
+from tune_magic.schedulers.local import procs
 
 #: Seconds launch() waits for the supervisor to record the job's first process.
 START_TIMEOUT_S = 30.0
@@ -153,7 +153,7 @@ class LocalScheduler(Scheduler):
         state = record.state
         if state.is_terminal or state is Status.PENDING:
             return {}
-        from .supervisor import outcome
+        from tune_magic.schedulers.local.supervisor import outcome
 
         supervised = self.supervisor_alive(job_dir, record)
         exit_info = jobstore.read_exit_code(job_dir)
@@ -186,15 +186,15 @@ class LocalScheduler(Scheduler):
 
     @staticmethod
     def failure_reason(record: JobRecord, code: int | None) -> str:
-        """The failure line from the job's log (see :mod:`tune_magic.failure`), else the exit code."""
-        from .supervisor import explain
+        """The failure line from the job's log (see :mod:`tune_magic.logs.failure`), else the exit code."""
+        from tune_magic.schedulers.local.supervisor import explain
 
         reason = explain(record, code)
         return reason.line if reason is not None else exit_text(code)
 
     # -- stopping -----------------------------------------------------------------------------
     def cancel(self, job_dir: Path, record: JobRecord | None, grace_s: float) -> None:
-        from .supervisor import STOP_SIGNAL
+        from tune_magic.schedulers.local.supervisor import STOP_SIGNAL
 
         live = record is None or record.state.is_live
         sup, agent, workers = self._refs(job_dir, record)

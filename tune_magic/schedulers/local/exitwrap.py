@@ -11,7 +11,7 @@ same blocks even when the disk has filled meanwhile; if the job's directory was 
 recreated meanwhile, it is also written at the path. The wrapper then exits the way the job did
 (the same code, or the same signal), so its parent sees what the job did.
 
-Format of EXIT_FILE: this file's; read by ``tune_magic.jobstore.read_exit_code``.
+Format of EXIT_FILE: this file's; read by ``tune_magic.registry.store.read_exit_code``.
 """
 
 import json

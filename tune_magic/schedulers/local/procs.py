@@ -19,7 +19,7 @@ from typing import Iterable
 
 import psutil
 
-from ...jobstore import ProcessRef
+from tune_magic.registry.store import ProcessRef
 
 #: Seconds of create-time difference under which two observations are the same process.
 CREATE_TIME_TOLERANCE_S = 0.05

@@ -32,10 +32,11 @@ from pathlib import Path
 
 import psutil
 
-from ... import jobstore
-from ...summary import SummaryTracker, write_summary
-from ...jobstore import FAILED, STOPPED, SUCCEEDED, UNKNOWN, CorruptRecord, JobRecord, ProcessRef
-from . import exit_text, procs
+from tune_magic.registry import store as jobstore
+from tune_magic.logs.summary import SummaryTracker, write_summary
+from tune_magic.registry.store import FAILED, STOPPED, SUCCEEDED, UNKNOWN, CorruptRecord, JobRecord, ProcessRef
+from tune_magic.schedulers.local import exit_text
+from tune_magic.schedulers.local import procs
 
 #: Seconds between polls of the job.
 POLL_S = 0.2
@@ -98,18 +99,18 @@ def read_tail(path: str | os.PathLike, nbytes: int) -> str:
 
 
 def failure_line(log_text: str) -> str | None:
-    """The one-line failure reason of a log (see :mod:`tune_magic.failure`), or ``None``."""
-    from ...failure import describe_failure
+    """The one-line failure reason of a log (see :mod:`tune_magic.logs.failure`), or ``None``."""
+    from tune_magic.logs.failure import describe_failure
 
     reason = describe_failure(log_text)
     return getattr(reason, "line", reason)
 
 
 def explain(record: JobRecord, code: int | None, *, stopped: bool = False, oom=None, pid: int | None = None):
-    """The job's :class:`~tune_magic.failure.FailureReason` from the end of its log and of each
+    """The job's :class:`~tune_magic.logs.failure.FailureReason` from the end of its log and of each
     rank's files (``--redirects``/``--tee``), with the OOM killer's evidence, or ``None``."""
-    from ...failure import Evidence, describe_failure
-    from ...follow import read_rank_logs
+    from tune_magic.logs.failure import Evidence, describe_failure
+    from tune_magic.logs.follow import read_rank_logs
 
     rank_logs = read_rank_logs(record.rank_log_dir, record.started_at - 1) if record.rank_log_dir else None
     return describe_failure(read_tail(record.log_path, FAILURE_TAIL_BYTES), rank_logs=rank_logs or None,
@@ -284,7 +285,7 @@ class Supervisor:
             wrapper_ref = procs.ref_of(psutil.Process(wrapper.pid))
         except psutil.Error:
             wrapper_ref = ProcessRef(wrapper.pid, time.time())
-        from ...oom import OomWatch
+        from tune_magic.logs.oom import OomWatch
 
         oom_watch = OomWatch.start(wrapper.pid)
         self._find_agent(wrapper, wrapper_ref)

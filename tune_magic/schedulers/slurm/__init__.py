@@ -23,14 +23,14 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from ... import jobstore
-from ...errors import JobStartError, PlanError
-from ...jobstore import FAILED, PENDING, RUNNING, STOPPED, SUCCEEDED, UNKNOWN, JobRecord
-from ...status import Status
-from ..base import Scheduler, SchedulerOptions
-from . import options as sopts
-from . import squeue as sq
-from .script import batch_script, sbatch_argv
+from tune_magic.registry import store as jobstore
+from tune_magic.errors import JobStartError, PlanError
+from tune_magic.registry.store import FAILED, PENDING, RUNNING, STOPPED, SUCCEEDED, UNKNOWN, JobRecord
+from tune_magic.registry.status import Status
+from tune_magic.schedulers.base import Scheduler, SchedulerOptions
+from tune_magic.schedulers.slurm import options as sopts
+from tune_magic.schedulers.slurm import squeue as sq
+from tune_magic.schedulers.slurm.script import batch_script, sbatch_argv
 
 #: Seconds between squeue queries in one process (all live SLURM jobs in one query).
 SQUEUE_INTERVAL_S = 5.0
@@ -211,7 +211,7 @@ class SlurmScheduler(Scheduler):
         if slurm_id is None:
             raise JobStartError(f"sbatch answered {r.stdout.strip()[:200]!r}, not a job id, and squeue lists no "
                                 f"tune_magic-{record.id}; see {job_dir}")
-        from ...jobctl import _launch_step
+        from tune_magic.job import _launch_step
 
         _launch_step("sbatch-returned")  # fault tests: the launcher dies before it records SLURM's id
         jobstore.update(job_dir, slurm_job_id=slurm_id, slurm_conf=client_env.get("SLURM_CONF"))
@@ -289,7 +289,7 @@ class SlurmScheduler(Scheduler):
         """Nodes, ranks and the rendezvous endpoint the batch script printed (via the summary), as record
         changes, and whether the log shows the batch script started (it printed its nodes, the endpoint or
         a step)."""
-        from ...summary import current_summary
+        from tune_magic.logs.summary import current_summary
 
         s = current_summary(job_dir, record, kept=False, final=False)
         out: dict[str, Any] = {}
@@ -306,8 +306,8 @@ class SlurmScheduler(Scheduler):
     @staticmethod
     def failure_reason(job_dir: Path, record: JobRecord, code: int | None) -> str:
         """The failure line from the job's log (the failing rank, its host and its error)."""
-        from ..local import exit_text
-        from ..local.supervisor import explain
+        from tune_magic.schedulers.local import exit_text
+        from tune_magic.schedulers.local.supervisor import explain
 
         if code is None:
             reason = explain(record, None)

@@ -20,7 +20,7 @@ node, then runs the per-node torchrun command given after ``--``:
 It prints ``node <hostname> <address>`` first, then ``worker <hostname> <rank>`` for each rank
 process torchrun starts here, and ends with torchrun's exit code after killing whatever of the
 job outlived the agent on this node. These lines are this module's format; read by
-:mod:`tune_magic.summary`.
+:mod:`tune_magic.logs.summary`.
 """
 
 from __future__ import annotations

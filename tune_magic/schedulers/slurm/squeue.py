@@ -3,7 +3,7 @@
 - :func:`squeue_argv`: the one squeue command for a batch of job ids (``--json``, or the plain
   ``--format`` fallback where ``--json`` fails).
 - :func:`parse_squeue_json` / :func:`parse_squeue_format`: squeue's output -> :class:`SlurmJob`.
-- :func:`job_outcome`: a :class:`SlurmJob` -> our :class:`~tune_magic.status.Status` and the
+- :func:`job_outcome`: a :class:`SlurmJob` -> our :class:`~tune_magic.registry.status.Status` and the
   reason a card shows.
 - :func:`expand_hostlist`: SLURM's compressed host lists (``n[1-2]``) -> host names. At run
   time ``scontrol show hostnames`` is the engine's own expander; this one serves the parser.
@@ -20,7 +20,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from tune_magic.status import Status
+from tune_magic.registry.status import Status
 
 #: The plain fallback's fields, ``|``-separated: job id, state (long form), reason, node count,
 #: node list, time limit, name (last: the only field that may itself hold a ``|``).

@@ -9,7 +9,7 @@ summary can always be resumed from the file alone. A failed write is ignored: re
 a write.
 
 Formats read: torchtune 0.6.1's combined stdout/stderr (progress bar, ``Writing logs to``,
-``Saving checkpoint`` lines) and its DiskLogger metric file, through :class:`tune_magic.logparse.LogParser`.
+``Saving checkpoint`` lines) and its DiskLogger metric file, through :class:`tune_magic.logs.parse.LogParser`.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from . import jobstore
+from tune_magic.registry import store as jobstore
 
-# tune_magic.logparse is imported where a log is read: a listing of summarised jobs never needs it
+# tune_magic.logs.parse is imported where a log is read: a listing of summarised jobs never needs it
 
 SUMMARY = "summary.json"
 VERSION = 1
@@ -183,7 +183,7 @@ def _read_records(path: Path, offset: int, budget: int, final: bool) -> tuple[li
     cut = len(data) if final and len(data) < budget else max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
     if cut <= 0:
         return [], offset  # one unfinished record so far
-    from .logparse import strip_ansi
+    from tune_magic.logs.parse import strip_ansi
 
     # "\r" and "\n" never occur inside a UTF-8 multibyte character, so the cut never splits one
     text = strip_ansi(data[:cut].decode("utf-8", errors="replace"))
@@ -241,7 +241,7 @@ class SummaryTracker:
         return changed
 
     def _combined(self, records: list[str]) -> None:
-        from .logparse import SOURCE_PROGRESS, LogParser
+        from tune_magic.logs.parse import SOURCE_PROGRESS, LogParser
 
         s = self.summary
         parser = LogParser(strict=False)
@@ -290,7 +290,7 @@ class SummaryTracker:
         """Read what each rank's own file gained (``--redirects``/``--tee`` send output there)."""
         if not self.record.rank_log_dir:
             return
-        from .follow import rank_log_files
+        from tune_magic.logs.follow import rank_log_files
 
         s = self.summary
         for f in rank_log_files(self.record.rank_log_dir, self.record.started_at - 1):
@@ -306,14 +306,14 @@ class SummaryTracker:
     def _find_metric_file(self) -> None:
         s = self.summary
         if s.metrics_path is None and self.record.metric_log_dir:
-            from .follow import find_metric_file
+            from tune_magic.logs.follow import find_metric_file
 
             found = find_metric_file(self.record.metric_log_dir, self.record.started_at - 1)
             if found is not None:
                 s.metrics_path, s.metrics_offset = str(found), 0
 
     def _metric_file(self, records: list[str]) -> None:
-        from .logparse import LogParser
+        from tune_magic.logs.parse import LogParser
 
         s = self.summary
         batch = LogParser(strict=True).parse(records)

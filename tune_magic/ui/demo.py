@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .command import build_plan
-from .ids import new_job_id
+from tune_magic.plan.build import build_plan
+from tune_magic.registry.ids import new_job_id
 
 DEMO_ARGS = "--nproc_per_node 2 lora_finetune_distributed --config llama3_2/1B_lora"
 #: The notebook the demo executes, in the repository's ``notebooks/`` folder.
@@ -122,8 +122,8 @@ def run_demo(out: Path | None = None, notebook: Path | None = None) -> int:
         return 2
     from nbclient.exceptions import CellExecutionError
 
-    from .jobctl import jobs
-    from .paths import home
+    from tune_magic.job import jobs
+    from tune_magic.paths import home
 
     if out is None:  # the checkout's test-artifacts/ is git-ignored
         out = repo_root() / "test-artifacts" / f"{src.stem}.executed.ipynb"

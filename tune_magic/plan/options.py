@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .errors import PlanError
+from tune_magic.errors import PlanError
 
 
 @dataclass(frozen=True)

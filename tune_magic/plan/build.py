@@ -24,10 +24,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from . import catalog
-from .errors import PlanError
-from .paths import HOME_ENV, home
-from .torchrun_options import TorchrunOption, lookup
+from tune_magic.plan import catalog
+from tune_magic.errors import PlanError
+from tune_magic.paths import HOME_ENV, home
+from tune_magic.plan.torchrun_options import TorchrunOption, lookup
 
 #: Placeholder used in previews built without a job id, where the job id will go.
 JOB_ID_PLACEHOLDER = "<job-id>"
@@ -385,7 +385,7 @@ def _match_option(token: str) -> tuple[TorchrunOption | None, str | None]:
 
 
 def _unknown_option(token: str) -> PlanError:
-    from .torchrun_options import abbreviation_of, options
+    from tune_magic.plan.torchrun_options import abbreviation_of, options
 
     name = token.split("=")[0]
     full = abbreviation_of(name)
@@ -508,13 +508,13 @@ def is_path_key(key: str) -> bool:
 def check_override(token: str) -> str:
     """Return ``token`` if a torchtune 0.6.1 recipe reads it as typed, else raise :class:`PlanError`.
 
-    The value is checked by :func:`tune_magic.overrides.check_value` (YAML as OmegaConf reads it).
+    The value is checked by :func:`tune_magic.plan.overrides.check_value` (YAML as OmegaConf reads it).
     An empty value (``key=``, or only spaces) is null to the recipe: accepted, except for a key
     that names a file or directory (``output_dir``, ``*_dir``, ``*.path``, ``*_path``, ``*_file``,
     ``*_files``), where null becomes the path ``None`` (``./None/...``) or a crash; a quoted empty
     string there (``output_dir=""``) is refused too. An explicit ``null`` stays accepted.
     """
-    from . import overrides
+    from tune_magic.plan import overrides
 
     bad = next((c for c in token if _unsafe_char(c)), None)
     if bad is not None:
@@ -625,7 +625,7 @@ def _config_output_dir(config: Path) -> str | None:
     from omegaconf.errors import OmegaConfBaseException
     import yaml
 
-    from .overrides import _yaml_loader
+    from tune_magic.plan.overrides import _yaml_loader
 
     try:
         # OmegaConf.load turns a top-level scalar into {scalar: None}: look at the document itself
@@ -731,7 +731,7 @@ def build_plan(
     config_path, config_name = resolve_config(parsed.config, cwd_path)
 
     # -- distributed or one process
-    from .torchrun_options import options as _torchrun_options
+    from tune_magic.plan.torchrun_options import options as _torchrun_options
 
     # a PET_* variable is a torchrun option given through the environment: it means torchrun too
     pet_given = sorted({o.env_var for o in _torchrun_options().values() if _env_value(env, o.dest) is not None})

@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .command import PlanError, check_override
+from tune_magic.plan.build import PlanError, check_override
 
 _OVERRIDE_LINE = re.compile(r"^~?[A-Za-z_][\w.\[\]\-]*(=|$)")
 _KEY_EQ = re.compile(r"^[A-Za-z_][\w.\[\]\-]*=")
@@ -49,7 +49,7 @@ def parse_cell_body(text: str | None) -> CellBody:
     Raises:
         PlanError: a YAML syntax error (the message gives the cell line number), a YAML body that
             is not a mapping, an override line that is not ``key=value``, or an override value that a
-            recipe would not read as typed (see :func:`tune_magic.overrides.check_value`).
+            recipe would not read as typed (see :func:`tune_magic.plan.overrides.check_value`).
     """
     if text is None:
         return CellBody()
@@ -97,10 +97,10 @@ def parse_cell_body(text: str | None) -> CellBody:
 
 def _refuse_empty_paths(node, prefix: str = "") -> None:
     """Refuse ``output_dir:`` with nothing after it (and other keys naming a path), as
-    :func:`tune_magic.command.check_override` refuses ``output_dir=``: the recipe reads null."""
+    :func:`tune_magic.plan.build.check_override` refuses ``output_dir=``: the recipe reads null."""
     import yaml
 
-    from .command import empty_path_fix, is_path_key
+    from tune_magic.plan.build import empty_path_fix, is_path_key
 
     if not isinstance(node, yaml.MappingNode):
         return

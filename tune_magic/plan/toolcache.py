@@ -18,8 +18,8 @@ never the home or its parents (building a plan, a dry run, must not make directo
 that computed the tables while its home was missing writes them when it exits, if by then the
 home exists (a launch in that process created it), so the next process finds them.
 
-The readers themselves live with their users: :func:`tune_magic.torchrun_options.live_rows` and
-:func:`tune_magic.catalog.live_registry_rows`. Only this module's stdlib imports run in the caller.
+The readers themselves live with their users: :func:`tune_magic.plan.torchrun_options.live_rows` and
+:func:`tune_magic.plan.catalog.live_registry_rows`. Only this module's stdlib imports run in the caller.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
-from .paths import home
+from tune_magic.paths import home
 
 #: Version of the file's layout; bump it when the rows' shape changes, so old files count as stale.
 FORMAT = 1
@@ -174,7 +174,7 @@ def compute_in_subprocess(timeout_s: float = CHILD_TIMEOUT_S) -> dict[str, Any]:
     """
     package_parent = str(Path(__file__).resolve().parent.parent)
     code = ("import sys; sys.path.insert(0, sys.argv[1]); "
-            "from tune_magic.toolcache import _child_main; _child_main()")
+            "from tune_magic.plan.toolcache import _child_main; _child_main()")
     try:
         proc = subprocess.run([sys.executable, "-c", code, package_parent], stdin=subprocess.DEVNULL,
                               capture_output=True, timeout=timeout_s)
@@ -195,7 +195,8 @@ def compute_in_subprocess(timeout_s: float = CHILD_TIMEOUT_S) -> dict[str, Any]:
 
 def compute_here() -> dict[str, Any]:
     """Read the tables live in this process (imports torch). Same result as :func:`compute_in_subprocess`."""
-    from . import catalog, torchrun_options
+    from tune_magic.plan import catalog
+    from tune_magic.plan import torchrun_options
 
     return {"torchrun": torchrun_options.live_rows(), "registry": catalog.live_registry_rows()}
 
@@ -286,5 +287,5 @@ def _compute_lock(path: Path) -> Iterator[None]:
         yield
 
 
-if __name__ == "__main__":  # ``python -m tune_magic.toolcache``: print the tables (for a look by hand)
+if __name__ == "__main__":  # ``python -m tune_magic.plan.toolcache``: print the tables (for a look by hand)
     _child_main()

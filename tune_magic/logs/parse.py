@@ -1,7 +1,7 @@
 """Pure parsing of torchtune training logs into metric points.
 
 Nothing here reads files incrementally, starts threads or imports IPython; the incremental
-file follower lives in :mod:`tune_magic.follow` and feeds this module's :class:`RecordSplitter`
+file follower lives in :mod:`tune_magic.logs.follow` and feeds this module's :class:`RecordSplitter`
 and :class:`LogParser`.
 
 Formats understood (all from torchtune 0.6.1 unless noted):

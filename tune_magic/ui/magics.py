@@ -1,6 +1,6 @@
 """IPython magics: ``%%tune_run``, ``%tune_run``, ``%tune_jobs``, ``%tune_logs``, ``%tune_stop``, ``%tune_panel``.
 
-Thin by design: parse (own options with :mod:`tune_magic.launchopts`, the rest with
+Thin by design: parse (own options with :mod:`tune_magic.plan.options`, the rest with
 ``magic_arguments``), call the public API (:func:`tune_magic.launch`, :func:`tune_magic.jobs`, ...),
 display the result. User mistakes (:class:`tune_magic.UserError`) become ``UsageError``; anything
 else is a bug and keeps its traceback. ``-h``/``--help`` on every magic shows its help.
@@ -18,9 +18,9 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from . import launchopts
-from .cellbody import expand_fields, parse_cell_body
-from .errors import UserError
+from tune_magic.plan import options as launchopts
+from tune_magic.plan.cellbody import expand_fields, parse_cell_body
+from tune_magic.errors import UserError
 
 
 def _split_line(line: str) -> list[str]:
@@ -87,7 +87,7 @@ class TuneMagics(Magics):
         (an OS-chosen port), so jobs side by side never collide. With --scheduler slurm the job is
         one SLURM batch job on --nodes nodes.
         """
-        from .jobctl import launch
+        from tune_magic.job import launch
 
         tokens = _split_line(line)
         try:
@@ -112,14 +112,14 @@ class TuneMagics(Magics):
                 print("\n" + script)
             return result
         if own.get("wait"):
-            from .watch import stream_text
+            from tune_magic.ui.watch import stream_text
 
             try:
                 stream_text(result, lambda s: (sys.stdout.write(s), sys.stdout.flush()))
             except KeyboardInterrupt:
                 print(f"\nstopped following; job {result.id} keeps running (%tune_stop {result.id} stops it)")
             return result
-        from .views import JobCard
+        from tune_magic.ui.views import JobCard
 
         display(JobCard(result))
         return result
@@ -133,7 +133,7 @@ class TuneMagics(Magics):
             print(self.tune_jobs.__doc__)
             return None
         _parse(self.tune_jobs, line)
-        from .views import JobsTable
+        from tune_magic.ui.views import JobsTable
 
         display(JobsTable())
         return None
@@ -146,7 +146,7 @@ class TuneMagics(Magics):
             print(self.tune_panel.__doc__)
             return None
         _parse(self.tune_panel, line)
-        from .panel import Panel
+        from tune_magic.ui.panel import Panel
 
         return Panel()
 
@@ -158,8 +158,8 @@ class TuneMagics(Magics):
         if _wants_help(line):
             print(self.tune_logs.__doc__)
             return None
-        from .jobctl import get_job
-        from .views import JobCard
+        from tune_magic.job import get_job
+        from tune_magic.ui.views import JobCard
 
         ns = _parse(self.tune_logs, line)
         try:
@@ -180,7 +180,7 @@ class TuneMagics(Magics):
         if _wants_help(line):
             print(self.tune_stop.__doc__)
             return None
-        from .jobctl import damaged_live_jobs, get_job, jobs
+        from tune_magic.job import damaged_live_jobs, get_job, jobs
 
         ns = _parse(self.tune_stop, line)
         if bool(ns.job) == ns.all:

@@ -22,7 +22,7 @@ import re
 import shlex
 from typing import Any
 
-from .errors import PlanError
+from tune_magic.errors import PlanError
 
 #: Explicit YAML tags a value may carry: the core scalar types (torchtune itself writes
 #: ``!!null`` and ``!!str``). Anything else (``!tag``, ``!!binary``, ``!!set``, ``!!python/...``)

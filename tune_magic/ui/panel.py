@@ -18,15 +18,15 @@ from pathlib import Path
 
 import ipywidgets as widgets
 
-from . import catalog
-from .cellbody import parse_cell_body
-from .command import JOB_ID_PLACEHOLDER, PlanError, build_plan
-from .gpus import visibility
-from .jobctl import Job, jobs, launch
-from .schedulers.base import default_scheduler
-from .textfmt import cut
-from .views import MAX_TICKS, JobsTable, int_ticks  # noqa: F401 (one tick rule for card and comparison chart)
-from .watch import JobWatcher
+from tune_magic.plan import catalog
+from tune_magic.plan.cellbody import parse_cell_body
+from tune_magic.plan.build import JOB_ID_PLACEHOLDER, PlanError, build_plan
+from tune_magic.schedulers.local.gpus import visibility
+from tune_magic.job import Job, jobs, launch
+from tune_magic.schedulers.base import default_scheduler
+from tune_magic.ui.textfmt import cut
+from tune_magic.ui.views import MAX_TICKS, JobsTable, int_ticks  # noqa: F401 (one tick rule for card and comparison chart)
+from tune_magic.ui.watch import JobWatcher
 
 #: How deep recipe/config files are looked for under the working directory.
 SCAN_DEPTH = 2
@@ -88,7 +88,7 @@ class Panel(widgets.VBox):
 
     Public child widgets (stable names): ``recipe``, ``config``, ``nproc``, ``gpus`` (where there
     is no GPU: hidden and disabled, with ``gpu_note`` in its place saying so), ``endpoint``, ``name``,
-    ``overrides``, ``command_preview``, ``error``, ``launch_button``, ``jobs_table`` (a live :class:`~tune_magic.views.JobsTable`),
+    ``overrides``, ``command_preview``, ``error``, ``launch_button``, ``jobs_table`` (a live :class:`~tune_magic.ui.views.JobsTable`),
     ``compare`` (jobs shown in the chart), ``chart`` (integer step ticks; hidden until a chosen job
     logged a step, ``chart_note`` then says why) with ``legend``.
     Where ``sbatch`` is on PATH (``slurm_available``) also ``scheduler`` (local/slurm) and, shown for
@@ -379,7 +379,7 @@ class Panel(widgets.VBox):
             try:
                 job = next(j for j in self.launched if j.id == job_id)
             except StopIteration:
-                from .jobctl import get_job
+                from tune_magic.job import get_job
 
                 job = get_job(job_id)
             used = {line.colors[0] for line in self._lines.values()}

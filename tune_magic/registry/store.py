@@ -41,9 +41,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import StateDirError
-from .paths import home
-from .status import Status
+from tune_magic.errors import StateDirError
+from tune_magic.paths import home
+from tune_magic.registry.status import Status
 
 RECORD = "record.json"
 LOCK = "record.lock"
@@ -94,7 +94,7 @@ class JobRecord:
 
     Times are unix seconds. ``argv`` is the final command (with the per-job ``output_dir``);
     ``env`` holds only the job's additions to the launching process's environment. ``status`` is
-    a :class:`tune_magic.status.Status` value; change it only through :meth:`set_status`.
+    a :class:`tune_magic.registry.status.Status` value; change it only through :meth:`set_status`.
     ``log_lost_at`` is set when the job's directory was deleted while it ran and the supervisor
     recreated it: the log before that moment is gone. The ``slurm_*``, ``num_nodes``, ``nodes``,
     ``rank_hosts`` (``{host, rank}`` the batch script reported), ``pending_reason`` and
@@ -157,11 +157,11 @@ class JobRecord:
         return Status(self.status)
 
     def set_status(self, new: str | Status) -> bool:
-        """Move to ``new`` through :func:`tune_magic.status.transition`; return whether it moved.
+        """Move to ``new`` through :func:`tune_magic.registry.status.transition`; return whether it moved.
 
         A terminal status is never left: recording an end twice keeps the first.
         """
-        from .status import transition
+        from tune_magic.registry.status import transition
 
         moved = transition(self.status, new)
         changed = moved.value != self.status

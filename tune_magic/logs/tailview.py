@@ -20,7 +20,7 @@ import re
 import signal
 from typing import Sequence
 
-from .logparse import strip_prefixes
+from tune_magic.logs.parse import strip_prefixes
 
 # a tqdm bar at the start of a line: optional description, then "pct%|bar| n/total [time, rate]",
 # "n it [time, rate]" (no total), or torchtune's description and percentage cut short
@@ -118,7 +118,7 @@ def display_tail(lines: Sequence[str], n: int | None = None) -> list[str]:
 
     Args:
         lines: the log's last lines, oldest first (ANSI-free, ``\\r`` redraws already resolved
-            to each line's last one, as :meth:`tune_magic.follow.LineFollower.tail` gives them).
+            to each line's last one, as :meth:`tune_magic.logs.follow.LineFollower.tail` gives them).
         n: most lines returned (the last ones), or ``None`` for all.
 
     Returns:

@@ -1,7 +1,7 @@
 """Follow a running job's logs incrementally and keep its metric series, in bounded memory.
 
 No threads and no IPython here: a caller (a watcher thread, a CLI loop, a test) calls
-``poll()`` whenever it wants fresh data. Parsing rules live in :mod:`tune_magic.logparse`.
+``poll()`` whenever it wants fresh data. Parsing rules live in :mod:`tune_magic.logs.parse`.
 
 * :class:`LineFollower` reads new bytes of one growing file by offset, like ``tail -F``.
 * :class:`MetricStore` keeps merged metric series compactly (``array`` columns per metric).
@@ -29,7 +29,7 @@ from operator import itemgetter, lt
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple
 
-from tune_magic.logparse import (
+from tune_magic.logs.parse import (
     DEFAULT_MAX_LINE_CHARS,
     SOURCE_DISKLOGGER,
     SOURCE_JSONL,
@@ -64,7 +64,7 @@ class LineFollower:
     Each :meth:`poll` reads the bytes appended since the previous one (at most ``poll_bytes``,
     ``chunk_bytes`` per read), decodes UTF-8 incrementally (``errors="replace"``, so a
     multibyte character split across reads is kept whole and invalid bytes become U+FFFD),
-    and cuts the text with :class:`~tune_magic.logparse.RecordSplitter` (``\\r`` redraws
+    and cuts the text with :class:`~tune_magic.logs.parse.RecordSplitter` (``\\r`` redraws
     replace the current line, ``\\r\\n`` is a newline, ANSI removed, segments capped at
     ``max_line_chars``).
 
@@ -650,7 +650,7 @@ def read_rank_logs(
 ) -> dict[int, str]:
     """Return the end of each rank's output under torchrun's ``--log-dir`` (last attempt only),
     keyed by local rank: its stdout's last ``tail_bytes`` then its stderr's (UTF-8, invalid bytes
-    replaced). This is what :func:`tune_magic.failure.describe_failure` takes as ``rank_logs``.
+    replaced). This is what :func:`tune_magic.logs.failure.describe_failure` takes as ``rank_logs``.
     """
     out: dict[int, str] = {}
     for f in rank_log_files(log_dir, started_after, latest_attempt=True):

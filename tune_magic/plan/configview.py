@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .command import LaunchPlan
+from tune_magic.plan.build import LaunchPlan
 
 #: Config keys (torchtune 0.6.1 conventions) holding directories a job writes to.
 METRIC_LOG_DIR_KEY = "metric_logger.log_dir"
@@ -131,7 +131,7 @@ def resolve_dirs(plan: LaunchPlan, cwd: str | os.PathLike | None = None) -> JobD
                     f"{key} is {value}, outside this job's output_dir {out}: concurrent jobs from this config "
                     f"will share it; set {key}=${{output_dir}}/... in the config"
                 )
-    from .paths import home
+    from tune_magic.paths import home
 
     registry = os.path.normpath(str(home(plan.env) / "jobs"))
     for key, value in (("output_dir", out), (METRIC_LOG_DIR_KEY, logs), (CHECKPOINT_DIR_KEY, ckpt)):

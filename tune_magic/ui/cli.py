@@ -15,9 +15,9 @@ import sys
 import time
 from typing import Callable, Iterable, Iterator, Sequence
 
-from . import launchopts
-from .errors import UserError
-from .textfmt import NAME_WIDTH, PATH_WIDTH, cell, escape
+from tune_magic.plan import options as launchopts
+from tune_magic.errors import UserError
+from tune_magic.ui.textfmt import NAME_WIDTH, PATH_WIDTH, cell, escape
 
 EXIT_USAGE = 2
 
@@ -27,7 +27,7 @@ class CliError(UserError):
 
 
 def _cmd(argv: Sequence[str]) -> int:
-    from .jobctl import launch
+    from tune_magic.job import launch
 
     usage = ("tune-magic cmd [--json] [--gpus G] [--job-id ID] [--scheduler local|slurm] [SLURM options] "
              "[TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]")
@@ -52,7 +52,7 @@ def _cmd(argv: Sequence[str]) -> int:
 
 
 def _ls(argv: Sequence[str]) -> int:
-    from . import catalog
+    from tune_magic.plan import catalog
 
     parser = argparse.ArgumentParser(prog="tune-magic ls", description="List recipes and configs, like tune ls.")
     parser.add_argument("--json", action="store_true", help="print a JSON list of recipes with their configs")
@@ -87,8 +87,8 @@ def _assets(argv: Sequence[str]) -> int:
     parser.add_argument("--seed", type=_seed, default=0, help="random seed, a whole number >= 0 (default 0)")
     parser.add_argument("--force", action="store_true", help="rewrite even if the assets exist")
     ns = parser.parse_args(argv)
-    from .assets import make_assets
-    from .paths import assets_dir
+    from tune_magic.assets import make_assets
+    from tune_magic.paths import assets_dir
 
     if ns.dir is not None and not ns.dir.strip():
         raise CliError(f"the directory {ns.dir!r} is an empty path, not a directory; give one (tune-magic assets DIR) "
@@ -177,7 +177,7 @@ def _read_from(path: str, offset: int) -> Iterator[bytes]:
 
     A missing file yields nothing (the job has not written yet, or its log was removed). Only a
     regular file is read: a link at ``path`` is never followed (``O_NOFOLLOW``, see
-    :func:`tune_magic.jobstore.open_nofollow`), and a FIFO or device is refused, not opened for
+    :func:`tune_magic.registry.store.open_nofollow`), and a FIFO or device is refused, not opened for
     reading (``O_NONBLOCK``, then ``fstat``), so nothing outside the registry is printed and
     nothing blocks.
 
@@ -186,7 +186,7 @@ def _read_from(path: str, offset: int) -> Iterator[bytes]:
     """
     from pathlib import Path
 
-    from .jobstore import open_nofollow
+    from tune_magic.registry.store import open_nofollow
 
     check_job_log(path)
     try:
@@ -212,7 +212,7 @@ def _whole_log(job, follow: bool, poll_s: float = 0.2) -> Iterator[bytes]:
     With ``follow``, keep yielding what is appended (polling every ``poll_s`` seconds) until the
     job is no longer live; the last read comes after the job was seen ended, so nothing is missed.
     """
-    from .status import parse
+    from tune_magic.registry.status import parse
 
     offset = 0
     while True:
@@ -244,7 +244,7 @@ def _stream_log(job, out=None, poll_s: float = 0.2) -> None:
 
 
 def _run(argv: Sequence[str]) -> int:
-    from .jobctl import launch
+    from tune_magic.job import launch
 
     usage = ("tune-magic run [--name N] [--gpus G] [--force] [--wait] [--scheduler local|slurm] [SLURM options] "
              "[TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]")
@@ -285,7 +285,7 @@ def end_line(job) -> str:
 
 
 def _job_arg(parser: argparse.ArgumentParser, argv: Sequence[str]):
-    from .jobctl import get_job
+    from tune_magic.job import get_job
 
     parser.add_argument("job", help="job id (tune-magic jobs lists them)")
     ns = parser.parse_args(argv)
@@ -294,7 +294,7 @@ def _job_arg(parser: argparse.ArgumentParser, argv: Sequence[str]):
 
 def _listed(command: str) -> list:
     """Every job; each damaged record is reported as one line on stderr and skipped."""
-    from .jobctl import jobs
+    from tune_magic.job import jobs
 
     skipped: list = []
     listed = jobs(skipped=skipped)
@@ -304,7 +304,7 @@ def _listed(command: str) -> list:
 
 
 def _jobs(argv: Sequence[str]) -> int:
-    from .jobctl import jobs
+    from tune_magic.job import jobs
 
     parser = argparse.ArgumentParser(prog="tune-magic jobs", description="List jobs, running and finished.")
     parser.add_argument("--json", action="store_true", help="print a JSON list of job records")
@@ -378,7 +378,7 @@ def _logs(argv: Sequence[str]) -> int:
 
 
 def _stop(argv: Sequence[str]) -> int:
-    from .jobctl import damaged_live_jobs, get_job, jobs
+    from tune_magic.job import damaged_live_jobs, get_job, jobs
 
     parser = argparse.ArgumentParser(prog="tune-magic stop", description="Stop a running job (or all).")
     parser.add_argument("job", nargs="?", help="job id")
@@ -401,7 +401,7 @@ def _seconds(text: str) -> float:
 
 
 def _rm(argv: Sequence[str]) -> int:
-    from .jobctl import jobs, remove
+    from tune_magic.job import jobs, remove
 
     parser = argparse.ArgumentParser(prog="tune-magic rm", description="Remove finished jobs' records and logs.")
     parser.add_argument("job", nargs="?", help="job id")
@@ -417,7 +417,7 @@ def _rm(argv: Sequence[str]) -> int:
 
 
 def _metrics(argv: Sequence[str]) -> int:
-    from .follow import points_to_csv, points_to_json
+    from tune_magic.logs.follow import points_to_csv, points_to_json
 
     parser = argparse.ArgumentParser(
         prog="tune-magic metrics", description="Print a job's (or a log file's) metric points.",
@@ -433,7 +433,7 @@ def _metrics(argv: Sequence[str]) -> int:
     if bool(ns.job) == bool(ns.file):
         raise CliError("give a job id or --file PATH")
     if ns.file:
-        from .follow import JobMetricsFollower
+        from tune_magic.logs.follow import JobMetricsFollower
 
         if not os.path.isfile(ns.file):
             what = (" is a directory; give a log file in it (DiskLogger log_*.txt or log_*.jsonl)"
@@ -445,7 +445,7 @@ def _metrics(argv: Sequence[str]) -> int:
             follower.finish()
             points = follower.points()
     else:
-        from .jobctl import get_job
+        from tune_magic.job import get_job
 
         job = get_job(ns.job)
         check_job_log(job.log_path)
@@ -461,7 +461,7 @@ def _metrics(argv: Sequence[str]) -> int:
 
 
 def _demo(argv: Sequence[str]) -> int:
-    from .demo import main as demo_main
+    from tune_magic.ui.demo import main as demo_main
 
     return demo_main(argv)
 

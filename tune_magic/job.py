@@ -30,19 +30,19 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import psutil
 
-from . import catalog
-from . import gpus as gpu_mod
-from . import jobstore
-from . import schedulers
-from .command import LaunchPlan, build_plan, check_job_id, resolve_config, split_args, with_config
-from .configview import resolve_dirs, write_overlaid_config
-from .errors import JobNotFound, JobStartError, PlanError, StateDirError, UserError
-from .ids import new_job_id
-from .notify import get_notifier
-from .jobstore import JobRecord, ProcessRef
-from .schedulers.base import SchedulerOptions, check_scheduler_name, default_scheduler
-from .schedulers.local.procs import alive as _alive
-from .status import Status
+from tune_magic.plan import catalog
+from tune_magic.schedulers.local import gpus as gpu_mod
+from tune_magic.registry import store as jobstore
+from tune_magic import schedulers
+from tune_magic.plan.build import LaunchPlan, build_plan, check_job_id, resolve_config, split_args, with_config
+from tune_magic.plan.configview import resolve_dirs, write_overlaid_config
+from tune_magic.errors import JobNotFound, JobStartError, PlanError, StateDirError, UserError
+from tune_magic.registry.ids import new_job_id
+from tune_magic.logs.notify import get_notifier
+from tune_magic.registry.store import JobRecord, ProcessRef
+from tune_magic.schedulers.base import SchedulerOptions, check_scheduler_name, default_scheduler
+from tune_magic.schedulers.local.procs import alive as _alive
+from tune_magic.registry.status import Status
 
 #: Environment variable: when "1", every launch is a dry run that returns the LaunchPlan.
 DRY_RUN_ENV = "TUNE_MAGIC_DRY_RUN"
@@ -321,10 +321,10 @@ class Job:
         return self._record.state
 
     def failure(self):
-        """Why the job failed, in full (:class:`tune_magic.failure.FailureReason`: the one plain line,
+        """Why the job failed, in full (:class:`tune_magic.logs.failure.FailureReason`: the one plain line,
         the failing rank and host, the exception, the whole traceback), or ``None`` when it did not
         fail or nothing more than :attr:`error` is known."""
-        from .failure import FailureReason
+        from tune_magic.logs.failure import FailureReason
 
         if self.refresh()._record.status != FAILED:
             return None
@@ -344,10 +344,10 @@ class Job:
                                  exitcode=r.returncode) if r.error or r.returncode is not None else None
 
     def summary(self):
-        """Return the job's :class:`tune_magic.summary.Summary`: last step and loss, epoch,
+        """Return the job's :class:`tune_magic.logs.summary.Summary`: last step and loss, epoch,
         progress text, last metric values, whether it is saving a checkpoint, the failure reason.
         Reads the small summary file, never the whole log (at most the bytes it gained since)."""
-        from .summary import Summary, current_summary
+        from tune_magic.logs.summary import Summary, current_summary
 
         r = self.refresh()._record
         if self.damaged:
@@ -357,13 +357,13 @@ class Job:
 
     def metric_points(self) -> list:
         """Read the job's logs to their current end; return its merged metric points
-        (:class:`tune_magic.logparse.MetricPoint`, sorted by step then name).
+        (:class:`tune_magic.logs.parse.MetricPoint`, sorted by step then name).
 
         Sources: the DiskLogger file (found from the log's ``Writing logs to`` line, else the newest
         ``log_*`` in the job's metric-log dir created after its start) and the progress bar in the
         combined log; for a step both give, the metric file's value wins.
         """
-        from .follow import JobMetricsFollower
+        from tune_magic.logs.follow import JobMetricsFollower
 
         r = self._record
         with JobMetricsFollower(r.log_path, log_dir=r.metric_log_dir, started_after=r.started_at - 1,
@@ -384,14 +384,14 @@ class Job:
         Raises:
             ImportError: pandas is not installed (``pip install pandas``).
         """
-        from .follow import points_to_frame
+        from tune_magic.logs.follow import points_to_frame
 
         return points_to_frame(self.metric_points())
 
     def tail(self, n: int = 20) -> list[str]:
         """Return the last ``n`` lines of the job's log (a progress bar's redraws collapsed to the
         latest one, as a terminal would show it)."""
-        from .schedulers.local.supervisor import read_tail
+        from tune_magic.schedulers.local.supervisor import read_tail
 
         if isinstance(n, bool) or not isinstance(n, int):
             raise ValueError(f"n={n!r}: give a number of lines")
@@ -825,7 +825,7 @@ def jobs(skipped: list | None = None) -> list[Job]:
     record what it learns (best effort); works on a read-only registry.
 
     Args:
-        skipped: when given, damaged records are appended to it (:class:`tune_magic.jobstore.Skipped`:
+        skipped: when given, damaged records are appended to it (:class:`tune_magic.registry.store.Skipped`:
             path and a one-line reason) instead of being reported with :func:`warnings.warn`.
     """
     root = jobstore.jobs_root(create=False)

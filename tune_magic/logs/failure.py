@@ -26,7 +26,7 @@ Formats read (torch 2.13 and earlier 2.x, measured here; see tests/data):
   file ``{"message": {"message": "RuntimeError: boom", "extraInfo": {"py_callstack": ...}}}`` and
   ``traceback`` holds the traceback, indented by two spaces.
 * Python tracebacks, with or without the ``[rankN]: `` prefix of ``init_process_group``'s
-  excepthook and torchrun ``--tee``'s ``[defaultN]:`` (see :func:`tune_magic.logparse.strip_prefixes`);
+  excepthook and torchrun ``--tee``'s ``[defaultN]:`` (see :func:`tune_magic.logs.parse.strip_prefixes`);
   a rank that fails before ``init_process_group`` has no ``[rankN]:`` prefix.
 * Known messages: CUDA out of memory, gloo and NCCL (watchdog) collective timeouts, rendezvous
   timeouts, ``EADDRINUSE`` on a fixed port.
@@ -60,8 +60,8 @@ import signal
 from dataclasses import asdict, dataclass
 from typing import Mapping
 
-from .logparse import split_prefixed, strip_ansi, strip_prefixes
-from .oom import OomEvidence
+from tune_magic.logs.parse import split_prefixed, strip_ansi, strip_prefixes
+from tune_magic.logs.oom import OomEvidence
 
 __all__ = [
     "FailureReason",
@@ -77,7 +77,7 @@ __all__ = [
 KINDS = (
     "exception",  # a Python exception (the traceback's last line)
     "signal",  # a process killed by a signal (no evidence of the OOM killer)
-    "oom_killer",  # killed by the kernel's OOM killer (only with evidence, see tune_magic.oom)
+    "oom_killer",  # killed by the kernel's OOM killer (only with evidence, see tune_magic.logs.oom)
     "cuda_oom",  # torch.OutOfMemoryError / "CUDA out of memory"
     "gloo_timeout",  # a gloo collective timed out
     "nccl_timeout",  # an NCCL collective timed out (ProcessGroupNCCL watchdog)
@@ -171,7 +171,7 @@ class Evidence:
 
     Attributes:
         stopped: the user stopped the job (then nothing is blamed on the OOM killer).
-        oom: the kernel's OOM evidence (:meth:`tune_magic.oom.OomWatch.killed`), or ``None``.
+        oom: the kernel's OOM evidence (:meth:`tune_magic.logs.oom.OomWatch.killed`), or ``None``.
         returncode: the launched process's exit status as ``subprocess`` gives it (``-9``:
             killed by SIGKILL), used when the log has no report (one-process jobs).
         pid: that process's pid.
@@ -649,7 +649,7 @@ def describe_failure(
         log_text: the end of the job's combined stdout+stderr (a few hundred KiB is plenty).
         rank_logs: the ends of the per-rank files torchrun writes with ``--redirects``/``--tee``
             and ``--log-dir`` (stdout then stderr of one rank), keyed by *local* rank; see
-            :func:`tune_magic.follow.read_rank_logs`.
+            :func:`tune_magic.logs.follow.read_rank_logs`.
         evidence: what else is known (stopped by the user, OOM evidence, return code).
 
     Returns:

@@ -15,14 +15,14 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from .follow import JobMetricsFollower
-from .gpus import gpus_label
-from .jobctl import Job
-from .jobstore import RECORD
-from .progress import (SAVED, SAVING, Bar, RunProgress, checkpoint_state, fmt_duration, fmt_rate,
+from tune_magic.logs.follow import JobMetricsFollower
+from tune_magic.schedulers.local.gpus import gpus_label
+from tune_magic.job import Job
+from tune_magic.registry.store import RECORD
+from tune_magic.logs.progress import (SAVED, SAVING, Bar, RunProgress, checkpoint_state, fmt_duration, fmt_rate,
                        parse_bar, run_progress)
-from .status import Status
-from .tailview import display_tail
+from tune_magic.registry.status import Status
+from tune_magic.logs.tailview import display_tail
 
 #: Metric plotted by the views.
 LOSS = "loss"
@@ -64,7 +64,7 @@ class JobSnapshot:
         endpoint: real rendezvous ``host:port`` once known.
         output_dir: the job's output directory.
         progress: the latest progress-bar line (``1|12|Loss: 2.31: 60%|...| 12/20 [00:10<00:06, ...]``).
-        tail: the last lines of the log as a card shows them (:func:`tune_magic.tailview.display_tail`:
+        tail: the last lines of the log as a card shows them (:func:`tune_magic.logs.tailview.display_tail`:
             bar redraws and repeated warnings collapsed; at most the watcher's ``tail_lines``, plus as
             many of each per-rank file, prefixed ``[rank N stream] ``, for jobs run with
             ``--redirects``/``--tee``). The log on disk keeps every line.
@@ -72,7 +72,7 @@ class JobSnapshot:
         step, loss: the latest step with a loss, and that loss.
         error: the failing rank and message for a failed job (the record's ``error``).
         returncode: exit code once ended.
-        run: where the whole run is (:class:`tune_magic.progress.RunProgress`: epoch of epochs,
+        run: where the whole run is (:class:`tune_magic.logs.progress.RunProgress`: epoch of epochs,
             steps, ETA, throughput, checkpoint saving).
         run_at_s: :attr:`elapsed_s` when :attr:`run` was last read (its ETA counts down from there).
         traceback: a failed job's whole traceback (:meth:`Job.failure`), or ``None``.
@@ -200,7 +200,7 @@ class JobWatcher:
     """Follow a job's log and metric file; call ``sink(snapshot)`` when something changed.
 
     With ``notify`` (the default) the watcher waits for "a followed file changed or the interval
-    elapsed": a file-change notification (:mod:`tune_magic.notify`, inotify) wakes it early, so a
+    elapsed": a file-change notification (:mod:`tune_magic.logs.notify`, inotify) wakes it early, so a
     new loss reaches the sink about the notifier's debounce (20 ms) after it was written, and it
     still polls at least every ``max_interval_s`` whatever notification says, because inotify never reports
     writes made on another node of a network filesystem (NFS, Lustre) and may be unavailable
@@ -231,7 +231,7 @@ class JobWatcher:
             almost nothing; any change brings it back to ``interval_s``.
         notify: wait for file-change notifications (True), or only poll (False: the behaviour
             before notification existed, reading the logs on every poll; the benchmarks' anchor).
-        notifier: the :class:`tune_magic.notify.Notifier` to use (default: the process's one).
+        notifier: the :class:`tune_magic.logs.notify.Notifier` to use (default: the process's one).
     """
 
     #: Polls that found writes no notification announced, since the last notification, before
@@ -428,7 +428,7 @@ class JobWatcher:
 
     def _run(self) -> None:
         if self.notify:
-            from .notify import get_notifier
+            from tune_magic.logs.notify import get_notifier
 
             self.subscription = (self.notifier or get_notifier()).subscribe(self._wake.set)
         try:

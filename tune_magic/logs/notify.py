@@ -1,6 +1,6 @@
 """Wake followers early when the files they follow change: one file-change notifier per process.
 
-A follower (e.g. :class:`tune_magic.watch.JobWatcher`) still polls on its own schedule; a
+A follower (e.g. :class:`tune_magic.ui.watch.JobWatcher`) still polls on its own schedule; a
 notification only shortens its wait. That keeps it correct wherever notifications never come:
 on network filesystems (NFS, Lustre) inotify reports only this machine's writes, not those of a
 job running on another node; and when the kernel runs out of inotify instances or watches

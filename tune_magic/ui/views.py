@@ -1,6 +1,6 @@
 """Widgets that show jobs: a live card per job and a jobs table. They only set traits.
 
-Each card owns a :class:`~tune_magic.watch.JobWatcher` whose daemon thread calls
+Each card owns a :class:`~tune_magic.ui.watch.JobWatcher` whose daemon thread calls
 :meth:`JobCard.update`, which assigns widget traits and nothing else: no ``print``, no
 ``with out:``, so nothing lands in whatever cell happens to be running. Where widgets cannot render
 (terminal IPython, nbconvert), the text/plain form of a card is the same information as text.
@@ -20,12 +20,12 @@ from typing import Iterable
 
 import ipywidgets as widgets
 
-from . import jobstore
-from .gpus import gpus_label
-from .jobctl import Job, jobs
-from .status import Status
-from .textfmt import cut, escape
-from .watch import JobSnapshot, JobWatcher, progress_summary
+from tune_magic.registry import store as jobstore
+from tune_magic.schedulers.local.gpus import gpus_label
+from tune_magic.job import Job, jobs
+from tune_magic.registry.status import Status
+from tune_magic.ui.textfmt import cut, escape
+from tune_magic.ui.watch import JobSnapshot, JobWatcher, progress_summary
 
 #: Longest log line shown in a card, in characters (the full line stays on disk).
 MAX_LINE_CHARS = 400
@@ -109,7 +109,7 @@ class JobCard(widgets.VBox):
     this epoch, elapsed, ETA, throughput; "waiting for the first step", "waiting in the queue:
     <reason>", "saving checkpoint…"), ``chart`` (bqplot Figure, hidden until the first loss) with
     ``loss_line`` (its Lines mark: ``x`` steps, ``y`` losses) and ``x_axis`` (integer ticks),
-    ``log_tail`` (HTML: the last log lines, :func:`tune_magic.tailview.display_tail`; long lines
+    ``log_tail`` (HTML: the last log lines, :func:`tune_magic.logs.tailview.display_tail`; long lines
     wrap) and ``stop_button`` (shown while the job is pending or running). ``snapshot`` is the last
     :class:`JobSnapshot` shown.
 

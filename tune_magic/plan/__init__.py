@@ -1,0 +1,6 @@
+"""What to run: ``tune run``-style words -> the exact command of one job. Pure.
+
+The command builder (``build``), torchrun's options and their cache, overrides and cell bodies,
+configs, the recipe/config catalog (the only user of torchtune's registry) and a launch's own
+options. Nothing here starts a process or knows where a job runs.
+"""
