@@ -3,8 +3,10 @@
 import pytest
 
 import tune_magic.job as J
+import tune_magic.launcher as L
 from tune_magic.registry import store as jobstore
-from tune_magic.plan.build import PlanError, build_plan
+from tune_magic.errors import PlanError
+from tune_magic.launcher import build_plan
 from tune_magic.plan.configview import resolve_dirs
 
 
@@ -40,7 +42,7 @@ def test_deletion_override_and_missing_inputs(tmp_path):
 def test_launch_refuses_missing_assets_before_starting_anything(tmp_path):
     before = {r.id for r in jobstore.list_records()}
     with pytest.raises(PlanError, match="tune-magic assets"):
-        J.launch(f"lora_finetune --config tiny/lora assets_dir={tmp_path}/no_assets")
+        L.launch(f"lora_finetune --config tiny/lora assets_dir={tmp_path}/no_assets")
     assert {r.id for r in jobstore.list_records()} == before
     assert [p for p in jobstore.jobs_root().iterdir() if p.name not in before and p.is_dir()] == []  # no half-made job dir
 
@@ -65,7 +67,7 @@ def test_unresolvable_interpolation_refused_before_start(tmp_path, monkeypatch):
     (tmp_path / "c.yaml").write_text("output_dir: ${oc.env:TM_SURELY_NOT_SET}/x\n")
     before = {r.id for r in jobstore.list_records()}
     with pytest.raises(PlanError, match="output_dir cannot be resolved.*nothing was started"):
-        J.launch("r.py --config c.yaml", cwd=tmp_path)
+        L.launch("r.py --config c.yaml", cwd=tmp_path)
     assert {r.id for r in jobstore.list_records()} == before
 
 
@@ -77,6 +79,6 @@ def test_dry_run_registers_nothing_and_leaves_no_temp_dir(tmp_path, monkeypatch)
     home_file.write_text("")
     monkeypatch.setenv("TUNE_MAGIC_HOME", str(home_file))  # a dry run never touches the job registry
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    plan = J.launch("--nproc_per_node 2 lora_finetune_distributed --config llama3_2/1B_lora", dry_run=True)
+    plan = L.launch("--nproc_per_node 2 lora_finetune_distributed --config llama3_2/1B_lora", dry_run=True)
     assert plan.rendezvous == "standalone"
     assert glob.glob(str(tmp_path / "tune_magic_dry_run_*")) == []

@@ -11,6 +11,9 @@ from tune_magic import errors
 from tune_magic.ui import cli
 from tune_magic.schedulers.local import gpus
 from tune_magic import job as jobctl
+from tune_magic import launcher
+import tune_magic.launcher as L
+from tune_magic import errors
 from tune_magic.ui.magics import empty_cell_to_line
 
 from jobhelpers import toy_args
@@ -42,7 +45,7 @@ def test_an_internal_bug_in_the_magic_keeps_its_traceback(ip, monkeypatch):
     def broken(*a, **kw):
         raise KeyError("internal")
 
-    monkeypatch.setattr(jobctl, "launch", broken)
+    monkeypatch.setattr(launcher, "launch", broken)
     with pytest.raises(KeyError, match="internal"):
         ip.run_line_magic("tune_run", toy_args())
     monkeypatch.setattr(jobctl, "get_job", broken)
@@ -54,7 +57,7 @@ def test_an_internal_bug_in_the_cli_is_not_exit_2(monkeypatch):
     def broken(*a, **kw):
         raise KeyError("internal")
 
-    monkeypatch.setattr(jobctl, "launch", broken)
+    monkeypatch.setattr(launcher, "launch", broken)
     with pytest.raises(KeyError):
         cli.main(["run", *toy_args().split()])
 
@@ -121,7 +124,7 @@ def test_dry_run_shows_the_cuda_visible_devices_a_launch_would_give(monkeypatch,
                                        ("off", False)])
 def test_dry_run_env_values(monkeypatch, value, dry):
     monkeypatch.setenv("TUNE_MAGIC_DRY_RUN", value)
-    assert jobctl.dry_run_requested() is dry
+    assert L.dry_run_requested() is dry
 
 
 @pytest.mark.parametrize("value", ["2", "y", "enabled", "tru"])

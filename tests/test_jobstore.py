@@ -100,18 +100,37 @@ def test_stop_checks_grace_before_signalling_anything(tmp_path, monkeypatch):
     assert jobstore.read(d).stop_requested is False
 
 
-def test_schema_1_record_loads_and_is_written_as_schema_2(tmp_path):
+def test_schema_1_record_loads_and_is_written_as_the_current_schema(tmp_path):
     old = rec("old").to_dict()
-    for key in ("scheduler", "log_lost_at"):
+    for key in ("scheduler", "log_lost_at", "scheduler_options", "backend"):
         old.pop(key)
     old["schema"] = 1
     d = tmp_path / "old"
     d.mkdir()
     (d / jobstore.RECORD).write_text(json.dumps(old))
     back = jobstore.read(d)
-    assert (back.scheduler, back.status, back.schema) == ("local", "running", 2)
+    assert (back.scheduler, back.status, back.schema, back.backend) == ("local", "running", 3, {})
     jobstore.update(d, error="x")
-    assert json.loads((d / jobstore.RECORD).read_text())["schema"] == 2
+    assert json.loads((d / jobstore.RECORD).read_text())["schema"] == 3
+
+
+def test_fields_this_release_does_not_know_are_written_back_unchanged(tmp_path):
+    # a later release's fields (or an earlier one's that moved) survive every read-modify-write
+    data = {**rec("fut").to_dict(), "future_field": {"nested": [1, 2]}, "slurm_job_id": "42"}
+    d = tmp_path / "fut"
+    d.mkdir()
+    (d / jobstore.RECORD).write_text(json.dumps(data))
+    back = jobstore.read(d)
+    assert back.extra == {"future_field": {"nested": [1, 2]}, "slurm_job_id": "42"}
+    jobstore.update(d, error="x")
+    written = json.loads((d / jobstore.RECORD).read_text())
+    assert (written["future_field"], written["slurm_job_id"], written["error"]) == ({"nested": [1, 2]}, "42", "x")
+
+
+def test_backend_and_scheduler_options_must_be_mappings_of_names(tmp_path):
+    for key in ("backend", "scheduler_options"):
+        with pytest.raises(jobstore.CorruptRecord, match=key):
+            jobstore.JobRecord.from_dict({**rec().to_dict(), key: ["x"]})
 
 
 def test_update_goes_through_the_transition_rule(tmp_path):

@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from tune_magic.registry import store as jobstore
-from tune_magic.plan.build import build_plan
+from tune_magic.launcher import build_plan
 from tune_magic.registry.store import JobRecord, ProcessRef
 from tune_magic.ui.panel import Panel
 
@@ -217,9 +217,10 @@ def test_no_slurm_fields_without_sbatch(tmp_path, monkeypatch):
     (tmp_path / "bin").mkdir()
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no sbatch (this machine may have a real one)
     panel = Panel(cwd=tmp_path)
-    assert not panel.slurm_available
+    assert panel.schedulers_offered == ["local"] and panel.scheduler_fields == {}
     form = panel.children[0]
-    assert panel.scheduler not in form.children and panel.slurm_box not in form.children
+    assert panel.scheduler not in form.children
+    assert not any("tm-slurm-fields" in getattr(c, "_dom_classes", ()) for c in form.children)
     assert panel.scheduler_options() == {}
 
 
@@ -227,23 +228,29 @@ def test_FAKE_sbatch_slurm_fields_preview_sbatch_line_and_script(tmp_path, fake_
     import tune_magic
 
     panel = Panel(cwd=tmp_path)
-    assert panel.slurm_available and panel.scheduler.value == "local"
+    assert "slurm" in panel.schedulers_offered and panel.scheduler.value == "local"
     assert panel.scheduler in panel.children[0].children
-    assert panel.slurm_box.layout.display == "none" and panel.script_preview.layout.display == "none"
+    fields = panel.scheduler_fields["slurm"]
+    # one field per option the SLURM scheduler declares, in its order
+    assert list(fields) == ["nodes", "gpus_per_node", "cpus_per_node", "partition", "time_limit", "account", "sbatch"]
+    box = next(c for c in panel.children[0].children if "tm-slurm-fields" in c._dom_classes)
+    assert box.layout.display == "none" and panel.script_preview.layout.display == "none"
     panel.recipe.value = "lora_finetune"
     panel.config.value = "tiny/lora"
     panel.overrides.value = "max_steps_per_epoch=4\nmetric_logger.name=my run"
     assert panel.command_preview.value.startswith("PYTHONUNBUFFERED=1 ")  # local: the torchrun line
     panel.scheduler.value = "slurm"
-    assert panel.slurm_box.layout.display is None and panel.script_preview.layout.display is None
-    assert panel.partition.options == ("debug", "gpu")  # sinfo's, the default's * removed, the default first
-    panel.nodes.value = 2
-    panel.cpus_per_node.value = 4
-    panel.partition.value = "my-part"  # free text, not only sinfo's choices
-    panel.time_limit.value = "2:00:00"
-    panel.account.value = "proj1"
+    assert box.layout.display is None and panel.script_preview.layout.display is None
+    assert fields["partition"].options == ("debug", "gpu")  # sinfo's, the default's * removed, the default first
+    fields["nodes"].value = 2
+    fields["cpus_per_node"].value = 4
+    fields["partition"].value = "my-part"  # free text, not only sinfo's choices
+    fields["time_limit"].value = "2:00:00"
+    fields["account"].value = "proj1"
+    fields["sbatch"].value = "--qos=high\n\n--exclusive\n"
     assert panel.scheduler_options() == {"scheduler": "slurm", "nodes": 2, "cpus_per_node": 4,
-                                         "partition": "my-part", "time_limit": "2:00:00", "account": "proj1"}
+                                         "partition": "my-part", "time_limit": "2:00:00", "account": "proj1",
+                                         "sbatch": ["--qos=high", "--exclusive"]}
     assert not panel.launch_button.disabled, panel.error.value
     plan = tune_magic.launch(["lora_finetune", "--config", "tiny/lora", "max_steps_per_epoch=4",
                               "metric_logger.name=my run"], cwd=tmp_path, dry_run=True, **panel.scheduler_options())
@@ -251,17 +258,18 @@ def test_FAKE_sbatch_slurm_fields_preview_sbatch_line_and_script(tmp_path, fake_
     assert panel.script_preview.value == plan.batch_script.replace(plan.job_id, "<job-id>")
     line = panel.command_preview.value
     assert line.startswith("sbatch --parsable --job-name=tune_magic-<job-id> --nodes=2 ")
-    for part in ("--cpus-per-task=4", "--partition=my-part", "--time=2:00:00", "--account=proj1"):
+    for part in ("--cpus-per-task=4", "--partition=my-part", "--time=2:00:00", "--account=proj1", "--qos=high",
+                 "--exclusive"):
         assert part in line, line
     assert panel.script_preview.value.startswith("#!/bin/bash\n") and "'metric_logger.name=my run'" in panel.script_preview.value
     # a bad time: the reason inline, Launch disabled
-    panel.time_limit.value = "2h"
+    fields["time_limit"].value = "2h"
     assert panel.launch_button.disabled and "2h" in panel.error.value and panel.script_preview.value == ""
-    panel.time_limit.value = "120"
+    fields["time_limit"].value = "120"
     assert not panel.launch_button.disabled
     # back to local: the SLURM fields hide and the torchrun line returns
     panel.scheduler.value = "local"
-    assert panel.slurm_box.layout.display == "none" and panel.command_preview.value.startswith("PYTHONUNBUFFERED=1 ")
+    assert box.layout.display == "none" and panel.command_preview.value.startswith("PYTHONUNBUFFERED=1 ")
 
 
 def test_FAKE_sbatch_launch_passes_the_slurm_fields_to_launch(tmp_path, fake_slurm_clients, monkeypatch):
@@ -279,9 +287,10 @@ def test_FAKE_sbatch_launch_passes_the_slurm_fields_to_launch(tmp_path, fake_slu
     panel.recipe.value = "lora_finetune"
     panel.config.value = "tiny/lora"
     panel.scheduler.value = "slurm"
-    panel.nodes.value = 3
-    panel.gpus_per_node.value = 8
-    panel.partition.value = "gpu"
+    fields = panel.scheduler_fields["slurm"]
+    fields["nodes"].value = 3
+    fields["gpus_per_node"].value = 8
+    fields["partition"].value = "gpu"
     panel.name.value = "big one"
     calls.clear()
     panel.launch_button.click()
@@ -299,10 +308,10 @@ def test_FAKE_sbatch_launch_passes_the_slurm_fields_to_launch(tmp_path, fake_slu
     ("sleep 5", []),  # longer than SINFO_TIMEOUT_S (0.5 s here)
 ])
 def test_FAKE_sinfo_partitions(tmp_path, monkeypatch, script, expected):
-    from tune_magic.ui import panel as panel_mod
+    from tune_magic.schedulers.slurm import options as slurm_options
 
     (tmp_path / "sinfo").write_text(f"#!/bin/sh\n{script}\n")
     (tmp_path / "sinfo").chmod(0o755)
-    monkeypatch.setattr(panel_mod, "SINFO_TIMEOUT_S", 0.5)
-    assert panel_mod.slurm_partitions({"PATH": str(tmp_path)}) == expected
-    assert panel_mod.slurm_partitions({"PATH": str(tmp_path / "nowhere")}) == []
+    monkeypatch.setattr(slurm_options, "SINFO_TIMEOUT_S", 0.5)
+    assert slurm_options.partitions({"PATH": str(tmp_path)}) == expected
+    assert slurm_options.partitions({"PATH": str(tmp_path / "nowhere")}) == []

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tune_magic.registry import store as jobstore
-from tune_magic.plan.build import build_plan
+from tune_magic.launcher import build_plan
 from tune_magic.plan.configview import resolve_dirs
 from tune_magic.registry.store import CorruptRecord, JobRecord
 from tune_magic.logs.progress import (SAVED, SAVING, UNDECIDED, Bar, checkpoint_state, fmt_duration, fmt_rate, parse_bar,
@@ -118,4 +118,4 @@ def test_record_validates_epochs_fields(tmp_path):
     for key, value in (("epochs", 0), ("epochs", "3"), ("epochs", 2.5), ("epochs", True), ("max_steps_per_epoch", -1)):
         with pytest.raises(CorruptRecord, match=key):
             JobRecord.from_dict({**rec.to_dict(), key: value})
-    assert jobstore.SCHEMA == 2  # optional fields with defaults: no new schema
+    assert jobstore.SCHEMA == 3  # optional fields with defaults: no new schema (3 moved engine fields)

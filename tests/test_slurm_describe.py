@@ -24,7 +24,7 @@ def _job(tmp_path: Path, log: str) -> tuple[Path, JobRecord]:
     (d / jobstore.OUTPUT_LOG).write_text(log)
     rec = JobRecord(id="j1", name="n", argv=["torchrun", "x.py"], env={}, cwd=str(tmp_path),
                     log_path=str(d / jobstore.OUTPUT_LOG), started_at=time.time() - 10, status="pending",
-                    scheduler="slurm", slurm_job_id="42")
+                    scheduler="slurm", backend={"job_id": "42"})
     jobstore.write_record(d, rec)
     return d, rec
 
@@ -66,3 +66,21 @@ def test_no_squeue_answer_yet_and_a_started_log_reads_running(tmp_path, monkeypa
     d2.mkdir()
     d, rec = _job(d2, "")
     assert "status" not in S.SlurmScheduler().describe(d, rec)  # nothing known: stays pending
+
+
+def test_a_schema_2_record_keeps_its_slurm_fields_through_migration(tmp_path, squeue_says):
+    # written by release 0.1.0: SLURM's id, config file and time limit at the top level
+    from tune_magic.job import Job
+
+    d, rec = _job(tmp_path, "node tmnode1 10.0.0.1\n")
+    data = rec.to_dict()
+    del data["backend"], data["scheduler_options"]
+    data.update(schema=2, slurm_job_id="42", slurm_conf="/etc/slurm/x.conf", time_limit="10")
+    (d / jobstore.RECORD).write_text(__import__("json").dumps(data))
+    squeue_says("42|PENDING|Resources|1|(null)|10:00|tune_magic-j1")
+    job = Job(d)
+    assert (job.engine_id, job.record.backend, job.record.scheduler_options) == (
+        "42", {"job_id": "42", "conf": "/etc/slurm/x.conf"}, {"time_limit": "10"})
+    assert job.refresh().status == "running"  # describe read the migrated id and the log
+    written = __import__("json").loads((d / jobstore.RECORD).read_text())
+    assert written["schema"] == 3 and written["backend"]["job_id"] == "42"

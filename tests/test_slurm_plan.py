@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import tune_magic
-from tune_magic.plan.build import build_plan
+from tune_magic.launcher import build_plan
 from tune_magic.errors import PlanError
 from tune_magic.schedulers.slurm.script import batch_script, sbatch_argv, shell_word
 
@@ -49,12 +49,12 @@ def test_two_nodes_per_node_command_and_sbatch_line_FAKE_sbatch(fake_sbatch):
                                      "${SLURM_JOB_ID}", str(TOY_RECIPE), "--config"]
     assert (plan.scheduler, plan.rendezvous, plan.nnodes, plan.nproc_per_node) == ("slurm", "scheduler", "2", "8")
     job_dir = Path(os.environ["TUNE_MAGIC_HOME"]) / "jobs" / plan.job_id
-    assert plan.sbatch_argv == [
+    assert plan.submit_argv == [
         "sbatch", "--parsable", f"--job-name=tune_magic-{plan.job_id}", "--nodes=2", "--ntasks-per-node=1",
         f"--output={job_dir}/output.log", f"--error={job_dir}/output.log", "--open-mode=append",
         f"--chdir={os.getcwd()}", "--export=ALL", "--gpus-per-node=8", "--cpus-per-task=64", "--partition=gpu",
         "--time=2:00:00", "--account=proj", "--no-requeue", "--qos=high", f"{job_dir}/job.sbatch"]
-    assert plan.command_line() == shlex.join(plan.sbatch_argv)
+    assert plan.command_line() == shlex.join(plan.submit_argv)
     assert f"srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=64 --kill-on-bad-exit=1" in plan.batch_script
     assert '"${TUNE_MAGIC_RDZV_ENDPOINT}"' in plan.batch_script and '"${SLURM_JOB_ID}"' in plan.batch_script
     assert f"output_dir=${{oc.env:TUNE_MAGIC_HOME}}/runs/toy/{plan.job_id}" in plan.batch_script
@@ -135,8 +135,11 @@ def test_without_sbatch_the_message_says_how_to_get_it_and_nothing_is_left(monke
 @pytest.mark.parametrize("kw", [{"nodes": 1}, {"gpus_per_node": 2}, {"cpus_per_node": 4}, {"partition": "gpu"},
                                 {"time_limit": "10"}, {"account": "a"}, {"sbatch": ["--qos=x"]}])
 def test_local_scheduler_refuses_slurm_options(kw):
-    with pytest.raises(PlanError, match="SLURM options: add --scheduler slurm; for several nodes without SLURM run "
-                                        "torchrun's --nnodes N --rdzv-endpoint HOST:PORT on every node"):
+    flag = {"gpus_per_node": "--gpus-per-node", "cpus_per_node": "--cpus-per-node", "time_limit": "--time"}.get(
+        next(iter(kw)), "--" + next(iter(kw)))
+    with pytest.raises(PlanError, match=f"^{flag}: an option of --scheduler slurm, not of local: add --scheduler slurm; "
+                                        "for several nodes without a cluster scheduler run torchrun's --nnodes N "
+                                        "--rdzv-endpoint HOST:PORT on every node$"):
         tune_magic.launch(toy_args(), dry_run=True, **kw)
 
 
@@ -151,16 +154,19 @@ def test_scheduler_names(name, words, monkeypatch):
 
 
 def test_own_options_after_a_torchrun_option_get_put_it_first():
+    from tune_magic.launcher import launch_options
     from tune_magic.plan import options as launchopts
+
+    run = launch_options(launchopts.RUN)
 
     for flag in ("--nodes 2", "--gpus-per-node 8", "--partition gpu", "--time 10", "--account a",
                  "--sbatch=--qos=x", "--scheduler slurm", "--cpus-per-node 4"):
         with pytest.raises(PlanError, match="put it first"):
-            launchopts.split_own(shlex.split(f"--nproc_per_node 2 {flag} x --config y"), launchopts.RUN)
+            launchopts.split_own(shlex.split(f"--nproc_per_node 2 {flag} x --config y"), run)
     with pytest.raises(PlanError, match="= form"):
-        launchopts.split_own(["--sbatch", "--qos=x", "r"], launchopts.RUN)
+        launchopts.split_own(["--sbatch", "--qos=x", "r"], run)
     own, rest = launchopts.split_own(shlex.split("--scheduler slurm --nodes 2 --sbatch=--qos=a --sbatch=-x r --config c"),
-                                     launchopts.RUN)
+                                     run)
     assert own == {"scheduler": "slurm", "nodes": "2", "sbatch": ["--qos=a", "-x"]} and rest == ["r", "--config", "c"]
 
 

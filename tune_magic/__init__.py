@@ -13,8 +13,8 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _API = {
-    "build_plan": "plan.build",
-    "LaunchPlan": "plan.build",
+    "build_plan": "launcher",
+    "LaunchPlan": "plan.model",
     "PlanError": "errors",
     "TuneMagicError": "errors",
     "UserError": "errors",
@@ -23,7 +23,7 @@ _API = {
     "Status": "registry.status",
     "home": "paths",
     "make_assets": "assets",
-    "launch": "job",
+    "launch": "launcher",
     "jobs": "job",
     "get_job": "job",
     "Job": "job",

@@ -1,84 +1,36 @@
-"""Background jobs: launch a plan, list, follow and stop jobs. Knows nothing of IPython.
+"""Jobs: a facade over each job's record and its scheduler; listings. Knows nothing of IPython.
 
-A launch registers a record under ``$TUNE_MAGIC_HOME/jobs/<id>/`` and hands it to a scheduler
-(:mod:`tune_magic.schedulers`: ``local`` runs it on this machine under a supervisor process). So a
-job outlives the process that launched it, and any later process (a new kernel, the CLI) lists,
-follows and stops it through the same records. :class:`Job` never asks which scheduler it has.
-
-Registration is atomic: the job's directory is prepared under a hidden staging name and renamed
-into place with its record in one step, under the launch lock, after the clash checks. A launcher
-killed at any moment leaves either nothing, a staging directory that the next listing removes, or
-a registered job whose status becomes true at the next look (``failed``: "the launch was
-interrupted") — never a directory without a record or a running record without a process.
+A :class:`Job` reads its record under ``$TUNE_MAGIC_HOME/jobs/<id>/`` (:mod:`tune_magic.registry`)
+and asks its scheduler (:mod:`tune_magic.schedulers`) what became of it, how to stop it and where it
+runs; it never asks which scheduler it has. Any process (a new kernel, the CLI) lists, follows and
+stops jobs that another one launched (:mod:`tune_magic.launcher`).
 """
 
 from __future__ import annotations
 
-import errno
 import math
-import re
-from dataclasses import replace
 import os
-import shutil
-import signal
-import tempfile
 import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Mapping
 
 import psutil
 
-from tune_magic.plan import catalog
-from tune_magic.schedulers.local import gpus as gpu_mod
-from tune_magic.registry import store as jobstore
 from tune_magic import schedulers
-from tune_magic.plan.build import LaunchPlan, build_plan, check_job_id, resolve_config, split_args, with_config
-from tune_magic.plan.configview import resolve_dirs, write_overlaid_config
-from tune_magic.errors import JobNotFound, JobStartError, PlanError, StateDirError, UserError
-from tune_magic.registry.ids import new_job_id
+from tune_magic.errors import JobNotFound, PlanError, StateDirError
 from tune_magic.logs.notify import get_notifier
-from tune_magic.registry.store import JobRecord, ProcessRef
-from tune_magic.schedulers.base import SchedulerOptions, check_scheduler_name, default_scheduler
-from tune_magic.schedulers.local.procs import alive as _alive
+from tune_magic.plan.words import check_job_id
+from tune_magic.registry import store as jobstore
 from tune_magic.registry.status import Status
+from tune_magic.registry.store import JobRecord
+from tune_magic.schedulers.local.procs import alive as _alive
 
-#: Environment variable: when "1", every launch is a dry run that returns the LaunchPlan.
-DRY_RUN_ENV = "TUNE_MAGIC_DRY_RUN"
 #: Seconds between asking the scheduler what became of a live job (see Job.refresh).
 LIVENESS_CHECK_S = 1.0
-#: Seconds a staging directory without a live launcher is kept before a listing removes it.
-STAGING_GRACE_S = 2.0
-#: Longest job name accepted, in characters (listings cut names to 40 anyway).
-MAX_NAME_CHARS = 1000
-#: Test hook: the launch step at which the launching process SIGKILLs itself (fault tests).
-TEST_KILL_ENV = "TUNE_MAGIC_TEST_KILL_LAUNCHER_AT"
-#: The launch steps, in order, that TEST_KILL_ENV can name.
-LAUNCH_STEPS = ("staging", "planned", "staged", "registered", "submitted")
 
 RUNNING, SUCCEEDED, FAILED, STOPPED = Status.RUNNING, Status.SUCCEEDED, Status.FAILED, Status.STOPPED
-
-
-def dry_run_requested(env: Mapping[str, str] | None = None) -> bool:
-    """Return True when ``TUNE_MAGIC_DRY_RUN`` asks for dry runs (``1``/``true``/``yes``/``on``);
-    ``0``/``false``/``no``/``off`` or unset/empty mean a real launch.
-
-    Raises:
-        PlanError: any other value (it fails closed: a typo never starts a real job).
-    """
-    value = (os.environ if env is None else env).get(DRY_RUN_ENV, "").strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("", "0", "false", "no", "off"):
-        return False
-    raise PlanError(f"{DRY_RUN_ENV}={value!r} is neither on (1, true, yes, on) nor off (0, false, no, off); "
-                    f"set one of them or unset it")
-
-
-def _launch_step(step: str) -> None:
-    if os.environ.get(TEST_KILL_ENV) == step:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class Job:
@@ -98,10 +50,12 @@ class Job:
         self.damaged = False
         if record is None:
             try:
-                record = jobstore.read(self.dir)
+                record = _read(self.dir)
             except jobstore.CorruptRecord:
                 record = _damaged_record(self.dir)
                 self.damaged = True
+        else:
+            schedulers.get_or_missing(record.scheduler).migrate(record)
         self._record = record
         self._stamp: tuple | None = None  # identity of the record file last read
         self._checked = 0.0  # monotonic time of the last look at the scheduler
@@ -109,11 +63,11 @@ class Job:
     # -- state --------------------------------------------------------------------------------
     @property
     def scheduler(self) -> str:
-        """Where the job runs: ``"local"`` or ``"slurm"``."""
+        """The name of the scheduler the job runs on (``"local"``, ``"slurm"``, ...)."""
         return self._record.scheduler
 
     def _sched(self):
-        return schedulers.get(self._record.scheduler)
+        return schedulers.get_or_missing(self._record.scheduler)
 
     def refresh(self) -> "Job":
         """Re-read the record if it changed; ask the scheduler what became of a live job (at most
@@ -125,7 +79,7 @@ class Job:
         stamp = jobstore.stamp(self.dir)
         if stamp is None or stamp != self._stamp:
             try:
-                self._record = jobstore.read(self.dir)
+                self._record = _read(self.dir)
                 self.damaged = False
             except jobstore.CorruptRecord:
                 if not self.damaged:
@@ -141,7 +95,7 @@ class Job:
             if changes:
                 if persist and not self.damaged:
                     try:
-                        self._record = jobstore.update(self.dir, **changes)
+                        self._record = jobstore.update(self.dir, migrate=self._sched().migrate, **changes)
                         self._stamp = jobstore.stamp(self.dir)
                         return self
                     except (OSError, jobstore.CorruptRecord, StateDirError):
@@ -177,21 +131,16 @@ class Job:
 
     @property
     def pid(self) -> int | None:
-        """Pid of the torchrun agent (or of the one recipe process); ``None`` where the job has no
-        local process (a SLURM job) or before it started."""
+        """Pid of the torchrun agent (or of the one recipe process) on this machine; ``None`` where
+        the job has no process here (e.g. a SLURM job) or before it started."""
         agent = self._record.agent
-        return agent.pid if agent and self._record.scheduler == "local" else None
+        return agent.pid if agent else None
 
     @property
     def nodes(self) -> list[str]:
-        """Host names the job runs on: this host for a local job; a SLURM job's allocation
+        """Host names the job runs on: this host for a local job; a cluster job's allocation
         (``[]`` while it is pending)."""
-        r = self._record
-        if r.scheduler == "local":
-            import socket
-
-            return [socket.gethostname()]
-        return list(r.nodes)
+        return self._sched().nodes(self._record)
 
     @property
     def num_nodes(self) -> int:
@@ -200,20 +149,20 @@ class Job:
 
     @property
     def pending_reason(self) -> str | None:
-        """Why a pending job waits (SLURM's reason: ``Resources``, ``Priority``...), else ``None``."""
+        """Why a pending job waits (the engine's reason, e.g. SLURM's ``Resources``), else ``None``."""
         return self.refresh()._record.pending_reason
 
     @property
-    def slurm_job_id(self) -> str | None:
-        """SLURM's id of a SLURM job once submitted, else ``None``."""
-        return self._record.slurm_job_id
+    def engine_id(self) -> str | None:
+        """The engine's own id of the job (e.g. SLURM's job id, once submitted), else ``None``."""
+        return self._sched().engine_id(self._record)
 
     @property
     def workers(self) -> list[dict]:
-        """The rank processes: ``{"host", "rank", "pid"}`` for a local job, ``{"host", "rank"}``
-        for a SLURM job (as its nodes reported them)."""
+        """The rank processes: ``{"host", "rank", "pid"}`` for a job on this machine, ``{"host",
+        "rank"}`` for a job on other nodes (as its nodes reported them)."""
         r = self._record
-        if r.scheduler == "local":
+        if r.workers:
             host = self.nodes[0]
             return [{"host": host, "rank": w.rank, "pid": w.pid} for w in r.workers]
         return [dict(x) for x in r.rank_hosts]
@@ -403,6 +352,17 @@ class Job:
         return lines[-n:] if n > 0 else []
 
 
+def _read(d: Path) -> JobRecord:
+    """The record in ``d``, with its scheduler's fields of earlier releases moved into place.
+
+    Raises:
+        CorruptRecord: see :func:`tune_magic.registry.store.read`.
+    """
+    record = jobstore.read(d)
+    schedulers.get_or_missing(record.scheduler).migrate(record)
+    return record
+
+
 def _damaged_record(d: Path, last: JobRecord | None = None) -> JobRecord:
     """A stand-in record for a job whose record.json cannot be read: what procs.json knows."""
     if last is not None:
@@ -421,405 +381,6 @@ def _damaged_record(d: Path, last: JobRecord | None = None) -> JobRecord:
 # ---------------------------------------------------------------------------------------------
 
 
-def _live_jobs(records: Iterable[JobRecord]) -> list[Job]:
-    out = []
-    for r in records:
-        if r.state.is_live:
-            job = Job(jobstore.job_dir(r.id), r)
-            if job.refresh().record.state.is_live:
-                out.append(job)
-    return out
-
-
-def _busy_gpus(running: list[Job]) -> dict[int | str, str]:
-    """Physical GPU -> id of the live job using it (records made before ``physical_gpus`` existed
-    hold physical ids in ``gpus``)."""
-    busy: dict[int | str, str] = {}
-    for j in running:
-        r = j.record
-        for g in (r.physical_gpus if r.physical_gpus is not None else r.gpus) or []:
-            busy[g] = j.id
-    return busy
-
-
-def scheduler_options(*, scheduler: str | None = None, nodes: Any = None, gpus_per_node: Any = None,
-                      cpus_per_node: Any = None, partition: str | None = None, time_limit: str | None = None,
-                      account: str | None = None, sbatch: Sequence[str] | None = None,
-                      env: Mapping[str, str] | None = None) -> SchedulerOptions:
-    """Validate a launch's own scheduler options; return them as :class:`SchedulerOptions`.
-
-    Raises:
-        PlanError: an unknown scheduler, a count that is not a positive integer, a value of the
-            wrong type.
-    """
-    env = os.environ if env is None else env
-    name = check_scheduler_name(scheduler if scheduler is not None else default_scheduler(env),
-                                "--scheduler" if scheduler is not None else "TUNE_MAGIC_SCHEDULER")
-
-    def count(value: Any, flag: str) -> int | None:
-        if value is None:
-            return None
-        if isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip()):  # ASCII digits only
-            value = int(value.strip())
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise PlanError(f"{flag} {value!r} must be a positive integer, e.g. {flag} 2")
-        return value
-
-    examples = {"--partition": "gpu", "--time": "2:00:00", "--account": "myproject"}
-
-    def text(value: Any, flag: str) -> str | None:
-        if value is None:
-            return None
-        if flag == "--time" and isinstance(value, int) and not isinstance(value, bool):
-            value = str(value)  # minutes, as sbatch reads a bare number
-        if not isinstance(value, str) or not value.strip() or any(c.isspace() or ord(c) < 32 for c in value):
-            raise PlanError(f"{flag} {value!r} must be one word, e.g. {flag} {examples[flag]}")
-        return value
-
-    if sbatch is not None and (isinstance(sbatch, str) or not all(isinstance(s, str) for s in sbatch)):
-        raise PlanError("sbatch options are a list of strings, each one option as sbatch takes it, e.g. "
-                        "['--qos=high']")
-    return SchedulerOptions(
-        scheduler=name, nodes=count(nodes, "--nodes"), gpus_per_node=count(gpus_per_node, "--gpus-per-node"),
-        cpus_per_node=count(cpus_per_node, "--cpus-per-node"), partition=text(partition, "--partition"),
-        time_limit=text(time_limit, "--time"), account=text(account, "--account"), sbatch=tuple(sbatch or ()),
-    )
-
-
-def launch(
-    args: str | Sequence[str],
-    *,
-    name: str | None = None,
-    gpus: str | Iterable[int] | None = None,
-    cwd: str | os.PathLike | None = None,
-    force: bool = False,
-    env: Mapping[str, str] | None = None,
-    dry_run: bool | None = None,
-    config_overlay: str | None = None,
-    scheduler: str | None = None,
-    nodes: int | None = None,
-    gpus_per_node: int | None = None,
-    cpus_per_node: int | None = None,
-    partition: str | None = None,
-    time_limit: str | None = None,
-    account: str | None = None,
-    sbatch: Sequence[str] | None = None,
-    job_id: str | None = None,
-) -> "Job | LaunchPlan":
-    """Launch a ``tune run``-style job in the background and return at once.
-
-    Args:
-        args: ``[TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]`` (see
-            :func:`tune_magic.build_plan`).
-        name: free-text name shown in listings (default: the recipe name).
-        gpus: GPU ids (``"0,1"``, ``[2, 3]``), or ``"auto"`` for as many free GPUs as the job has
-            processes per node. Sets ``CUDA_VISIBLE_DEVICES`` in the job's environment only.
-        cwd: working directory of the job and of relative paths (default: the current one).
-        force: allow sharing a GPU or an ``output_dir`` with a running job.
-        env: the caller's environment (default ``os.environ``); the job gets it plus the plan's
-            additions.
-        dry_run: return the :class:`LaunchPlan` without starting or registering anything.
-            Default: ``TUNE_MAGIC_DRY_RUN=1`` in the environment.
-        config_overlay: YAML text of a config mapping (a ``%%tune_run`` cell body). Merged over
-            ``--config`` when one is given, else used as the config; the result is saved as
-            ``config.yaml`` in the job's directory and launched with ``--config`` pointing at it.
-        scheduler: where the job runs: ``"local"`` (default, or ``$TUNE_MAGIC_SCHEDULER``) or
-            ``"slurm"``.
-        nodes, gpus_per_node, cpus_per_node, partition, time_limit, account, sbatch: the SLURM
-            scheduler's options (``--nodes``, ``--gpus-per-node``, ``--cpus-per-node``,
-            ``--partition``, ``--time``, ``--account``, extra sbatch options); refused by ``local``.
-        job_id: the id a dry run's plan is built for (default: a new one, as a launch would pick);
-            a real launch always picks its own.
-
-    Returns:
-        The :class:`Job` (or the plan, for a dry run).
-
-    Raises:
-        PlanError: bad arguments, unknown or busy GPUs, an ``output_dir`` used by a running job.
-            Nothing has been started.
-        StateDirError: ``$TUNE_MAGIC_HOME`` cannot take the job (read-only, full disk).
-        JobStartError: the scheduler could not start the job (its record says why).
-    """
-    caller_env = dict(os.environ if env is None else env)
-    cwd = os.path.abspath(os.getcwd() if cwd is None else os.fspath(cwd))
-    if name is not None and not isinstance(name, str):
-        raise PlanError(f"name={name!r}: the job name must be a string")
-    if name is not None and len(name) > MAX_NAME_CHARS:
-        raise PlanError(f"the job name is {len(name)} characters long; give at most {MAX_NAME_CHARS}")
-    if not isinstance(args, (str, list, tuple)):
-        raise PlanError(f"args={args!r}: give the tune run-style words as a string or a list of strings")
-    for flag, value in (("force", force), ("dry_run", dry_run)):
-        if value is not None and not isinstance(value, bool):
-            raise PlanError(f"{flag}={value!r}: give True or False")
-    options = scheduler_options(scheduler=scheduler, nodes=nodes, gpus_per_node=gpus_per_node,
-                                cpus_per_node=cpus_per_node, partition=partition, time_limit=time_limit,
-                                account=account, sbatch=sbatch, env=caller_env)
-    sched = schedulers.get(options.scheduler)
-    if dry_run is None:
-        dry_run = dry_run_requested(caller_env)
-    tokens = split_args(args)
-    if job_id is not None and not dry_run:
-        raise PlanError("job_id is for dry runs only; a launch picks its own id")
-    job_id = check_job_id(job_id) if job_id is not None else new_job_id()
-    if dry_run:
-        # nothing is registered; one file per distinct cell body holds its config for the preview
-        if config_overlay is not None:
-            import hashlib
-
-            d = Path(tempfile.gettempdir()) / "tune_magic_dry_run"
-            d.mkdir(mode=0o700, exist_ok=True)
-            digest = hashlib.sha256(f"{tokens}\0{config_overlay}\0{cwd}".encode()).hexdigest()[:16]
-            tokens = _apply_overlay(tokens, config_overlay, cwd, d / f"config-{digest}.yaml")
-        plan, _ = _plan(tokens, job_id, gpus=gpus, cwd=cwd, env=caller_env, busy={}, options=options)
-        # the job's directory as it would be (the same id-dependent paths a launch gets)
-        would_be = jobstore.jobs_root(caller_env, create=False) / job_id
-        plan = replace(plan, **sched.prepare(plan, options, caller_env, would_be))
-        problems = resolve_dirs(plan, cwd=cwd).errors  # here, a launch would refuse these
-        return replace(plan, warnings=plan.warnings + [f"a launch here would refuse this: {e}" for e in problems])
-    root = jobs_root_for_launch(caller_env)
-    _collect_staging(root)
-    stage = jobstore.staging_dir(job_id, root)
-    final = root / job_id
-    lock_fd: int | None = None
-    try:
-        try:
-            stage.mkdir(mode=0o700)
-            _launch_step("staging")
-            # held from now until the supervisor inherits it: a registered job always has a live
-            # holder (launcher or supervisor) until its supervisor exits
-            lock_fd = jobstore.open_nofollow(stage / jobstore.SUPERVISOR_LOCK, os.O_RDWR | os.O_CREAT)
-            import fcntl
-
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)
-            if config_overlay is not None:  # the job reads it at its final place, once registered
-                tokens = _apply_overlay(tokens, config_overlay, cwd, stage / "config.yaml")
-            plan, dirs, resolved = _checked_plan(tokens, job_id, gpus=gpus, cwd=cwd, env=caller_env, root=root,
-                                                 force=force, job_dir=final, options=options)
-            if config_overlay is not None:
-                plan = _replace_config(plan, str(final / "config.yaml"))
-            plan = replace(plan, **sched.prepare(plan, options, caller_env, final))
-            _launch_step("planned")
-            record = JobRecord(
-                id=job_id, name=name or plan.recipe_name or Path(plan.recipe).stem, argv=plan.argv, env=plan.env,
-                cwd=cwd, log_path=str(final / jobstore.OUTPUT_LOG), started_at=time.time(),
-                output_dir=dirs.output_dir, metric_log_dir=dirs.metric_log_dir, checkpoint_dir=dirs.checkpoint_dir,
-                gpus=plan.gpus, physical_gpus=resolved.physical if resolved else None, distributed=plan.distributed, nproc_per_node=plan.nproc_per_node,
-                rendezvous=plan.rendezvous, rendezvous_endpoint=plan.endpoint,
-                warnings=list(dict.fromkeys(dirs.warnings + plan.warnings)),
-                recipe=plan.recipe, config=plan.config, rank_log_dir=plan.rank_log_dir, scheduler=sched.name,
-                status=getattr(sched, "initial_status", Status.RUNNING).value,
-                num_nodes=int(plan.nnodes) if (plan.nnodes or "").isdigit() else 1, time_limit=options.time_limit,
-                epochs=dirs.epochs, max_steps_per_epoch=dirs.max_steps_per_epoch,
-            )
-            jobstore.write_record(stage, record)
-            jobstore.write_procs(stage, scheduler=sched.name)  # a damaged record still says where it runs
-            os.close(jobstore.open_nofollow(stage / jobstore.LOCK, os.O_WRONLY | os.O_CREAT))
-            _launch_step("staged")
-            # one launch at a time checks for clashes and registers, so two cannot both take a directory or GPU
-            with jobstore.flocked(root / jobstore.LAUNCH_LOCK):
-                _check_clashes(resolved, dirs, _live_jobs(jobstore.list_records(root)), force=force, plan=plan)
-                os.rename(stage, final)
-            _launch_step("registered")
-            if plan.output_dir and dirs.output_dir:
-                _make_private_dir(Path(dirs.output_dir))
-        except OSError as exc:
-            raise _state_error(exc, root) from None
-        try:
-            sched.submit(final, record, plan, options, caller_env, lock_fd)
-        except UserError:
-            jobstore.remove_tree(final)  # the engine refused it as described: nothing runs, nothing listed
-            raise
-        _launch_step("submitted")
-        return Job(final)
-    except BaseException:
-        if stage.exists():
-            shutil.rmtree(stage, ignore_errors=True)  # nothing registered, nothing left behind
-        raise
-    finally:
-        if lock_fd is not None:
-            os.close(lock_fd)
-
-
-def jobs_root_for_launch(env: Mapping[str, str]) -> Path:
-    """The registry, created and writable, for a launch (see :func:`jobstore.jobs_root`)."""
-    return jobstore.jobs_root(env)
-
-
-def _state_error(exc: OSError, root: Path) -> StateDirError:
-    """Turn a registry write failure at launch into one paragraph naming the fix."""
-    where = root.parent
-    if jobstore.disk_full(exc):
-        return StateDirError(f"the disk holding TUNE_MAGIC_HOME ({where}) is full ({exc.strerror}); nothing was "
-                             "started. Free some space there, or point TUNE_MAGIC_HOME at a disk with room")
-    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        return StateDirError(f"TUNE_MAGIC_HOME ({where}) is not writable ({exc.strerror}); nothing was started. "
-                             "Point TUNE_MAGIC_HOME at a writable directory to launch jobs (listing works read-only)")
-    if exc.errno == errno.ELOOP:
-        return StateDirError(f"a symbolic link was planted inside the job registry {root} ({exc.filename}); "
-                             "tune_magic never follows links there. Remove it and launch again")
-    return StateDirError(f"cannot register the job under {root} ({exc.strerror or exc}); nothing was started")
-
-
-def _make_private_dir(path: Path) -> None:
-    """Create the per-job output_dir the plan added, mode 0700 (it will hold the resolved config
-    with every override, and the checkpoints)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        path.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
-    os.chmod(path, 0o700)
-
-
-def _collect_staging(root: Path) -> None:
-    """Remove staging directories of launches that died before registering (best effort)."""
-    try:
-        entries = [e for e in os.scandir(root) if e.name.startswith(jobstore.STAGING_PREFIX)]
-    except OSError:
-        return
-    now = time.time()
-    for e in entries:
-        d = Path(e.path)
-        try:
-            if jobstore.lock_is_held(d / jobstore.SUPERVISOR_LOCK):
-                continue
-            if now - os.lstat(d).st_mtime < STAGING_GRACE_S:
-                continue  # a launcher between mkdir and taking its lock
-            if not e.is_dir(follow_symlinks=False):
-                continue
-            shutil.rmtree(d, ignore_errors=True)
-        except OSError:
-            continue
-
-
-def _apply_overlay(tokens: list[str], overlay: str, cwd: str, dest: Path) -> list[str]:
-    """Write the overlaid config to ``dest`` and point ``--config`` at it."""
-    tokens, base = with_config(tokens, str(dest))
-    base_path = resolve_config(base, Path(cwd))[0] if base is not None else None
-    try:
-        write_overlaid_config(base_path, overlay, dest)
-    except ValueError as exc:
-        raise PlanError(str(exc)) from None
-    return tokens
-
-
-def _plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, busy, force: bool = False,
-          launching: bool = False, job_dir: Path | None = None,
-          options: SchedulerOptions | None = None) -> "tuple[LaunchPlan, gpu_mod.ResolvedGpus | None]":
-    """The plan and, when launching with GPUs, the GPUs resolved through the kernel's
-    ``CUDA_VISIBLE_DEVICES`` (the plan's env then carries the job's real ``CUDA_VISIBLE_DEVICES``).
-    Explicit ids are checked at launch only: dry runs for GPU nodes stay buildable here."""
-    resolved = None
-    if isinstance(gpus, str) and gpus.strip() == "auto":
-        probe = build_plan(tokens, env=env, cwd=cwd)
-        nproc = probe.nproc_per_node or "1"
-        n = int(nproc) if nproc.isdigit() else 1
-        resolved = gpu_mod.resolve_gpus("auto", n, busy, env, force=force)
-        gpus = resolved.typed
-    options = options or SchedulerOptions()
-    plan = build_plan(tokens, env=env, cwd=cwd, gpus=gpus, job_id=job_id, job_dir=job_dir,
-                      scheduler=options.scheduler, nodes=options.nodes, gpus_per_node=options.gpus_per_node)
-    if launching and plan.scheduler == "local" and plan.nproc_per_node == "gpu" and not plan.gpus:
-        # torchrun would count CUDA devices in its agent and stop with "Cuda is not available."
-        vis = gpu_mod.visibility(env)
-        if not vis.gpus:
-            raise PlanError(f"--nproc_per_node gpu starts one process per visible GPU, and {vis.describe()}; "
-                            f"give a number of processes instead (--nproc_per_node 2) or run where a GPU is")
-    if plan.gpus and launching:
-        if resolved is None:
-            resolved = gpu_mod.resolve_gpus(plan.gpus, len(plan.gpus), busy, env, force=force)
-        plan = replace(plan, env={**plan.env, "CUDA_VISIBLE_DEVICES": resolved.cuda_visible_devices})
-    elif plan.gpus and "CUDA_VISIBLE_DEVICES" in plan.env:
-        # a dry run shows the CUDA_VISIBLE_DEVICES a launch from this kernel would give the job
-        # (ids are relative to the kernel's own); it checks nothing against this machine's GPUs
-        preview = gpu_mod.preview_cuda_visible_devices(plan.gpus, env)
-        if preview is not None:
-            plan = replace(plan, env={**plan.env, "CUDA_VISIBLE_DEVICES": preview})
-        else:
-            visible = env.get("CUDA_VISIBLE_DEVICES", "")
-            plan = replace(plan, warnings=plan.warnings + [
-                f"GPU ids {','.join(map(str, plan.gpus))} are not all among the {len([v for v in visible.split(',') if v.strip()])} "
-                f"GPUs this kernel may use (CUDA_VISIBLE_DEVICES={visible!r}): a launch from here would refuse them"])
-    return plan, resolved
-
-
-def _checked_plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, root: Path, force: bool, job_dir: Path,
-                  options: SchedulerOptions):
-    """Build the plan and check it against this machine (GPUs visible and free, inputs exist, dirs
-    resolve). Busy GPUs are checked again under the launch lock."""
-    running = _live_jobs(jobstore.list_records(root))
-    plan, resolved = _plan(tokens, job_id, gpus=gpus, cwd=cwd, env=env, busy=_busy_gpus(running), force=force,
-                           launching=True, job_dir=job_dir, options=options)
-    dirs = resolve_dirs(plan, cwd=cwd)
-    if dirs.errors:
-        raise PlanError(dirs.errors[0] + "; nothing was started")
-    if dirs.missing_inputs:
-        key, path = dirs.missing_inputs[0]
-        shipped = Path(plan.config).is_relative_to(catalog.shipped_root())
-        assets = " (the shipped configs use the tiny assets: run tune-magic assets, or tune_magic.make_assets())" if shipped else ""
-        raise PlanError(f"{key} {path} does not exist, so every rank would fail at start-up; create it{assets} "
-                        f"or override {key}=...")
-    for message in dirs.warnings:
-        warnings.warn(message, stacklevel=4)
-    return plan, dirs, resolved
-
-
-def _replace_config(plan: LaunchPlan, config_at: str) -> LaunchPlan:
-    """The plan with its config file moved to ``config_at`` (same content, final place)."""
-    staged = plan.config
-    return replace(plan, config=config_at, argv=[config_at if a == staged else a for a in plan.argv])
-
-
-def _same_or_nested(a: str, b: str) -> bool:
-    a, b = Path(os.path.realpath(a)), Path(os.path.realpath(b))
-    return a == b or a in b.parents or b in a.parents
-
-
-def _local_port(endpoint: str | None) -> int | None:
-    """The port of ``host:port`` when the host is this machine, else ``None``."""
-    import socket
-
-    if not endpoint:
-        return None
-    host, sep, port = endpoint.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not port.isdigit():
-        return None
-    mine = {"", "localhost", "0.0.0.0", "::", "::1", socket.gethostname(), socket.getfqdn()}
-    return int(port) if host in mine or host.startswith("127.") else None
-
-
-def _check_clashes(resolved, dirs, running: list[Job], *, force: bool, plan: LaunchPlan | None = None) -> None:
-    """Refuse a GPU, a directory or a rendezvous port on this machine that a live job uses (unless
-    ``force``). Called under the launch lock, so two launches racing for the same GPU or
-    ``output_dir``: exactly one is refused."""
-    if force:
-        return
-    port = _local_port(plan.endpoint) if plan is not None and plan.rendezvous == "user" else None
-    if port:
-        for job in running:
-            if job.scheduler == "local" and _local_port(job.record.rendezvous_endpoint) == port:
-                raise PlanError(f"port {port} of your rendezvous endpoint is the rendezvous of {job.record.status} job "
-                                f"{job.id}: the second job would fail (EADDRINUSE) or join the first one's rendezvous; "
-                                "leave the endpoint out (a free port is picked), choose another port, or pass --force")
-    if resolved is not None:
-        busy = {str(k): v for k, v in _busy_gpus(running).items()}
-        for typed, physical in zip(resolved.typed, resolved.physical):
-            if str(physical) in busy:
-                shown = f"GPU {typed}" + (f" (physical {physical})" if str(typed) != str(physical) else "")
-                raise gpu_mod.GpuError(f"{shown} is used by running job {busy[str(physical)]}; pick another GPU, stop "
-                                       "that job, or pass --force / force=True to share it")
-    mine = [x for x in (dirs.output_dir, dirs.metric_log_dir, dirs.checkpoint_dir) if x]
-    for job in running:
-        theirs = [x for x in (job.output_dir, job.record.metric_log_dir, job.record.checkpoint_dir) if x]
-        clash = next(((m, t) for m in mine for t in theirs if _same_or_nested(m, t)), None)
-        if clash:
-            raise PlanError(
-                f"{clash[0]} would share {clash[1]} with {job.record.status} job {job.id}; choose another "
-                "output_dir=..., stop that job, or pass --force / force=True"
-            )
-
-
 def jobs(skipped: list | None = None) -> list[Job]:
     """Return every job in the registry (live and finished), oldest first. Never writes except to
     record what it learns (best effort); works on a read-only registry.
@@ -829,7 +390,7 @@ def jobs(skipped: list | None = None) -> list[Job]:
             path and a one-line reason) instead of being reported with :func:`warnings.warn`.
     """
     root = jobstore.jobs_root(create=False)
-    _collect_staging(root)
+    jobstore.collect_staging(root)
     stamps: dict[str, tuple] = {}
     records, bad = jobstore.list_records_checked(root, stamps)
     if skipped is not None:

@@ -32,6 +32,7 @@ def run(quick: bool) -> list[dict]:
     from IPython.testing.globalipapp import start_ipython
 
     import tune_magic.job as jobctl
+    import tune_magic.launcher as L
     from tune_magic import build_plan
     from tune_magic.registry.ids import new_job_id
 
@@ -39,7 +40,7 @@ def run(quick: bool) -> list[dict]:
     ip.run_line_magic("load_ext", "tune_magic")
 
     # time launch() inside the magic apart from the rest (card, display): the magic looks it up per call
-    real_launch = jobctl.launch
+    real_launch = L.launch
     launch_s: list[float] = []
 
     def timed_launch(*a, **kw):
@@ -49,7 +50,7 @@ def run(quick: bool) -> list[dict]:
         finally:
             launch_s.append(perf_counter() - t)
 
-    jobctl.launch = timed_launch
+    L.launch = timed_launch
     jobs, cell_s, stop_s = [], [], []
 
     def one(i: int) -> float:
@@ -72,7 +73,7 @@ def run(quick: bool) -> list[dict]:
             cell_s.append(one(i))
             log(f"launch {i}: cell {cell_s[-1]:.3f} s (launch() {launch_s[-1]:.3f} s), stop {stop_s[-1]:.2f} s")
     finally:
-        jobctl.launch = real_launch
+        L.launch = real_launch
         stop_all(jobs)
     statuses = [j.status for j in jobs]
     warm_launch = launch_s[1:]

@@ -19,6 +19,8 @@ import psutil
 import pytest
 
 import tune_magic.job as J
+import tune_magic.launcher as L
+from tune_magic import faultpoints
 from tune_magic.registry import store as jobstore
 from tune_magic.schedulers.local import procs
 
@@ -65,7 +67,7 @@ def cli(*args, env=None):
 
 
 def test_supervisor_killed_job_finishes_and_its_outcome_survives(cleanup_jobs):
-    job = started(J.launch(toy_args("steps=12", "step_s=0.25")))
+    job = started(L.launch(toy_args("steps=12", "step_s=0.25")))
     cleanup_jobs.append(job)
     os.kill(job.record.supervisor.pid, signal.SIGKILL)
     assert job.wait(TIMEOUT) == "succeeded"
@@ -76,7 +78,7 @@ def test_supervisor_killed_job_finishes_and_its_outcome_survives(cleanup_jobs):
 
 
 def test_agent_sigkilled_workers_and_their_children_do_not_outlive_it(cleanup_jobs):
-    job = started(J.launch(toy_args("steps=1000", "step_s=0.1", "spawn_sleep=true")))
+    job = started(L.launch(toy_args("steps=1000", "step_s=0.1", "spawn_sleep=true")))
     cleanup_jobs.append(job)
     sleeps = wait_for(lambda: len(rank_children(job)) >= 2 and rank_children(job), what="ranks' children")
     os.kill(job.pid, signal.SIGKILL)
@@ -89,7 +91,7 @@ def test_agent_sigkilled_workers_and_their_children_do_not_outlive_it(cleanup_jo
 
 
 def test_stop_kills_ranks_that_ignore_sigterm_and_their_children(cleanup_jobs):
-    job = started(J.launch(toy_args("steps=1000", "step_s=0.1", "ignore_sigterm=true", "spawn_sleep=true")))
+    job = started(L.launch(toy_args("steps=1000", "step_s=0.1", "ignore_sigterm=true", "spawn_sleep=true")))
     cleanup_jobs.append(job)
     wait_for(lambda: len(rank_children(job)) >= 2, what="ranks' children")
     assert len(members(job)) >= 5  # agent, 2 ranks, 2 sleeps
@@ -101,7 +103,7 @@ def test_stop_kills_ranks_that_ignore_sigterm_and_their_children(cleanup_jobs):
 def test_orphans_without_supervisor_or_agent_are_still_stopped(cleanup_jobs):
     """Supervisor and wrapper SIGKILLed, then the agent: the workers run on with nobody watching;
     stop still finds them by session, and the outcome is stopped."""
-    job = started(J.launch(toy_args("steps=1000", "step_s=0.1")))
+    job = started(L.launch(toy_args("steps=1000", "step_s=0.1")))
     cleanup_jobs.append(job)
     wrapper = psutil.Process(job.pid).ppid()
     os.kill(job.record.supervisor.pid, signal.SIGKILL)
@@ -116,7 +118,7 @@ def test_orphans_without_supervisor_or_agent_are_still_stopped(cleanup_jobs):
 
 
 def test_nothing_left_and_no_exit_code_is_outcome_unknown(cleanup_jobs):
-    job = started(J.launch(toy_args("steps=1000", "step_s=0.1")))
+    job = started(L.launch(toy_args("steps=1000", "step_s=0.1")))
     cleanup_jobs.append(job)
     wrapper = psutil.Process(job.pid).ppid()
     everything = [job.record.supervisor.pid, wrapper, *members(job)]
@@ -134,7 +136,7 @@ def test_nothing_left_and_no_exit_code_is_outcome_unknown(cleanup_jobs):
 
 
 def test_damaged_record_never_makes_a_live_job_unstoppable(cleanup_jobs):
-    job = started(J.launch(toy_args("steps=1000", "step_s=0.1")))
+    job = started(L.launch(toy_args("steps=1000", "step_s=0.1")))
     cleanup_jobs.append(job)
     record = job.dir / jobstore.RECORD
     record.write_text(record.read_text()[:40])  # truncated
@@ -155,7 +157,7 @@ def test_damaged_record_never_makes_a_live_job_unstoppable(cleanup_jobs):
 
 
 def test_deleted_job_directory_is_recreated_and_the_job_stays_stoppable(cleanup_jobs):
-    job = started(J.launch(toy_args("steps=1000", "step_s=0.1", "lines_per_step=1")))
+    job = started(L.launch(toy_args("steps=1000", "step_s=0.1", "lines_per_step=1")))
     cleanup_jobs.append(job)
     shutil.rmtree(job.dir)
     t0 = time.monotonic()
@@ -174,7 +176,9 @@ def test_deleted_job_directory_is_recreated_and_the_job_stays_stoppable(cleanup_
 LAUNCHER = """
 import sys
 import tune_magic.job as J
-J.launch(sys.argv[1])
+import tune_magic.launcher as L
+from tune_magic import faultpoints
+L.launch(sys.argv[1])
 """
 
 
@@ -211,8 +215,8 @@ def test_launcher_killed_at_any_moment_leaves_a_consistent_registry(tmp_path, mo
     args = toy_args("steps=2", "step_s=0.05", nproc=None)
     root = home / "jobs"
     # at each step boundary, through the test hook
-    for step in J.LAUNCH_STEPS:
-        p = subprocess.run([sys.executable, "-c", LAUNCHER, args], env={**env, J.TEST_KILL_ENV: step},
+    for step in faultpoints.LAUNCH_STEPS:
+        p = subprocess.run([sys.executable, "-c", LAUNCHER, args], env={**env, faultpoints.KILL_ENV: step},
                            capture_output=True, timeout=TIMEOUT)
         assert p.returncode == -signal.SIGKILL, (step, p.stderr[-2000:])
         _check_within_5s(root, f"killed at step {step}")
@@ -232,7 +236,7 @@ def test_launcher_killed_at_any_moment_leaves_a_consistent_registry(tmp_path, mo
 
 
 def test_pathological_records_never_break_listings_stop_logs_or_rm(cleanup_jobs):
-    good = J.launch(toy_args("steps=2", nproc=None))
+    good = L.launch(toy_args("steps=2", nproc=None))
     cleanup_jobs.append(good)
     assert good.wait(TIMEOUT) == "succeeded"
     root = good.dir.parent
@@ -270,7 +274,7 @@ def test_planted_symlinks_never_make_files_outside_the_registry(tmp_path, cleanu
     assert not (outside / "launch-victim").exists()
     assert not (home / "jobs" / jobstore.LAUNCH_LOCK).is_symlink()
     # a running job's record.lock replaced by a link: the job still ends recorded, nothing outside
-    job = started(J.launch(toy_args("steps=8", "step_s=0.2", nproc=1), env=env), 1)
+    job = started(L.launch(toy_args("steps=8", "step_s=0.2", nproc=1), env=env), 1)
     cleanup_jobs.append(job)
     (job.dir / jobstore.LOCK).unlink()
     (job.dir / jobstore.LOCK).symlink_to(outside / "lock-victim")
@@ -291,7 +295,7 @@ def test_home_and_jobs_may_be_symlinks(tmp_path, cleanup_jobs):
     real.mkdir(parents=True)
     (tmp_path / "cache").symlink_to(real)
     env = {**os.environ, "TUNE_MAGIC_HOME": str(tmp_path / "cache")}
-    job = J.launch(toy_args("steps=2", nproc=None), env=env)
+    job = L.launch(toy_args("steps=2", nproc=None), env=env)
     cleanup_jobs.append(job)
     assert job.wait(TIMEOUT) == "succeeded"
     assert (real / "jobs" / job.id / jobstore.RECORD).exists()
@@ -300,13 +304,13 @@ def test_home_and_jobs_may_be_symlinks(tmp_path, cleanup_jobs):
 
 
 def test_per_job_output_dir_is_private(tmp_path, cleanup_jobs):
-    job = J.launch(toy_args("steps=1", nproc=None))
+    job = L.launch(toy_args("steps=1", nproc=None))
     cleanup_jobs.append(job)
     assert Path(job.output_dir).name == job.id
     assert (os.stat(job.output_dir).st_mode & 0o777) == 0o700
     assert job.wait(TIMEOUT) == "succeeded"
     mine = tmp_path / "mine"
-    own = J.launch(toy_args("steps=1", f"output_dir={mine}", nproc=None))
+    own = L.launch(toy_args("steps=1", f"output_dir={mine}", nproc=None))
     cleanup_jobs.append(own)
     assert own.wait(TIMEOUT) == "succeeded"
     umask = os.umask(0)
@@ -315,7 +319,7 @@ def test_per_job_output_dir_is_private(tmp_path, cleanup_jobs):
 
 
 def test_stop_with_record_and_procs_file_both_damaged_still_stops_it(cleanup_jobs):
-    job = started(J.launch(toy_args("steps=1000", "step_s=0.1")))
+    job = started(L.launch(toy_args("steps=1000", "step_s=0.1")))
     cleanup_jobs.append(job)
     record = job.dir / jobstore.RECORD
     record.unlink()
@@ -329,14 +333,14 @@ def test_stop_with_record_and_procs_file_both_damaged_still_stops_it(cleanup_job
 
 
 def test_a_job_that_ends_by_itself_after_a_stop_was_asked_is_succeeded(cleanup_jobs):
-    job = started(J.launch(toy_args("steps=6", "step_s=0.2")))
+    job = started(L.launch(toy_args("steps=6", "step_s=0.2")))
     cleanup_jobs.append(job)
     (job.dir / jobstore.STOP_REQUESTED).touch()  # a stop that never reached a process
     assert job.wait(TIMEOUT) == "succeeded" and job.returncode == 0
 
 
 def test_a_planted_exit_code_never_ends_a_running_job(cleanup_jobs):
-    job = started(J.launch(toy_args("steps=1000", "step_s=0.1")))
+    job = started(L.launch(toy_args("steps=1000", "step_s=0.1")))
     cleanup_jobs.append(job)
     (job.dir / jobstore.EXIT_CODE).write_text(json.dumps({"returncode": 0, "ended_at": 1.0}))
     job._checked = 0.0
@@ -346,7 +350,7 @@ def test_a_planted_exit_code_never_ends_a_running_job(cleanup_jobs):
 
 
 def test_a_killed_exit_wrapper_is_not_blamed_on_the_job(cleanup_jobs):
-    job = started(J.launch(toy_args("steps=15", "step_s=0.2")))
+    job = started(L.launch(toy_args("steps=15", "step_s=0.2")))
     cleanup_jobs.append(job)
     wrapper = psutil.Process(job.pid).ppid()
     os.kill(wrapper, signal.SIGKILL)

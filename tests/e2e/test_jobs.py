@@ -20,8 +20,11 @@ import psutil
 import pytest
 
 import tune_magic.job as J
+import tune_magic.launcher as L
+from tune_magic.schedulers.local import procs
+from tune_magic import errors
 from tune_magic.registry import store as jobstore
-from tune_magic.plan.build import PlanError
+from tune_magic.errors import PlanError
 
 from jobhelpers import listening_on, processes_mentioning, toy_args
 
@@ -43,13 +46,13 @@ def disklogger_lines(job: J.Job) -> list[str]:
 def assert_no_orphans(job: J.Job) -> None:
     r = job.refresh().record
     for ref in [r.agent, r.supervisor, *r.workers]:
-        assert J._alive(ref) is None, f"process {ref} of job {job.id} still alive"
+        assert procs.alive(ref) is None, f"process {ref} of job {job.id} still alive"
     assert processes_mentioning(job.id) == []
 
 
 def test_two_jobs_same_config_overlap_and_both_succeed(tiny_assets, cleanup_jobs):
-    a = J.launch(LORA, name="a")
-    b = J.launch(LORA, name="b")
+    a = L.launch(LORA, name="a")
+    b = L.launch(LORA, name="b")
     cleanup_jobs += [a, b]
     assert a.status == "running" and b.status == "running"  # launch returned while both run
     assert (a.wait(TIMEOUT), b.wait(TIMEOUT)) == ("succeeded", "succeeded"), (a.tail(30), b.tail(30))
@@ -70,14 +73,14 @@ def test_two_jobs_same_config_overlap_and_both_succeed(tiny_assets, cleanup_jobs
 
 def test_negative_control_shared_master_port_second_fails_eaddrinuse(tiny_assets, cleanup_jobs):
     port = free_port()
-    a = J.launch(f"--master_port {port} {LORA.replace('max_steps_per_epoch=6', 'max_steps_per_epoch=200')}")
+    a = L.launch(f"--master_port {port} {LORA.replace('max_steps_per_epoch=6', 'max_steps_per_epoch=200')}")
     cleanup_jobs.append(a)
     deadline = time.monotonic() + 60
     while not listening_on(port) and time.monotonic() < deadline:
         time.sleep(0.1)
     with pytest.raises(PlanError, match=f"port {port} of your rendezvous endpoint is the rendezvous of running job"):
-        J.launch(f"--master_port {port} {LORA}")  # refused before it starts ...
-    b = J.launch(f"--master_port {port} {LORA}", force=True)  # ... unless forced: then it fails as it would
+        L.launch(f"--master_port {port} {LORA}")  # refused before it starts ...
+    b = L.launch(f"--master_port {port} {LORA}", force=True)  # ... unless forced: then it fails as it would
     cleanup_jobs.append(b)
     assert b.wait(TIMEOUT) == "failed"
     assert "EADDRINUSE" in b.error
@@ -88,7 +91,7 @@ def test_negative_control_shared_master_port_second_fails_eaddrinuse(tiny_assets
 
 def test_stop_leaves_no_process_and_frees_the_port_5_times(cleanup_jobs):
     for attempt in range(5):
-        job = J.launch(toy_args("steps=1000", "step_s=0.1"))
+        job = L.launch(toy_args("steps=1000", "step_s=0.1"))
         cleanup_jobs.append(job)
         deadline = time.monotonic() + 60
         while len(job.refresh().record.workers) < 2 or not job.record.rendezvous_endpoint:
@@ -103,7 +106,7 @@ def test_stop_leaves_no_process_and_frees_the_port_5_times(cleanup_jobs):
 
 
 def test_stop_real_lora_job(tiny_assets, cleanup_jobs):
-    job = J.launch(LORA.replace("max_steps_per_epoch=6", "max_steps_per_epoch=500"))
+    job = L.launch(LORA.replace("max_steps_per_epoch=6", "max_steps_per_epoch=500"))
     cleanup_jobs.append(job)
     deadline = time.monotonic() + 120
     while len(job.refresh().record.workers) < 2:
@@ -115,7 +118,7 @@ def test_stop_real_lora_job(tiny_assets, cleanup_jobs):
 
 def test_case7_gpus_reach_the_workers_environment_only(fake_gpus, cleanup_jobs):
     before = dict(os.environ)
-    job = J.launch(toy_args("steps=1000", "step_s=0.1", nproc=None), gpus="2,3")
+    job = L.launch(toy_args("steps=1000", "step_s=0.1", nproc=None), gpus="2,3")
     cleanup_jobs.append(job)
     deadline = time.monotonic() + 60
     while len(job.refresh().record.workers) < 2:
@@ -128,9 +131,9 @@ def test_case7_gpus_reach_the_workers_environment_only(fake_gpus, cleanup_jobs):
     assert dict(os.environ) == before
     # the same GPUs are busy now; auto picks the free ones
     with pytest.raises(PlanError, match="GPU 2 is used by running job"):
-        J.launch(toy_args(nproc=None), gpus="2,3")
-    assert J.launch(toy_args(nproc=None), gpus="auto", dry_run=True).gpus == [0]  # one process: one GPU
-    auto = J.launch(toy_args("steps=1000", "step_s=0.1", nproc=2), gpus="auto")
+        L.launch(toy_args(nproc=None), gpus="2,3")
+    assert L.launch(toy_args(nproc=None), gpus="auto", dry_run=True).gpus == [0]  # one process: one GPU
+    auto = L.launch(toy_args("steps=1000", "step_s=0.1", nproc=2), gpus="auto")
     cleanup_jobs.append(auto)
     assert auto.gpus == [0, 1]
     assert job.stop(grace_s=5) == auto.stop(grace_s=5) == "stopped"
@@ -153,7 +156,7 @@ def test_case6_custom_recipe_from_another_cwd(tmp_path, monkeypatch, cleanup_job
     monkeypatch.chdir(elsewhere)
     for args, files in [("my_recipe.py --config my.yaml", ["rank0.txt"]),
                         ("--nproc_per_node 2 my_recipe.py --config my.yaml", ["rank0.txt", "rank1.txt"])]:
-        job = J.launch(args, cwd=proj)
+        job = L.launch(args, cwd=proj)
         cleanup_jobs.append(job)
         assert job.wait(TIMEOUT) == "succeeded", job.tail(30)
         out = Path(job.output_dir)
@@ -163,7 +166,7 @@ def test_case6_custom_recipe_from_another_cwd(tmp_path, monkeypatch, cleanup_job
 
 
 def test_rank1_crash_is_failed_with_rank_and_message(cleanup_jobs):
-    job = J.launch(toy_args("crash_rank=1", "'crash_message=rank one blew up on purpose'"))
+    job = L.launch(toy_args("crash_rank=1", "'crash_message=rank one blew up on purpose'"))
     cleanup_jobs.append(job)
     assert job.wait(TIMEOUT) == "failed"
     assert job.returncode != 0
@@ -176,7 +179,10 @@ def test_rank1_crash_is_failed_with_rank_and_message(cleanup_jobs):
 LAUNCHER = """
 import sys, time
 import tune_magic.job as J
-job = J.launch(sys.argv[1])
+import tune_magic.launcher as L
+from tune_magic.schedulers.local import procs
+from tune_magic import errors
+job = L.launch(sys.argv[1])
 print(job.id, flush=True)
 if sys.argv[2] == "hang":
     time.sleep(600)
@@ -210,23 +216,23 @@ def test_job_outlives_its_launcher_and_is_managed_from_another_process(how, clea
 
 
 def test_bad_input_starts_and_signals_nothing(fake_gpus, cleanup_jobs, tmp_path):
-    job = J.launch(toy_args("steps=1000", "step_s=0.1", f"output_dir={tmp_path}/shared"))
+    job = L.launch(toy_args("steps=1000", "step_s=0.1", f"output_dir={tmp_path}/shared"))
     cleanup_jobs.append(job)
     before = {r.id for r in jobstore.list_records()}
     cases = [
         (lambda: J.get_job("a/b"), PlanError, "not valid"),
         (lambda: J.get_job(".."), PlanError, "not valid"),
-        (lambda: J.get_job("20990101-000000-abcdef"), J.JobNotFound, "no job"),
-        (lambda: J.launch(toy_args(nproc=None), gpus="7"), PlanError, "GPU 7 does not exist"),
-        (lambda: J.launch(toy_args(f"output_dir={tmp_path}/shared")), PlanError, "would share .* with running job"),
-        (lambda: J.launch("--nnodes 2 " + toy_args()), PlanError, "endpoint"),
+        (lambda: J.get_job("20990101-000000-abcdef"), errors.JobNotFound, "no job"),
+        (lambda: L.launch(toy_args(nproc=None), gpus="7"), PlanError, "GPU 7 does not exist"),
+        (lambda: L.launch(toy_args(f"output_dir={tmp_path}/shared")), PlanError, "would share .* with running job"),
+        (lambda: L.launch("--nnodes 2 " + toy_args()), PlanError, "endpoint"),
     ]
     for call, exc, words in cases:
         with pytest.raises(exc, match=words):
             call()
     assert {r.id for r in jobstore.list_records()} == before
     assert job.status == "running"
-    forced = J.launch(toy_args("steps=2", f"output_dir={tmp_path}/shared"), force=True)
+    forced = L.launch(toy_args("steps=2", f"output_dir={tmp_path}/shared"), force=True)
     cleanup_jobs.append(forced)
     assert forced.wait(TIMEOUT) == "succeeded"
 
@@ -264,7 +270,7 @@ def test_simultaneous_launches_cannot_both_take_one_output_dir(tmp_path, cleanup
     def go():
         barrier.wait()
         try:
-            results.append(J.launch(toy_args("steps=1000", "step_s=0.1", f"output_dir={tmp_path}/race")))
+            results.append(L.launch(toy_args("steps=1000", "step_s=0.1", f"output_dir={tmp_path}/race")))
         except PlanError as exc:
             results.append(exc)
 
@@ -278,9 +284,9 @@ def test_simultaneous_launches_cannot_both_take_one_output_dir(tmp_path, cleanup
     # the same directory through a symlink, and a directory inside it, clash too
     (tmp_path / "link").symlink_to(tmp_path)
     with pytest.raises(PlanError, match="would share"):
-        J.launch(toy_args(f"output_dir={tmp_path}/link/race"))
+        L.launch(toy_args(f"output_dir={tmp_path}/link/race"))
     with pytest.raises(PlanError, match="would share"):
-        J.launch(toy_args(f"output_dir={jobs[0].output_dir}/inner"))
+        L.launch(toy_args(f"output_dir={jobs[0].output_dir}/inner"))
     assert jobs[0].stop(grace_s=5) == "stopped"
 
 
@@ -290,14 +296,14 @@ def test_supervisor_dying_at_start_is_a_start_error(tmp_path):
     # a broken environment: every Python started with it exits at once
     (site / "sitecustomize.py").write_text("import os\nos._exit(3)\n")
     env = {**os.environ, "PYTHONPATH": str(site)}
-    with pytest.raises(J.JobStartError, match="did not start"):
-        J.launch(toy_args("steps=2"), env=env)
+    with pytest.raises(errors.JobStartError, match="did not start"):
+        L.launch(toy_args("steps=2"), env=env)
 
 
 def test_supervisor_keeps_the_summary_current(cleanup_jobs):
     from tune_magic.logs.summary import read_summary
 
-    job = J.launch(toy_args("steps=25", "step_s=0.2"))
+    job = L.launch(toy_args("steps=25", "step_s=0.2"))
     cleanup_jobs.append(job)
     deadline = time.monotonic() + 60
     while (read_summary(job.dir) is None or (read_summary(job.dir).step or 0) < 3):
@@ -312,7 +318,7 @@ def test_supervisor_keeps_the_summary_current(cleanup_jobs):
 
 
 def test_endpoint_with_port_0_records_the_real_address_and_workers_are_exactly_the_ranks(cleanup_jobs):
-    job = J.launch("--rdzv-endpoint localhost:0 --rdzv-backend c10d "
+    job = L.launch("--rdzv-endpoint localhost:0 --rdzv-backend c10d "
                    + toy_args("steps=1000", "step_s=0.1", "spawn_sleep=true"))
     cleanup_jobs.append(job)
     deadline = time.monotonic() + 60

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import tune_magic.job as J
+from tune_magic.schedulers.local import procs
 
 from jobhelpers import processes_mentioning, toy_args, write_fake_nvidia_smi
 from kernelhelpers import IOPubCounter, Kernel
@@ -76,7 +77,7 @@ def test_interrupt_restart_and_no_prints_from_threads(kernel):
     assert reply["parent_header"]["msg_id"] == msg_id and reply["content"]["ename"] == "KeyboardInterrupt"
     time.sleep(1)
     assert job.status == "running"
-    assert all(J._alive(w) for w in job.refresh().record.workers)
+    assert all(procs.alive(w) for w in job.refresh().record.workers)
 
     # case 11: restart the kernel; the job is still listed, followed and stoppable
     kernel.restart()

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import tune_magic.job as J
+import tune_magic.launcher as L
 from tune_magic.errors import PlanError
 from tune_magic.schedulers.local.gpus import GpuError
 
@@ -37,10 +38,11 @@ CHILD = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
     import tune_magic.job as J
+    import tune_magic.launcher as L
 
     gate, me, args, gpus = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] or None
     WIDEN_S = float(sys.argv[5])
-    real_plan, real_clashes, under_lock = J._checked_plan, J._check_clashes, []
+    real_plan, real_clashes, under_lock = L.checked_plan, L.check_clashes, []
 
     def held(*a, **kw):
         out = real_plan(*a, **kw)
@@ -60,9 +62,9 @@ CHILD = textwrap.dedent("""
             raise
         time.sleep(WIDEN_S)
 
-    J._checked_plan, J._check_clashes = held, clashes
+    L.checked_plan, L.check_clashes = held, clashes
     try:
-        print(json.dumps({"id": J.launch(args, gpus=gpus).id}))
+        print(json.dumps({"id": L.launch(args, gpus=gpus).id}))
     except Exception as exc:
         print(json.dumps({"error": type(exc).__name__, "message": str(exc), "under_lock": under_lock}))
 """)
@@ -72,7 +74,7 @@ def _race_in_threads(monkeypatch, args: str, gpus: str | None) -> tuple[list, li
     """Launch ``args`` from two threads at once, each held after planning until both planned.
     Returns (jobs, errors, names of the errors the check under the lock raised)."""
     start, planned = threading.Barrier(2, timeout=90), threading.Barrier(2, timeout=90)
-    real_plan, real_clashes = J._checked_plan, J._check_clashes
+    real_plan, real_clashes = L.checked_plan, L.check_clashes
     under_lock: list[str] = []
 
     def held(*a, **kw):
@@ -95,7 +97,7 @@ def _race_in_threads(monkeypatch, args: str, gpus: str | None) -> tuple[list, li
     def go():
         start.wait()
         try:
-            results.append(J.launch(args, gpus=gpus))
+            results.append(L.launch(args, gpus=gpus))
         except Exception as exc:
             results.append(exc)
 
@@ -162,7 +164,7 @@ def test_two_threads_on_different_gpus_are_both_launched(fake_gpus, cleanup_jobs
     def go(gpu):
         start.wait()
         try:
-            results.append(J.launch(LONG, gpus=gpu))
+            results.append(L.launch(LONG, gpus=gpu))
         except Exception as exc:
             results.append(exc)
 
@@ -191,13 +193,14 @@ def test_a_fixed_port_used_by_a_running_job_is_refused(cleanup_jobs):
     import socket
 
     import tune_magic.job as J
+    import tune_magic.launcher as L
     from tune_magic.errors import PlanError
     from jobhelpers import toy_args
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    first = J.launch(f"--master-port {port} " + toy_args("steps=1000", "step_s=0.1"))
+    first = L.launch(f"--master-port {port} " + toy_args("steps=1000", "step_s=0.1"))
     cleanup_jobs.append(first)
     deadline = time.monotonic() + 60
     while not first.refresh().record.workers:
@@ -205,5 +208,5 @@ def test_a_fixed_port_used_by_a_running_job_is_refused(cleanup_jobs):
         time.sleep(0.1)
     for args in (f"--master-port {port} ", f"--rdzv-endpoint localhost:{port} --rdzv-backend c10d "):
         with pytest.raises(PlanError, match=f"port {port} of your rendezvous endpoint is the rendezvous of running job"):
-            J.launch(args + toy_args("steps=2"))
+            L.launch(args + toy_args("steps=2"))
     assert first.stop(grace_s=2) == "stopped"

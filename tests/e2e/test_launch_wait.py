@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import tune_magic.job as J
+import tune_magic.launcher as L
 from tune_magic.registry import store as jobstore
 
 from jobhelpers import toy_args
@@ -30,7 +31,7 @@ def test_a_slow_supervisor_is_waited_for_without_polling_the_record(tmp_path, mo
     real_read = jobstore.read
     monkeypatch.setattr(jobstore, "read", lambda d: reads.append((Path(d).name, time.monotonic())) or real_read(d))
     t0 = time.monotonic()
-    job = J.launch(toy_args("steps=1000", "step_s=0.1", nproc=None), env=env)
+    job = L.launch(toy_args("steps=1000", "step_s=0.1", nproc=None), env=env)
     waited = time.monotonic() - t0
     cleanup_jobs.append(job)
     assert job.record.agent is not None and job.status == "running"
@@ -44,7 +45,7 @@ def test_a_slow_supervisor_is_waited_for_without_polling_the_record(tmp_path, mo
 
 def test_wait_ends_when_the_record_changes_not_at_the_next_poll(cleanup_jobs):
     # a poll spacing no test waits for: only the notification on the job's directory can end it
-    job = J.launch(toy_args("steps=3", "step_s=0.2", nproc=None))
+    job = L.launch(toy_args("steps=3", "step_s=0.2", nproc=None))
     cleanup_jobs.append(job)
     t0 = time.monotonic()
     assert job.wait(timeout=120, poll_s=3600) == "succeeded"
@@ -59,7 +60,7 @@ def test_wait_still_ends_where_the_filesystem_never_notifies(cleanup_jobs, monke
 
     deaf = notify.Notifier(DeafBackend)
     monkeypatch.setattr(J, "get_notifier", lambda: deaf)
-    job = J.launch(toy_args("steps=3", "step_s=0.2", nproc=None))
+    job = L.launch(toy_args("steps=3", "step_s=0.2", nproc=None))
     cleanup_jobs.append(job)
     try:
         assert job.wait(timeout=120, poll_s=0.2) == "succeeded"
@@ -71,7 +72,7 @@ def test_wait_still_ends_where_the_filesystem_never_notifies(cleanup_jobs, monke
 def test_wait_keeps_its_timeout_whatever_the_poll_spacing(cleanup_jobs):
     import pytest
 
-    job = J.launch(toy_args("steps=1000", "step_s=0.1", nproc=None))
+    job = L.launch(toy_args("steps=1000", "step_s=0.1", nproc=None))
     cleanup_jobs.append(job)
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match=f"job {job.id} still running after 0.5 s"):

@@ -15,7 +15,7 @@ from IPython.core.error import UsageError
 
 import tune_magic.job as J
 from tune_magic.registry import store as jobstore
-from tune_magic.plan.build import LaunchPlan
+from tune_magic.plan.model import LaunchPlan
 from tune_magic.ui.views import JobCard
 
 from jobhelpers import TOY_CONFIG, processes_mentioning, toy_args

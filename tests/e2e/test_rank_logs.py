@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from tune_magic.plan.build import build_plan
+from tune_magic.launcher import build_plan
 from tune_magic.logs.failure import describe_failure
 from tune_magic.logs.follow import JobMetricsFollower, rank_log_files, read_rank_logs
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import tune_magic.job as J
+import tune_magic.launcher as L
 from tune_magic.registry import store as jobstore
 
 from jobhelpers import toy_args
@@ -19,7 +20,7 @@ TIMEOUT = 180
 
 
 def test_failed_job_has_its_line_and_the_whole_traceback_one_step_away(cleanup_jobs):
-    job = J.launch(toy_args("crash_rank=1"))
+    job = L.launch(toy_args("crash_rank=1"))
     cleanup_jobs.append(job)
     assert job.wait(TIMEOUT) == "failed"
     assert job.error == "rank 1: RuntimeError: toy recipe crashed on purpose"
@@ -30,7 +31,7 @@ def test_failed_job_has_its_line_and_the_whole_traceback_one_step_away(cleanup_j
                        text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == job.error and "raise RuntimeError" in r.stdout
-    ok = J.launch(toy_args("steps=1", nproc=None))
+    ok = L.launch(toy_args("steps=1", nproc=None))
     cleanup_jobs.append(ok)
     assert ok.wait(TIMEOUT) == "succeeded" and ok.failure() is None
     r = subprocess.run([sys.executable, "-m", "tune_magic", "logs", ok.id, "--error"], capture_output=True,
@@ -39,7 +40,7 @@ def test_failed_job_has_its_line_and_the_whole_traceback_one_step_away(cleanup_j
 
 
 def test_redirected_workers_are_followed_through_the_jobs_ranks_dir(cleanup_jobs):
-    job = J.launch("--redirects 3 " + toy_args("steps=5"))
+    job = L.launch("--redirects 3 " + toy_args("steps=5"))
     cleanup_jobs.append(job)
     assert job.wait(TIMEOUT) == "succeeded", job.tail(20)
     assert job.record.rank_log_dir == str(job.dir / "ranks")
@@ -49,7 +50,7 @@ def test_redirected_workers_are_followed_through_the_jobs_ranks_dir(cleanup_jobs
     assert (s.step, s.loss) == (5, 2.0)
     losses = [p for p in job.metric_points() if p.name == "loss"]
     assert [p.step for p in losses] == [1, 2, 3, 4, 5] and losses[-1].value == 2.0
-    crashed = J.launch("--redirects 3 " + toy_args("crash_rank=1"))
+    crashed = L.launch("--redirects 3 " + toy_args("crash_rank=1"))
     cleanup_jobs.append(crashed)
     assert crashed.wait(TIMEOUT) == "failed"
     assert crashed.error == "rank 1: RuntimeError: toy recipe crashed on purpose"
@@ -63,7 +64,7 @@ def test_redirected_workers_are_followed_through_the_jobs_ranks_dir(cleanup_jobs
     (toy_args("handled_rank=0", "exit_rank=1", "steps=6"), "rank 1: exited with code 3"),
 ])
 def test_a_traceback_the_recipe_handled_is_not_the_failure(args, error, cleanup_jobs):
-    job = J.launch(args + " step_s=0.3")
+    job = L.launch(args + " step_s=0.3")
     cleanup_jobs.append(job)
     assert job.wait(TIMEOUT) == "failed"
     assert "CUDA out of memory" in Path(job.log_path).read_text()  # printed, handled, survived

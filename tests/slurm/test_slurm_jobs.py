@@ -19,6 +19,7 @@ import pytest
 
 import tune_magic
 import tune_magic.job as J
+from tune_magic import faultpoints
 from tune_magic.registry import store as jobstore
 from tune_magic.errors import PlanError
 from tune_magic.schedulers import slurm as slurm_sched
@@ -245,7 +246,7 @@ tune_magic.launch(sys.argv[1], scheduler="slurm", nodes=2, cpus_per_node=1)
 def test_a_launcher_killed_after_sbatch_leaves_a_job_that_is_found_by_name(cluster):
     before = {r.id for r in jobstore.list_records()}
     p = subprocess.run([sys.executable, "-c", LAUNCHER, toy_args("steps=2", nproc=1)],
-                       env={**os.environ, J.TEST_KILL_ENV: "sbatch-returned"}, capture_output=True, timeout=120)
+                       env={**os.environ, faultpoints.KILL_ENV: "sbatch-returned"}, capture_output=True, timeout=120)
     assert p.returncode == -9, p.stderr[-2000:]
     (new,) = [r for r in jobstore.list_records() if r.id not in before]
     assert new.slurm_job_id is None and new.status == "pending"  # the id never got written

@@ -14,7 +14,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from tune_magic.plan.build import PlanError, check_override
+from tune_magic.errors import PlanError
+from tune_magic.plan.words import check_override
 
 _OVERRIDE_LINE = re.compile(r"^~?[A-Za-z_][\w.\[\]\-]*(=|$)")
 _KEY_EQ = re.compile(r"^[A-Za-z_][\w.\[\]\-]*=")
@@ -97,10 +98,10 @@ def parse_cell_body(text: str | None) -> CellBody:
 
 def _refuse_empty_paths(node, prefix: str = "") -> None:
     """Refuse ``output_dir:`` with nothing after it (and other keys naming a path), as
-    :func:`tune_magic.plan.build.check_override` refuses ``output_dir=``: the recipe reads null."""
+    :func:`tune_magic.plan.words.check_override` refuses ``output_dir=``: the recipe reads null."""
     import yaml
 
-    from tune_magic.plan.build import empty_path_fix, is_path_key
+    from tune_magic.plan.words import empty_path_fix, is_path_key
 
     if not isinstance(node, yaml.MappingNode):
         return

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tune_magic.plan.build import LaunchPlan
+from tune_magic.plan.model import LaunchPlan
 
 #: Config keys (torchtune 0.6.1 conventions) holding directories a job writes to.
 METRIC_LOG_DIR_KEY = "metric_logger.log_dir"

@@ -1,95 +1,156 @@
-"""A launch's own options — tune_magic's, written before the torchrun options — split off the
-``tune run``-style words. Pure; shared by ``%%tune_run``, ``tune-magic run`` / ``cmd`` and the panel.
+"""A launch's own options — tune_magic's, written before the torchrun options — declared once and
+split off the ``tune run``-style words. Pure; shared by ``%%tune_run``, ``tune-magic run`` / ``cmd``
+and the panel.
 
 ::
 
     [OWN OPTIONS] [TORCHRUN OPTIONS] RECIPE --config CONFIG [key=value ...]
 
-Own options come first; the first word that is not one of them starts the ``tune run`` part (a
-``--`` ends them explicitly). An own option written later is refused with "put it first", so it is
-never handed to torchrun or the recipe. No short forms.
+Own options are this module's generic ones (:data:`GENERIC`: ``--name``, ``--gpus``,
+``--scheduler``, ...) plus each scheduler's, which a scheduler declares as :class:`Option` rows in
+its own package (``Scheduler.options``); everything that shows or reads them — the magic's and the
+CLI's arguments and help, ``launch(**options)``, the panel's fields, the record — derives from those
+rows. Own options come first; the first word that is not one of them starts the ``tune run`` part
+(a ``--`` ends them explicitly). An own option written later is refused with "put it first", so it
+is never handed to torchrun or the recipe. No short forms.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tune_magic.errors import PlanError
 
+#: The kinds of option: how the value is written and read.
+#: ``text`` one word (``--x V`` or ``--x=V``); ``count`` a whole number >= 1; ``words`` repeatable,
+#: ``--x=V`` only, values collected in a list; ``switch`` no value (True when given).
+KINDS = ("text", "count", "words", "switch")
+
 
 @dataclass(frozen=True)
-class OwnOption:
-    """One own option.
+class Option:
+    """One own option of a launch, declared once.
 
     Attributes:
         flag: ``--nodes``.
-        dest: keyword of :func:`tune_magic.launch` it sets (``nodes``).
-        kind: ``"value"`` (``--x V`` or ``--x=V``), ``"switch"``, or ``"repeat"`` (``--x=V`` only,
-            repeatable; values collected in a list).
+        name: keyword of :func:`tune_magic.launch` it sets, and its key in the record (``nodes``).
+        kind: one of :data:`KINDS`.
         help: one line for help texts.
+        example: a valid value, shown in messages and placeholders (``2``, ``2:00:00``).
+        check: for scheduler options, a function that takes the value the kind's own reading gave
+            and returns it normalised, or raises :class:`~tune_magic.errors.PlanError` naming the fix.
+        choices: values to suggest (the panel's choices), from the caller's environment; ``None``
+            when any value of the kind goes.
+        default: the value when not given (``None``: not asked, the engine's own default).
     """
 
     flag: str
-    dest: str
+    name: str
     kind: str
     help: str
+    example: str = ""
+    check: Callable[[Any], Any] | None = None
+    choices: Callable[[Mapping[str, str]], Sequence[str]] | None = None
+    default: Any = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"option {self.flag}: kind {self.kind!r} is not one of {KINDS}")
+        if not re.fullmatch(r"--[a-z][a-z0-9-]*", self.flag) or not self.name.isidentifier():
+            raise ValueError(f"option {self.flag!r} ({self.name!r}): a flag is --lower-case-words and a name an "
+                             "identifier")
+
+    def read(self, value: Any) -> Any:
+        """Return ``value`` checked and normalised (``None``: not given).
+
+        Raises:
+            PlanError: a value of the wrong form; the message names the flag and an example.
+        """
+        if value is None:
+            return None
+        example = f", e.g. {self.flag} {self.example}" if self.example else ""
+        if self.kind == "switch":
+            if not isinstance(value, bool):
+                raise PlanError(f"{self.name}={value!r}: give True or False")
+        elif self.kind == "count":
+            if isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip()):  # ASCII digits only
+                value = int(value.strip())
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PlanError(f"{self.flag} {value!r} must be a positive integer{example or f', e.g. {self.flag} 2'}")
+        elif self.kind == "words":
+            if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(
+                    isinstance(v, str) for v in value):
+                raise PlanError(f"{self.name} is a list of strings, each one {self.flag}=VALUE as written"
+                                f"{f', e.g. [{self.example!r}]' if self.example else ''}")
+            value = tuple(value)
+        elif self.check is None or not isinstance(value, (int, float)) or isinstance(value, bool):
+            if not isinstance(value, str) or not value.strip() or any(c.isspace() or ord(c) < 32 for c in value):
+                raise PlanError(f"{self.flag} {value!r} must be one word{example}")
+        return self.check(value) if self.check is not None else value
 
 
-_ALL = [
-    OwnOption("--name", "name", "value", "free-text job name (default: the recipe name)"),
-    OwnOption("--gpus", "gpus", "value", "GPU ids for this job, e.g. 0,1 (relative to the CUDA_VISIBLE_DEVICES you "
-                                         "were given; sets the job's CUDA_VISIBLE_DEVICES only), or auto"),
-    OwnOption("--force", "force", "switch", "allow sharing a GPU or output_dir with a running job"),
-    OwnOption("--wait", "wait", "switch", "block and stream plain text until the job ends (nbconvert/papermill)"),
-    OwnOption("--dry-run", "dry_run", "switch", "show the command (and a SLURM batch script) and return the "
-                                                "LaunchPlan; start nothing"),
-    OwnOption("--scheduler", "scheduler", "value", "where the job runs: local (default, or $TUNE_MAGIC_SCHEDULER) "
-                                                   "or slurm"),
-    OwnOption("--nodes", "nodes", "value", "SLURM: nodes for the one job (torchrun's --nnodes)"),
-    OwnOption("--gpus-per-node", "gpus_per_node", "value", "SLURM: GPUs per node (processes per node unless "
-                                                           "--nproc_per_node is given)"),
-    OwnOption("--cpus-per-node", "cpus_per_node", "value", "SLURM: CPUs per node, for the agent and its workers"),
-    OwnOption("--partition", "partition", "value", "SLURM: partition (sbatch --partition)"),
-    OwnOption("--time", "time_limit", "value", "SLURM: time limit in sbatch's forms (M, M:S, H:M:S, D-H, D-H:M, "
-                                               "D-H:M:S, UNLIMITED)"),
-    OwnOption("--account", "account", "value", "SLURM: account to charge (sbatch --account)"),
-    OwnOption("--sbatch", "sbatch", "repeat", "SLURM: one more sbatch option as written, e.g. --sbatch=--qos=high "
-                                              "(repeatable; = form)"),
-    OwnOption("--json", "json", "switch", "print the plan as JSON"),
-    OwnOption("--job-id", "job_id", "value", "build the plan for this job id (per-job output_dir)"),
-    OwnOption("--help", "help", "switch", "show this help"),
-    OwnOption("-h", "help", "switch", "show this help"),
-]
-OPTIONS: dict[str, OwnOption] = {o.flag: o for o in _ALL}
+GENERIC: tuple[Option, ...] = (
+    Option("--name", "name", "text", "free-text job name (default: the recipe name)"),
+    Option("--gpus", "gpus", "text", "GPU ids for this job, e.g. 0,1 (relative to the CUDA_VISIBLE_DEVICES you "
+                                     "were given; sets the job's CUDA_VISIBLE_DEVICES only), or auto"),
+    Option("--force", "force", "switch", "allow sharing a GPU or output_dir with a running job"),
+    Option("--wait", "wait", "switch", "block and stream plain text until the job ends (nbconvert/papermill)"),
+    Option("--dry-run", "dry_run", "switch", "show the command (and a job script, for schedulers that submit one) "
+                                             "and return the LaunchPlan; start nothing"),
+    Option("--scheduler", "scheduler", "text", "where the job runs: local (default, or $TUNE_MAGIC_SCHEDULER) or "
+                                               "another installed scheduler (see the groups below)"),
+    Option("--json", "json", "switch", "print the plan as JSON"),
+    Option("--job-id", "job_id", "text", "build the plan for this job id (per-job output_dir)"),
+    Option("--help", "help", "switch", "show this help"),
+)
+_GENERIC = {o.flag: o for o in GENERIC}
+_HELP = _GENERIC["--help"]
 
-#: The own options of a launch (``%%tune_run``, ``tune-magic run``).
-RUN = ("--name", "--gpus", "--force", "--wait", "--dry-run", "--scheduler", "--nodes", "--gpus-per-node",
-       "--cpus-per-node", "--partition", "--time", "--account", "--sbatch", "-h", "--help")
-#: The own options of ``tune-magic cmd``.
-CMD = ("--json", "--gpus", "--job-id", "--scheduler", "--nodes", "--gpus-per-node", "--cpus-per-node",
-       "--partition", "--time", "--account", "--sbatch", "-h", "--help")
-#: The scheduler's options (``SchedulerOptions`` fields besides ``scheduler``).
-SCHEDULER_DESTS = ("nodes", "gpus_per_node", "cpus_per_node", "partition", "time_limit", "account", "sbatch")
+#: The generic own options of a launch (``%%tune_run``, ``tune-magic run``); schedulers add theirs.
+RUN = ("--name", "--gpus", "--force", "--wait", "--dry-run", "--scheduler", "--help")
+#: The generic own options of ``tune-magic cmd``.
+CMD = ("--json", "--gpus", "--job-id", "--scheduler", "--help")
 
 
-def split_own(tokens: Sequence[str], allowed: Iterable[str], where: str = "%%tune_run") -> tuple[dict, list[str]]:
+def generic(flag: str) -> Option:
+    """The generic option ``flag`` (``-h`` is ``--help``).
+
+    Raises:
+        KeyError: not a generic option.
+    """
+    return _HELP if flag == "-h" else _GENERIC[flag]
+
+
+def _table(allowed: Iterable[str | Option]) -> dict[str, Option]:
+    table = {}
+    for item in allowed:
+        opt = item if isinstance(item, Option) else generic(item)
+        table[opt.flag] = opt
+    if "--help" in table:
+        table["-h"] = table["--help"]
+    return table
+
+
+def split_own(tokens: Sequence[str], allowed: Iterable[str | Option], where: str = "%%tune_run") -> tuple[dict, list[str]]:
     """Split the leading own options off ``tokens``.
 
     Args:
         tokens: the words after the magic or command name.
-        allowed: the own option flags of this command (e.g. :data:`RUN`).
+        allowed: the own options of this command: generic flags (e.g. :data:`RUN`) and
+            :class:`Option` rows (the schedulers').
         where: the command's name, for messages.
 
     Returns:
-        (``{dest: value}`` for the options given — ``True`` for switches, a list for repeatable
-        ones — and the remaining ``tune run``-style words).
+        (``{name: value}`` for the options given — ``True`` for switches, a list for ``words``
+        options, the word as typed otherwise — and the remaining ``tune run``-style words).
 
     Raises:
-        PlanError: a value missing, ``--sbatch OPT`` without ``=``, an option given twice with
+        PlanError: a value missing, a ``words`` option without ``=``, an option given twice with
             different values, or an own option after the ``tune run`` part began ("put it first").
     """
-    allowed = set(allowed)
+    table = _table(allowed)
     values: dict = {}
     i = 0
     tokens = list(tokens)
@@ -99,19 +160,20 @@ def split_own(tokens: Sequence[str], allowed: Iterable[str], where: str = "%%tun
             i += 1
             break
         name, eq, attached = token.partition("=")
-        opt = OPTIONS.get(name)
-        if opt is None or name not in allowed:
+        opt = table.get(name)
+        if opt is None:
             break
         if opt.kind == "switch":
             if eq:
                 raise PlanError(f"{name} takes no value; write it alone")
-            values[opt.dest] = True
+            values[opt.name] = True
             i += 1
             continue
-        if opt.kind == "repeat":
+        if opt.kind == "words":
             if not eq:
-                raise PlanError(f"write {name}=OPTION (one option per {name}, = form), e.g. {name}=--qos=high")
-            values.setdefault(opt.dest, []).append(attached)
+                example = opt.example or "VALUE"
+                raise PlanError(f"write {name}=VALUE (one value per {name}, = form), e.g. {name}={example}")
+            values.setdefault(opt.name, []).append(attached)
             i += 1
             continue
         if eq:
@@ -120,38 +182,49 @@ def split_own(tokens: Sequence[str], allowed: Iterable[str], where: str = "%%tun
             if i + 1 >= len(tokens):
                 raise PlanError(f"{name} needs a value: {name} VALUE")
             value, i = tokens[i + 1], i + 2
-        if opt.dest in values and values[opt.dest] != value:
-            raise PlanError(f"{name} is given twice with different values ({values[opt.dest]!r} and {value!r}); keep one")
-        values[opt.dest] = value
+        if opt.name in values and values[opt.name] != value:
+            raise PlanError(f"{name} is given twice with different values ({values[opt.name]!r} and {value!r}); keep one")
+        values[opt.name] = value
     rest = tokens[i:]
-    check_misplaced(rest, allowed, where)
+    check_misplaced(rest, table, where)
     return values, rest
 
 
-def check_misplaced(rest: Sequence[str], allowed: Iterable[str], where: str = "%%tune_run") -> None:
+def check_misplaced(rest: Sequence[str], allowed: Iterable[str | Option] | Mapping[str, Option],
+                    where: str = "%%tune_run") -> None:
     """Refuse an own option written after the torchrun options or the recipe began.
 
     Raises:
         PlanError: naming the option and where it belongs.
     """
-    allowed = set(allowed) - {"-h"}  # "-h" after the recipe is the recipe's business
+    flags = set(allowed if isinstance(allowed, Mapping) else _table(allowed)) - {"-h"}  # "-h" there is the recipe's
     for token in rest:
         name = token.split("=", 1)[0]
-        if name in allowed:
+        if name in flags:
             raise PlanError(f"{name} is an option of {where} itself: put it first, before the torchrun options and "
                             "the recipe")
 
 
-def help_text(allowed: Iterable[str], usage: str) -> str:
-    """A help text listing the own options of a command."""
+def _shown(opt: Option) -> str:
+    if opt.flag == "--help":
+        return "-h, --help"
+    return {"words": f"{opt.flag}=VALUE", "switch": opt.flag}.get(opt.kind, f"{opt.flag} VALUE")
+
+
+def help_text(allowed: Iterable[str], usage: str, groups: Sequence[tuple[str, Sequence[Option]]] = ()) -> str:
+    """A help text listing a command's generic own options, then each scheduler's.
+
+    Args:
+        allowed: the generic flags (e.g. :data:`RUN`).
+        usage: the usage line.
+        groups: ``(scheduler name, its options)`` pairs, shown under "options of --scheduler NAME".
+    """
     lines = [f"usage: {usage}", "", "options (before the torchrun options and the recipe):"]
-    seen = set()
-    for flag in allowed:
-        opt = OPTIONS[flag]
-        if opt.dest in seen:
-            continue
-        seen.add(opt.dest)
-        shown = "-h, --help" if opt.dest == "help" else (
-            f"{flag}=OPT" if opt.kind == "repeat" else flag if opt.kind == "switch" else f"{flag} VALUE")
-        lines.append(f"  {shown:<22} {opt.help}")
+    for flag in dict.fromkeys(allowed):
+        opt = generic(flag)
+        lines.append(f"  {_shown(opt):<22} {opt.help}")
+    for scheduler, options in groups:
+        if options:
+            lines += ["", f"options of --scheduler {scheduler}:"]
+            lines += [f"  {_shown(opt):<22} {opt.help}" for opt in options]
     return "\n".join(lines)

@@ -35,7 +35,7 @@ _NULL_WORDS = ("null", "Null", "NULL")
 _BOOL_WORDS = ("true", "True", "TRUE", "false", "False", "FALSE")
 
 
-def _yaml_loader():
+def yaml_loader():
     """OmegaConf's own YAML loader class: the one ``from_dotlist`` uses (same resolvers)."""
     try:  # omegaconf >= 2.4 keeps it here; older releases in _utils
         from omegaconf._yaml import get_yaml_loader
@@ -135,7 +135,7 @@ def _problem(key: str, value: str) -> tuple[str | None, str | None]:
                 "contain '=' (quotes do not help)",
                 "set it in the config file or in a %%tune_run YAML cell body instead")
     text = torchtune_text(key, value)
-    loader = _yaml_loader()
+    loader = yaml_loader()
     try:
         events = list(yaml.parse(text, Loader=loader))
     except yaml.YAMLError as exc:

@@ -11,7 +11,7 @@ def new_job_id(now: float | None = None) -> str:
 
     The time part (UTC, to the second) makes ids sort by start; 24 random bits keep two jobs
     started in the same second apart. The result always passes
-    :func:`tune_magic.plan.build.check_job_id`.
+    :func:`tune_magic.plan.words.check_job_id`.
 
     Args:
         now: unix time in seconds; default the current time.

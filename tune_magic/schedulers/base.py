@@ -1,86 +1,69 @@
 """The scheduler seam: what every engine that runs jobs provides. Pure interface, no I/O.
 
 Compare torchx's ``Scheduler`` (``submit_dryrun`` / ``schedule`` / ``describe`` / ``cancel`` /
-``log_iter``) and submitit's Executor/Job split. What to run is decided once, by the command
-builder (:func:`tune_magic.build_plan`); a scheduler decides where and how: it starts the plan,
-tells what became of it, stops it and says where its output is.
+``log_iter``) and submitit's Executor/Job split. What to run is decided once, by the command builder
+(:func:`tune_magic.plan.build.describe_run`); a scheduler decides where and how: it places the run
+on its nodes, starts it, tells what became of it, stops it and says where its output is.
 
 Contract:
 
-1. ``prepare`` is pure apart from reading the environment: it validates the scheduler's own
-   options and returns what a dry run shows; it never starts or submits anything.
+0. ``options`` declares the scheduler's own launch options once (:class:`tune_magic.plan.options.Option`
+   rows); the magics, the CLI, ``launch(**options)``, the panel and the record derive from them.
+   :meth:`check_options` checks them together once each has been read.
+1. ``place`` turns the run into the command each node runs (:class:`~tune_magic.plan.model.LaunchPlan`);
+   ``prepare`` is pure apart from reading the environment and returns what a dry run shows (e.g.
+   the job script and the command that submits it); neither starts or submits anything.
 2. ``submit`` starts the job whose record is already registered (so a launcher killed at any point
    never leaves a running job missing from the listings) and fills in what it learns.
-3. ``describe`` settles a record from outside evidence (an exit file, a dead supervisor, squeue)
-   and returns the fields that changed, or ``{}``; it is cheap and rate-limited by the scheduler,
-   since every card and listing calls it. A terminal status is never changed.
+3. ``describe`` settles a record from outside evidence (an exit file, a dead supervisor, the
+   engine's queue) and returns the fields that changed, or ``{}``; it is cheap and rate-limited by
+   the scheduler, since every card and listing calls it. A terminal status is never changed. The
+   end itself is decided by :func:`tune_magic.registry.outcome.decide` from that evidence.
 4. ``cancel`` ends every part of the job that is still alive, whatever its recorded status.
 5. ``has_live_parts`` says whether anything of the job may still run (``rm`` refuses such a job).
+6. ``migrate`` moves the scheduler's fields of records written by earlier releases into its own
+   part of the record (``record.backend``); nothing outside the scheduler reads that part.
+
+Schedulers are found by name through :mod:`tune_magic.schedulers` (the built-in ones, and any
+package's entry points in the group ``tune_magic.schedulers``).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from tune_magic.errors import PlanError
+from tune_magic.registry.status import Status
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tune_magic.plan.build import LaunchPlan
-    from tune_magic.registry.store import JobRecord
-
-#: Environment variable naming the default scheduler.
-SCHEDULER_ENV = "TUNE_MAGIC_SCHEDULER"
+    from tune_magic.plan.build import RunSpec
+    from tune_magic.plan.model import LaunchPlan
+    from tune_magic.plan.options import Option
+    from tune_magic.registry.record import JobRecord
 
 
 @dataclass(frozen=True)
 class SchedulerOptions:
-    """A launch's own options for where it runs (``--scheduler``, ``--nodes``, ...).
+    """A launch's choice of scheduler and that scheduler's own options, each read and checked.
 
     Attributes:
-        scheduler: ``"local"`` or ``"slurm"``.
-        nodes: nodes for the job (SLURM), or ``None``.
-        gpus_per_node, cpus_per_node: resources per node (SLURM), or ``None``.
-        partition, time_limit, account: sbatch's ``--partition``, ``--time``, ``--account``.
-        sbatch: extra sbatch options, each one word as typed (``--sbatch=--qos=high``).
+        scheduler: the scheduler's name (``"local"``, ``"slurm"``, ...).
+        values: option name -> value, only for the options given (see ``Scheduler.options``).
     """
 
     scheduler: str = "local"
-    nodes: int | None = None
-    gpus_per_node: int | None = None
-    cpus_per_node: int | None = None
-    partition: str | None = None
-    time_limit: str | None = None
-    account: str | None = None
-    sbatch: tuple[str, ...] = field(default_factory=tuple)
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The value of option ``name``, or ``default`` when it was not given."""
+        value = self.values.get(name)
+        return default if value is None else value
 
     def given(self) -> dict[str, Any]:
-        """The options set besides ``scheduler`` (name -> value)."""
-        return {k: v for k, v in asdict(self).items() if k != "scheduler" and v not in (None, (), [])}
-
-
-def default_scheduler(env: Mapping[str, str]) -> str:
-    """The scheduler used when none is given: ``$TUNE_MAGIC_SCHEDULER`` or ``local``."""
-    return (env.get(SCHEDULER_ENV) or "local").strip() or "local"
-
-
-def check_scheduler_name(name: Any, source: str = "--scheduler") -> str:
-    """Return ``name`` if it names a scheduler.
-
-    Raises:
-        PlanError: anything else; ``nccl``/``gloo`` get a word on the difference.
-    """
-    from tune_magic.schedulers import names
-
-    if isinstance(name, str) and name in names():
-        return name
-    if isinstance(name, str) and name.lower() in ("nccl", "gloo", "mpi", "ucc", "xccl", "c10d", "static", "etcd"):
-        raise PlanError(f"{source} {name!r}: a scheduler is where the job runs ({' or '.join(names())}); "
-                        f"{name} is a communication or rendezvous backend, which the recipe's config and torchrun's "
-                        "--rdzv-backend choose")
-    raise PlanError(f"{source} {name!r} is not a scheduler; use {' or '.join(names())}")
+        """The options given (name -> value)."""
+        return {k: v for k, v in self.values.items() if v not in (None, (), [])}
 
 
 class Scheduler(ABC):
@@ -88,12 +71,43 @@ class Scheduler(ABC):
 
     #: The name users type (``--scheduler NAME``) and records keep.
     name: str = ""
+    #: The scheduler's own launch options (``Option`` rows), declared once.
+    options: tuple["Option", ...] = ()
+    #: The status a job has when registered (``pending`` for engines with a queue).
+    initial_status: Status = Status.RUNNING
+    #: What the engine's own id of a job is called (a column title), when it has one.
+    engine_id_label: str | None = None
+    #: A sentence added when another scheduler's option is given to this one.
+    foreign_option_hint: str = ""
+
+    def available(self, env: Mapping[str, str]) -> str | None:
+        """``None`` when jobs can be sent to this scheduler from here, else why not (one line,
+        naming the fix). The panel offers only available schedulers; a launch still tries."""
+        return None
+
+    def check_options(self, values: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+        """Check the options together (each was read by its row already); return them.
+
+        Raises:
+            PlanError: a combination this scheduler cannot honour.
+        """
+        return values
+
+    def place(self, spec: "RunSpec", options: SchedulerOptions) -> "LaunchPlan":
+        """The command for ``spec`` on this scheduler's nodes. Default: this one machine.
+
+        Raises:
+            PlanError: a run this scheduler cannot place as described.
+        """
+        from tune_magic.plan.build import place_here
+
+        return place_here(spec)
 
     @abstractmethod
     def prepare(self, plan: "LaunchPlan", options: SchedulerOptions, env: Mapping[str, str],
                 job_dir: Path) -> dict[str, Any]:
         """Validate ``options`` for ``plan``; return plan fields to set (``{}`` if none), e.g. the
-        batch script and submit command a dry run shows. ``job_dir`` is where the job's directory
+        job script and submit command a dry run shows. ``job_dir`` is where the job's directory
         is (or would be, for a dry run).
 
         Raises:
@@ -117,7 +131,7 @@ class Scheduler(ABC):
         """Return record fields to change given outside evidence (``{}`` when nothing changed)."""
 
     @abstractmethod
-    def cancel(self, job_dir: Path, record: "JobRecord", grace_s: float) -> None:
+    def cancel(self, job_dir: Path, record: "JobRecord | None", grace_s: float) -> None:
         """End every live part of the job: a polite signal, ``grace_s`` seconds, then a hard one."""
 
     @abstractmethod
@@ -132,3 +146,15 @@ class Scheduler(ABC):
     def settle_after_cancel(self, job_dir: Path, record: "JobRecord") -> dict[str, Any]:
         """Fields to record when ``cancel`` ended a job that nobody else will record."""
         return {}
+
+    def migrate(self, record: "JobRecord") -> None:
+        """Move this scheduler's fields of a record written by an earlier release (found in
+        ``record.extra``) into ``record.backend`` / ``record.scheduler_options``, in place."""
+
+    def engine_id(self, record: "JobRecord") -> str | None:
+        """The engine's own id of the job (e.g. SLURM's job id), else ``None``."""
+        return None
+
+    def nodes(self, record: "JobRecord") -> list[str]:
+        """Host names the job runs on (``[]`` while it waits)."""
+        return list(record.nodes)

@@ -27,18 +27,18 @@ class CliError(UserError):
 
 
 def _cmd(argv: Sequence[str]) -> int:
-    from tune_magic.job import launch
+    from tune_magic import schedulers
+    from tune_magic.launcher import launch, launch_options, scheduler_values
 
-    usage = ("tune-magic cmd [--json] [--gpus G] [--job-id ID] [--scheduler local|slurm] [SLURM options] "
+    usage = ("tune-magic cmd [--json] [--gpus G] [--job-id ID] [--scheduler NAME] [SCHEDULER OPTIONS] "
              "[TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]")
-    own, rest = launchopts.split_own(argv, launchopts.CMD, "tune-magic cmd")
+    own, rest = launchopts.split_own(argv, launch_options(launchopts.CMD), "tune-magic cmd")
     if own.get("help"):
         print("Print the exact command a tune run-style line launches (nothing is started).\n")
-        print(launchopts.help_text(launchopts.CMD, usage))
+        print(launchopts.help_text(launchopts.CMD, usage, schedulers.options()))
         return 0
-    sched = {k: own[k] for k in launchopts.SCHEDULER_DESTS if k in own}
     plan = launch(rest, gpus=own.get("gpus"), dry_run=True, scheduler=own.get("scheduler"),
-                  job_id=own.get("job_id"), **sched)
+                  job_id=own.get("job_id"), **scheduler_values(own))
     if own.get("job_id") is None:
         print(f"tune-magic cmd: built for the new id {plan.job_id}; tune-magic run picks its own id",
               file=sys.stderr)
@@ -244,19 +244,19 @@ def _stream_log(job, out=None, poll_s: float = 0.2) -> None:
 
 
 def _run(argv: Sequence[str]) -> int:
-    from tune_magic.job import launch
+    from tune_magic import schedulers
+    from tune_magic.launcher import launch, launch_options, scheduler_values
 
-    usage = ("tune-magic run [--name N] [--gpus G] [--force] [--wait] [--scheduler local|slurm] [SLURM options] "
+    usage = ("tune-magic run [--name N] [--gpus G] [--force] [--wait] [--scheduler NAME] [SCHEDULER OPTIONS] "
              "[TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]")
     allowed = tuple(f for f in launchopts.RUN if f != "--dry-run")
-    own, rest = launchopts.split_own(argv, allowed, "tune-magic run")
+    own, rest = launchopts.split_own(argv, launch_options(allowed), "tune-magic run")
     if own.get("help"):
         print("Launch a tune run-style job in the background and print its id.\n")
-        print(launchopts.help_text(allowed, usage))
+        print(launchopts.help_text(allowed, usage, schedulers.options()))
         return 0
-    sched = {k: own[k] for k in launchopts.SCHEDULER_DESTS if k in own}
     result = launch(rest, name=own.get("name"), gpus=own.get("gpus"), force=bool(own.get("force")),
-                    scheduler=own.get("scheduler"), **sched)
+                    scheduler=own.get("scheduler"), **scheduler_values(own))
     if not hasattr(result, "id"):  # TUNE_MAGIC_DRY_RUN=1: a plan, nothing started
         print(result.command_line())
         return 0
@@ -333,8 +333,8 @@ def _job_json(job) -> dict:
             "output_dir": r.output_dir, "log_path": r.log_path, "rendezvous_endpoint": r.rendezvous_endpoint,
             "pid": job.pid, "gpus": r.gpus, "physical_gpus": r.physical_gpus, "argv": r.argv, "env": r.env, "cwd": r.cwd,
             "started_at": r.started_at, "ended_at": r.ended_at, "workers": job.workers,
-            "scheduler": job.scheduler, "slurm_job_id": job.slurm_job_id, "num_nodes": job.num_nodes,
-            "nodes": job.nodes, "pending_reason": r.pending_reason}
+            "scheduler": job.scheduler, "engine_id": job.engine_id, "num_nodes": job.num_nodes,
+            "nodes": job.nodes, "pending_reason": r.pending_reason, "scheduler_options": r.scheduler_options}
 
 
 #: What ``tune-magic logs`` can print instead of the whole log: ``dest -> (flag, help, source)``. A

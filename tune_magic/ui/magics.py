@@ -55,27 +55,34 @@ def empty_cell_to_line(lines: list[str]) -> list[str]:
     return lines
 
 
+def _launch_arguments(func):
+    """``magic_arguments`` for ``%%tune_run``: the generic own options, then every scheduler's
+    (declared once in its package), then the ``tune run`` words. Only for help: the words are split
+    by :func:`tune_magic.plan.options.split_own`, so nothing reaches torchrun by accident."""
+    from tune_magic import schedulers
+
+    rows = [(None, launchopts.generic(f)) for f in launchopts.RUN if f != "--help"]
+    rows += [(name, o) for name, opts in schedulers.options() for o in opts]
+    decorators = []
+    for scheduler, opt in rows:
+        shown = f"{scheduler}: {opt.help}" if scheduler else opt.help
+        kwargs = {"action": "store_true"} if opt.kind == "switch" else (
+            {"action": "append", "metavar": "VALUE"} if opt.kind == "words" else {})
+        decorators.append(argument(opt.flag, help=shown.replace("%", "%%"), **kwargs))
+    decorators.append(argument("args", nargs=argparse.REMAINDER,
+                               help="[torchrun options] RECIPE [--config CONFIG] [key=value ...], the same words as "
+                                    "`tune run`"))
+    for decorate in reversed(decorators):
+        func = decorate(func)
+    return magic_arguments()(func)
+
+
 @magics_class
 class TuneMagics(Magics):
     """tune_magic's magics (registered by ``%load_ext tune_magic``)."""
 
     @no_var_expand
-    @magic_arguments()
-    @argument("--name", help="free-text job name (default: the recipe name)")
-    @argument("--gpus", help=launchopts.OPTIONS["--gpus"].help)
-    @argument("--force", action="store_true", help=launchopts.OPTIONS["--force"].help)
-    @argument("--wait", action="store_true", help=launchopts.OPTIONS["--wait"].help)
-    @argument("--dry-run", action="store_true", help=launchopts.OPTIONS["--dry-run"].help)
-    @argument("--scheduler", help=launchopts.OPTIONS["--scheduler"].help)
-    @argument("--nodes", help=launchopts.OPTIONS["--nodes"].help)
-    @argument("--gpus-per-node", help=launchopts.OPTIONS["--gpus-per-node"].help)
-    @argument("--cpus-per-node", help=launchopts.OPTIONS["--cpus-per-node"].help)
-    @argument("--partition", help=launchopts.OPTIONS["--partition"].help)
-    @argument("--time", help=launchopts.OPTIONS["--time"].help)
-    @argument("--account", help=launchopts.OPTIONS["--account"].help)
-    @argument("--sbatch", action="append", metavar="OPT", help=launchopts.OPTIONS["--sbatch"].help)
-    @argument("args", nargs=argparse.REMAINDER,
-              help="[torchrun options] RECIPE [--config CONFIG] [key=value ...], the same words as `tune run`")
+    @_launch_arguments
     @line_cell_magic("tune_run")
     def tune_run(self, line: str, cell: str | None = None):
         """Launch a torchtune recipe in the background and show a live card; return the Job.
@@ -84,25 +91,24 @@ class TuneMagics(Magics):
         the job's directory) or key=value override lines (a value may contain spaces); # comments
         are allowed. {name} in the line and in override lines expands from the notebook namespace;
         ${...} is left for OmegaConf. Without an endpoint of your own, torchrun gets --standalone
-        (an OS-chosen port), so jobs side by side never collide. With --scheduler slurm the job is
-        one SLURM batch job on --nodes nodes.
+        (an OS-chosen port), so jobs side by side never collide. --scheduler NAME sends the job to
+        another scheduler (e.g. slurm: one batch job on --nodes nodes), with that scheduler's options.
         """
-        from tune_magic.job import launch
+        from tune_magic.launcher import launch, launch_options, scheduler_values
 
         tokens = _split_line(line)
         try:
             tokens = [expand_fields(t, self.shell.user_ns) for t in tokens]
-            own, rest = launchopts.split_own(tokens, launchopts.RUN, "%%tune_run")
+            own, rest = launchopts.split_own(tokens, launch_options(launchopts.RUN), "%%tune_run")
             if own.get("help"):
                 print(self.tune_run.__doc__)
                 return None
             body = parse_cell_body(cell)
             overrides = [expand_fields(t, self.shell.user_ns) for t in body.overrides]
-            sched = {k: own[k] for k in launchopts.SCHEDULER_DESTS if k in own}
             result = launch(rest + overrides, name=own.get("name"), gpus=own.get("gpus"),
                             force=bool(own.get("force")), cwd=os.getcwd(),
                             dry_run=True if own.get("dry_run") else None, config_overlay=body.config_yaml,
-                            scheduler=own.get("scheduler"), **sched)
+                            scheduler=own.get("scheduler"), **scheduler_values(own))
         except UserError as exc:
             raise UsageError(str(exc)) from None
         if not hasattr(result, "id"):  # a LaunchPlan: dry run

@@ -1,9 +1,10 @@
 """The launch panel: build a run by clicking, see the exact command, launch, compare runs.
 
 Everything goes through the same public API as the magics (:func:`tune_magic.build_plan` for the
-preview, :func:`tune_magic.launch` for Launch; a SLURM preview is ``launch(..., dry_run=True)``), so
-the preview is exactly what runs (with a ``<job-id>`` placeholder where the launch puts the job's id).
-Where ``sbatch`` is on PATH the form offers the SLURM scheduler and its options.
+preview, :func:`tune_magic.launch` for Launch; another scheduler's preview is ``launch(...,
+dry_run=True)``), so the preview is exactly what runs (with a ``<job-id>`` placeholder where the
+launch puts the job's id). Where another scheduler can be used from here (its ``available()``), the
+form offers it, with fields made from the options it declares.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from __future__ import annotations
 import html
 import math
 import os
-import shutil
-import subprocess
 import threading
 from pathlib import Path
 
@@ -20,10 +19,13 @@ import ipywidgets as widgets
 
 from tune_magic.plan import catalog
 from tune_magic.plan.cellbody import parse_cell_body
-from tune_magic.plan.build import JOB_ID_PLACEHOLDER, PlanError, build_plan
+from tune_magic.plan.model import JOB_ID_PLACEHOLDER
+from tune_magic.errors import PlanError
+from tune_magic.launcher import build_plan
 from tune_magic.schedulers.local.gpus import visibility
-from tune_magic.job import Job, jobs, launch
-from tune_magic.schedulers.base import default_scheduler
+from tune_magic.job import Job, jobs
+from tune_magic.launcher import launch
+from tune_magic import schedulers
 from tune_magic.ui.textfmt import cut
 from tune_magic.ui.views import MAX_TICKS, JobsTable, int_ticks  # noqa: F401 (one tick rule for card and comparison chart)
 from tune_magic.ui.watch import JobWatcher
@@ -31,8 +33,6 @@ from tune_magic.ui.watch import JobWatcher
 #: How deep recipe/config files are looked for under the working directory.
 SCAN_DEPTH = 2
 _SKIP_DIRS = {".venv", "venv", "node_modules", "__pycache__", ".git", "site-packages"}
-#: Seconds ``sinfo`` may take to list the partitions.
-SINFO_TIMEOUT_S = 5.0
 # full-width children get no side margin: width 100% then is the panel's width, not 4 px more
 _MARGIN = "2px 0px"
 _WRAP = "white-space:normal;overflow-wrap:anywhere;line-height:1.35"
@@ -60,29 +60,6 @@ def _files_under(root: Path, suffix: str, depth: int = SCAN_DEPTH) -> list[str]:
     return out
 
 
-def slurm_partitions(env=None) -> list[str]:
-    """The partitions ``sinfo -h -o %P`` lists (the default one's ``*`` removed, the default first),
-    or ``[]`` when sinfo is missing, fails or takes longer than :data:`SINFO_TIMEOUT_S` seconds."""
-    exe = shutil.which("sinfo", path=(env or os.environ).get("PATH"))
-    if exe is None:
-        return []
-    try:
-        r = subprocess.run([exe, "-h", "-o", "%P"], capture_output=True, text=True, timeout=SINFO_TIMEOUT_S,
-                           stdin=subprocess.DEVNULL, env=dict(env) if env is not None else None)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    if r.returncode != 0:
-        return []
-    names, default = [], None
-    for line in r.stdout.splitlines():
-        name = line.strip()
-        if name.endswith("*"):
-            name = default = name[:-1]
-        if name and name not in names:
-            names.append(name)
-    return ([default] if default else []) + [n for n in names if n != default]
-
-
 class Panel(widgets.VBox):
     """A form to build and launch a run, the live jobs table, and a chart comparing loss curves.
 
@@ -91,10 +68,12 @@ class Panel(widgets.VBox):
     ``overrides``, ``command_preview``, ``error``, ``launch_button``, ``jobs_table`` (a live :class:`~tune_magic.ui.views.JobsTable`),
     ``compare`` (jobs shown in the chart), ``chart`` (integer step ticks; hidden until a chosen job
     logged a step, ``chart_note`` then says why) with ``legend``.
-    Where ``sbatch`` is on PATH (``slurm_available``) also ``scheduler`` (local/slurm) and, shown for
-    slurm, ``nodes``, ``gpus_per_node``, ``cpus_per_node`` (0: not asked), ``partition`` (choices from
-    ``sinfo``, free text allowed), ``time_limit``, ``account``, and ``script_preview`` (the batch
-    script; ``command_preview`` then holds the sbatch line). ``series`` maps job id -> list of
+    Where another scheduler is available from here (``schedulers_offered`` beyond ``local``) also
+    ``scheduler`` (a dropdown) and, shown for the chosen one, ``scheduler_fields[name][option]``:
+    one widget per option it declares (counts: 0 is not asked; text: blank is not asked, with the
+    scheduler's suggested values, e.g. SLURM's partitions from ``sinfo``; lists: one value a line),
+    and ``script_preview`` (its job script; ``command_preview`` then holds the submit command).
+    ``series`` maps job id -> list of
     (step, loss) shown in the chart; ``launched`` lists the jobs launched from this panel.
 
     Args:
@@ -142,32 +121,25 @@ class Panel(widgets.VBox):
         self.chart = self._make_chart()
         self.jobs_table = JobsTable()
 
-        # SLURM: offered where sbatch is on PATH
-        self.slurm_available = shutil.which("sbatch") is not None
-        chosen = default_scheduler(os.environ)
-        self.scheduler = widgets.Dropdown(options=["local", "slurm"],
-                                          value="slurm" if chosen == "slurm" and self.slurm_available else "local",
+        # other schedulers: offered where they can be used from here, with fields from their option rows
+        self.schedulers_offered = [n for n in schedulers.names()
+                                   if n == "local" or schedulers.get_or_missing(n).available(os.environ) is None]
+        chosen = schedulers.default_name(os.environ)
+        self.scheduler = widgets.Dropdown(options=self.schedulers_offered,
+                                          value=chosen if chosen in self.schedulers_offered else "local",
                                           description="scheduler", layout=widgets.Layout(width="16em"))
-        self.nodes = widgets.BoundedIntText(value=1, min=1, max=100_000, description="nodes",
-                                            layout=widgets.Layout(width="12em"))
-        self.gpus_per_node = widgets.BoundedIntText(value=0, min=0, max=1024, description="GPUs/node",
-                                                    layout=widgets.Layout(width="12em"))
-        self.cpus_per_node = widgets.BoundedIntText(value=0, min=0, max=100_000, description="CPUs/node",
-                                                    layout=widgets.Layout(width="12em"))
-        self._partitions_listed = False  # sinfo is asked when the SLURM fields are first shown
-        self.partition = widgets.Combobox(options=[], placeholder="blank: the default partition",
-                                          description="partition", ensure_option=False, layout=widgets.Layout(**wide))
-        self.time_limit = widgets.Text(placeholder="e.g. 2:00:00 or 1-12 (blank: default)", description="time",
-                                       layout=widgets.Layout(**wide))
-        self.account = widgets.Text(placeholder="blank: your default account", description="account", layout=widgets.Layout(**wide))
-        self.slurm_box = widgets.VBox([
-            _wrap([self.nodes, self.gpus_per_node, self.cpus_per_node]), self.partition, self.time_limit, self.account],
-            layout=widgets.Layout(display="none"))
-        self.slurm_box.add_class("tm-slurm-fields")
-
+        self.scheduler_fields: dict[str, dict[str, widgets.Widget]] = {}
+        self._field_boxes: dict[str, widgets.VBox] = {}
+        self._choices_listed: set[str] = set()  # e.g. sinfo is asked when the fields are first shown
+        for name, opts in schedulers.options():
+            if name in self.schedulers_offered and opts:
+                fields = self.scheduler_fields[name] = {o.name: _option_widget(o) for o in opts}
+                box = self._field_boxes[name] = widgets.VBox(_rows(opts, fields), layout=widgets.Layout(display="none"))
+                box.add_class(f"tm-{name}-fields")
         self.refresh_gpus()
+        option_widgets = [w for fields in self.scheduler_fields.values() for w in fields.values()]
         for w in (self.recipe, self.config, self.nproc, self.gpus, self.endpoint, self.overrides, self.scheduler,
-                  self.nodes, self.gpus_per_node, self.cpus_per_node, self.partition, self.time_limit, self.account):
+                  *option_widgets):
             w.observe(self._on_change, names="value")
         self.recipe.observe(self._on_recipe, names="value")
         self.launch_button.on_click(self._on_launch)
@@ -176,7 +148,7 @@ class Panel(widgets.VBox):
         self._sync_compare_options()
         self._set_ticks()  # no curve yet: the chart hidden, a line saying so
 
-        scheduler_rows = [self.scheduler, self.slurm_box] if self.slurm_available else []
+        scheduler_rows = [self.scheduler, *self._field_boxes.values()] if len(self.schedulers_offered) > 1 else []
         self._gpu_row = _wrap([self.nproc, widgets.VBox([self.gpus, self.gpu_note])])
         form = widgets.VBox([self.recipe, self.config, *scheduler_rows, self._gpu_row, self.endpoint, self.name,
                              self.overrides, self.command_preview, self.script_preview, self.error,
@@ -231,18 +203,23 @@ class Panel(widgets.VBox):
             self._show_scheduler_fields()
         self.update_preview()
 
-    def _slurm(self) -> bool:
-        return self.slurm_available and self.scheduler.value == "slurm"
+    def _elsewhere(self) -> bool:
+        """Whether the chosen scheduler runs the job elsewhere than this machine's local scheduler."""
+        return self.scheduler.value != "local"
 
     def _show_scheduler_fields(self) -> None:
-        slurm = self._slurm()
-        if slurm and not self._partitions_listed:
-            self._partitions_listed = True
-            self.partition.options = slurm_partitions()
-        self.slurm_box.layout.display = None if slurm else "none"
-        self.script_preview.layout.display = None if slurm else "none"
-        # SLURM allocates the GPUs (GPUs/node): the kernel's own GPUs are not the job's
-        self._gpu_row.children[1].layout.display = "none" if slurm else None
+        chosen = self.scheduler.value
+        fields = self.scheduler_fields.get(chosen, {})
+        if chosen not in self._choices_listed:
+            self._choices_listed.add(chosen)
+            for opt in dict(schedulers.options()).get(chosen, ()):
+                if opt.choices is not None and opt.name in fields:
+                    fields[opt.name].options = list(opt.choices(os.environ))
+        for name, box in self._field_boxes.items():
+            box.layout.display = None if name == chosen else "none"
+        self.script_preview.layout.display = None if self._elsewhere() else "none"
+        # another scheduler allocates the job's GPUs: the kernel's own GPUs are not the job's
+        self._gpu_row.children[1].layout.display = "none" if self._elsewhere() else None
 
     def args(self) -> list[str]:
         """The ``tune run``-style arguments the form describes.
@@ -265,26 +242,22 @@ class Panel(widgets.VBox):
 
     def scheduler_options(self) -> dict:
         """Keyword arguments of :func:`tune_magic.launch` for the chosen scheduler: ``{}`` for local;
-        for slurm ``scheduler``, ``nodes`` and those of ``gpus_per_node``, ``cpus_per_node``,
-        ``partition``, ``time_limit``, ``account`` that are filled in (0 and blank: not asked)."""
-        if not self._slurm():
+        else ``scheduler`` and the options filled in (0, blank and unticked: not asked)."""
+        if not self._elsewhere():
             return {}
-        opts: dict = {"scheduler": "slurm", "nodes": self.nodes.value}
-        if self.gpus_per_node.value:
-            opts["gpus_per_node"] = self.gpus_per_node.value
-        if self.cpus_per_node.value:
-            opts["cpus_per_node"] = self.cpus_per_node.value
-        for key, w in (("partition", self.partition), ("time_limit", self.time_limit), ("account", self.account)):
-            if w.value.strip():
-                opts[key] = w.value.strip()
+        opts: dict = {"scheduler": self.scheduler.value}
+        for opt in dict(schedulers.options()).get(self.scheduler.value, ()):
+            value = _option_value(opt, self.scheduler_fields[self.scheduler.value][opt.name])
+            if value is not None:
+                opts[opt.name] = value
         return opts
 
     def _gpu_choice(self):
-        return None if self._slurm() else (list(self.gpus.value) or None)
+        return None if self._elsewhere() else (list(self.gpus.value) or None)
 
     def update_preview(self) -> None:
-        """Rebuild the command preview (for slurm: the sbatch line and the batch script); show the
-        builder's error and disable Launch when invalid."""
+        """Rebuild the command preview (for another scheduler: its submit command and job script);
+        show the builder's error and disable Launch when invalid."""
         if not self.recipe.value.strip():
             self.command_preview.value = self.script_preview.value = ""
             self.error.value = "<span class='tm-hint'>choose a recipe and a config</span>"
@@ -292,7 +265,7 @@ class Panel(widgets.VBox):
             return
         notes: list[str] = []
         try:
-            if self._slurm():
+            if self._elsewhere():
                 import warnings
 
                 with warnings.catch_warnings(record=True):
@@ -443,3 +416,52 @@ class Panel(widgets.VBox):
 def _wrap(children) -> widgets.HBox:
     """A row that wraps onto the next line instead of overflowing a narrow notebook."""
     return widgets.HBox(children, layout=widgets.Layout(flex_flow="row wrap", max_width="100%"))
+
+
+def _option_widget(opt) -> widgets.Widget:
+    """The form field of one scheduler option (see :class:`tune_magic.plan.options.Option`)."""
+    label = opt.flag.lstrip("-").replace("-per-", "/").replace("-", " ")
+    if opt.kind == "count":
+        return widgets.BoundedIntText(value=0, min=0, max=1_000_000, description=label, tooltip=opt.help,
+                                      layout=widgets.Layout(width="14em"))
+    if opt.kind == "switch":
+        return widgets.Checkbox(value=False, description=label, tooltip=opt.help, indent=True)
+    layout = widgets.Layout(width="100%", max_width="34em", margin=_MARGIN)
+    hint = f"e.g. {opt.example} (blank: not asked)" if opt.example else "blank: not asked"
+    if opt.kind == "words":
+        return widgets.Textarea(placeholder=f"one a line, {hint}", description=label, tooltip=opt.help,
+                                layout=layout)
+    if opt.choices is not None:
+        return widgets.Combobox(options=[], placeholder=hint, description=label, ensure_option=False,
+                                tooltip=opt.help, layout=layout)
+    return widgets.Text(placeholder=hint, description=label, tooltip=opt.help, layout=layout)
+
+
+def _rows(opts, fields: dict) -> list:
+    """The fields in declaration order, neighbouring number fields side by side on one row."""
+    rows: list = []
+    run: list = []
+    for opt in opts:
+        if opt.kind == "count":
+            run.append(fields[opt.name])
+            continue
+        if run:
+            rows.append(_wrap(run))
+            run = []
+        rows.append(fields[opt.name])
+    if run:
+        rows.append(_wrap(run))
+    return rows
+
+
+def _option_value(opt, widget: widgets.Widget):
+    """The value a field holds for :func:`tune_magic.launch`, or ``None`` when it asks nothing."""
+    if opt.kind == "count":
+        return widget.value or None
+    if opt.kind == "switch":
+        return True if widget.value else None
+    if opt.kind == "words":
+        lines = [line.strip() for line in widget.value.splitlines() if line.strip()]
+        return lines or None
+    return widget.value.strip() or None
+

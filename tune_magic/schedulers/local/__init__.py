@@ -29,10 +29,6 @@ START_TIMEOUT_S = 30.0
 #: Seconds stop() waits for the supervisor to record the end after the processes are gone.
 RECORD_TIMEOUT_S = 10.0
 
-_SLURM_ONLY = ("SLURM options: add --scheduler slurm; for several nodes without SLURM run torchrun's "
-               "--nnodes N --rdzv-endpoint HOST:PORT on every node")
-_OPTION_FLAGS = {"nodes": "--nodes", "gpus_per_node": "--gpus-per-node", "cpus_per_node": "--cpus-per-node",
-                 "partition": "--partition", "time_limit": "--time", "account": "--account", "sbatch": "--sbatch"}
 
 
 def exit_text(code: int | None) -> str:
@@ -52,14 +48,18 @@ class LocalScheduler(Scheduler):
 
     name = "local"
     initial_status = Status.RUNNING
+    foreign_option_hint = ("for several nodes without a cluster scheduler run torchrun's --nnodes N "
+                           "--rdzv-endpoint HOST:PORT on every node")
 
     # -- launching ----------------------------------------------------------------------------
     def prepare(self, plan, options: SchedulerOptions, env: Mapping[str, str], job_dir: Path) -> dict[str, Any]:
-        given = options.given()
-        if given:
-            flags = ", ".join(_OPTION_FLAGS.get(k, k) for k in given)
-            raise PlanError(f"{flags}: {_SLURM_ONLY}")
         return {}
+
+    def nodes(self, record: JobRecord) -> list[str]:
+        """This machine."""
+        import socket
+
+        return [socket.gethostname()]
 
     def submit(self, job_dir: Path, record: JobRecord, plan, options: SchedulerOptions, env: Mapping[str, str],
                lock_fd: int | None) -> None:

@@ -23,11 +23,13 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from tune_magic import faultpoints
 from tune_magic.registry import store as jobstore
 from tune_magic.errors import JobStartError, PlanError
 from tune_magic.registry.store import FAILED, PENDING, RUNNING, STOPPED, SUCCEEDED, UNKNOWN, JobRecord
 from tune_magic.registry.status import Status
 from tune_magic.schedulers.base import Scheduler, SchedulerOptions
+from tune_magic.schedulers.slurm.plan import place
 from tune_magic.schedulers.slurm import options as sopts
 from tune_magic.schedulers.slurm import squeue as sq
 from tune_magic.schedulers.slurm.script import batch_script, sbatch_argv
@@ -49,7 +51,7 @@ def _client_env(env: Mapping[str, str] | None, record: JobRecord | None = None) 
     """The environment SLURM clients run with: the caller's, without a surrounding job's
     ``SLURM_*`` variables, and with the job's own ``SLURM_CONF`` (the cluster it went to)."""
     out, _ = sopts.sbatch_env(os.environ if env is None else env)
-    conf = record.slurm_conf if record is not None else None
+    conf = record.backend.get("conf") if record is not None else None
     if conf:
         out["SLURM_CONF"] = conf
     return out
@@ -93,8 +95,10 @@ class SqueueWatcher:
         ids = {extra}
         try:
             for r in jobstore.list_records():
-                if r.scheduler == "slurm" and r.slurm_job_id and not r.state.is_terminal:
-                    ids.add(r.slurm_job_id)
+                if r.scheduler == "slurm" and not r.state.is_terminal:
+                    slurm_id = r.backend.get("job_id") or r.extra.get("slurm_job_id")  # schema 2 kept it on top
+                    if isinstance(slurm_id, str) and slurm_id:
+                        ids.add(slurm_id)
         except Exception:  # a listing problem never blocks the query for this job
             pass
         ids = sorted(ids, key=lambda x: int(x.split("_")[0]) if x.split("_")[0].isdigit() else 0)
@@ -145,7 +149,7 @@ def find_by_name(job_id: str, env: Mapping[str, str]) -> str | None:
 
 
 def _gpus_asked(options: SchedulerOptions, words: tuple[str, ...]) -> bool:
-    if options.gpus_per_node:
+    if options.get("gpus_per_node"):
         return True
     return any(w.startswith(("--gres=gpu", "--gpus", "-G", "--gpus-per-task", "--gpus-per-node")) or
                ("gpu" in w and w.startswith("--gres")) for w in words)
@@ -155,19 +159,46 @@ class SlurmScheduler(Scheduler):
     """Jobs as SLURM batch jobs (see the module docstring)."""
 
     name = "slurm"
+    options = sopts.OPTIONS
     initial_status = Status.PENDING
+    engine_id_label = "SLURM ID"
+
+    def available(self, env: Mapping[str, str]) -> str | None:
+        if shutil.which("sbatch", path=env.get("PATH")) is None:
+            return _CLIENTS_MISSING
+        return None
+
+    def place(self, spec, options: SchedulerOptions):
+        return place(spec, nodes=options.get("nodes"), gpus_per_node=options.get("gpus_per_node"))
+
+    # -- the record ---------------------------------------------------------------------------
+    def migrate(self, record: JobRecord) -> None:
+        """Records of schema 2 kept SLURM's id, its config file and the time limit at the top level."""
+        for old, new in (("slurm_job_id", "job_id"), ("slurm_conf", "conf")):
+            if old in record.extra:
+                value = record.extra.pop(old)
+                if value is not None:
+                    record.backend.setdefault(new, value)
+        if "time_limit" in record.extra:
+            value = record.extra.pop("time_limit")
+            if value is not None:
+                record.scheduler_options.setdefault("time_limit", value)
+
+    def engine_id(self, record: JobRecord) -> str | None:
+        """SLURM's job id, once sbatch answered."""
+        return record.backend.get("job_id")
 
     # -- launching ----------------------------------------------------------------------------
     def prepare(self, plan, options: SchedulerOptions, env: Mapping[str, str], job_dir: Path) -> dict[str, Any]:
-        time_limit = sopts.check_time(options.time_limit) if options.time_limit is not None else None
-        extra = sopts.check_sbatch_options(list(options.sbatch))
+        time_limit = options.get("time_limit")
+        extra = sopts.check_sbatch_options(list(options.get("sbatch", ())))
         if plan.recipe_source == "torchtune" and (plan.recipe_name or "").endswith("_distributed") \
                 and not _gpus_asked(options, extra.argv):
             raise PlanError(f"torchtune's {plan.recipe_name} initialises NCCL, which needs GPUs: ask SLURM for them with "
                             "--gpus-per-node G (or run tune_magic's own recipes, which use gloo on CPUs)")
         nodes = int(plan.nnodes or 1)
         warnings = list(plan.warnings)
-        if not options.cpus_per_node:
+        if not options.get("cpus_per_node"):
             warnings.append("no --cpus-per-node: the torchrun agent and all its workers on a node share SLURM's "
                             "default CPUs per task (often 1); add --cpus-per-node C")
         _, env_warnings = sopts.sbatch_env(env)
@@ -175,13 +206,14 @@ class SlurmScheduler(Scheduler):
         if shutil.which("sbatch", path=env.get("PATH")) is None:  # a dry run still shows the script
             warnings.append("sbatch is not on PATH here: " + _CLIENTS_MISSING.split(" on PATH: ", 1)[1])
         script = batch_script(plan, job_id=plan.job_id, job_dir=str(job_dir), cwd=plan.cwd or os.getcwd(),
-                              python=sys.executable, nodes=nodes, cpus_per_node=options.cpus_per_node,
+                              python=sys.executable, nodes=nodes, cpus_per_node=options.get("cpus_per_node"),
                               rdzv_conf=plan.rdzv_conf, user_endpoint=plan.rendezvous == "user")
         argv = sbatch_argv(job_id=plan.job_id, job_dir=str(job_dir), script_path=str(job_dir / SCRIPT),
-                           cwd=plan.cwd or os.getcwd(), nodes=nodes, gpus_per_node=options.gpus_per_node,
-                           cpus_per_node=options.cpus_per_node, partition=options.partition, time_limit=time_limit,
-                           account=options.account, user_options=extra.argv, requeue=extra.requeue)
-        return {"batch_script": script, "sbatch_argv": argv, "warnings": warnings}
+                           cwd=plan.cwd or os.getcwd(), nodes=nodes, gpus_per_node=options.get("gpus_per_node"),
+                           cpus_per_node=options.get("cpus_per_node"), partition=options.get("partition"),
+                           time_limit=time_limit, account=options.get("account"), user_options=extra.argv,
+                           requeue=extra.requeue)
+        return {"batch_script": script, "submit_argv": argv, "warnings": warnings}
 
     def submit(self, job_dir: Path, record: JobRecord, plan, options: SchedulerOptions, env: Mapping[str, str],
                lock_fd: int | None) -> None:
@@ -194,7 +226,7 @@ class SlurmScheduler(Scheduler):
         client_env, _ = sopts.sbatch_env(env)
         client_env.pop("CUDA_VISIBLE_DEVICES", None)  # the kernel's GPUs are not the job's: SLURM allocates them
         try:
-            r = _run(list(plan.sbatch_argv), client_env)
+            r = _run(list(plan.submit_argv), client_env)
         except subprocess.TimeoutExpired:
             # it may still have queued the job: keep the record; the next look finds it by name
             raise JobStartError(f"sbatch did not answer within {CLIENT_TIMEOUT_S:.0f} s; job {record.id} stays listed "
@@ -211,10 +243,11 @@ class SlurmScheduler(Scheduler):
         if slurm_id is None:
             raise JobStartError(f"sbatch answered {r.stdout.strip()[:200]!r}, not a job id, and squeue lists no "
                                 f"tune_magic-{record.id}; see {job_dir}")
-        from tune_magic.job import _launch_step
-
-        _launch_step("sbatch-returned")  # fault tests: the launcher dies before it records SLURM's id
-        jobstore.update(job_dir, slurm_job_id=slurm_id, slurm_conf=client_env.get("SLURM_CONF"))
+        faultpoints.reached("sbatch-returned")  # fault tests: the launcher dies before it records SLURM's id
+        backend = {"job_id": slurm_id}
+        if client_env.get("SLURM_CONF"):
+            backend["conf"] = client_env["SLURM_CONF"]
+        jobstore.update(job_dir, backend=backend)
 
     # -- following ----------------------------------------------------------------------------
     def describe(self, job_dir: Path, record: JobRecord) -> dict[str, Any]:
@@ -233,7 +266,7 @@ class SlurmScheduler(Scheduler):
                 changes["error"] = self.failure_reason(job_dir, record, code)
             return changes
         env = _client_env(None, record)
-        slurm_id = record.slurm_job_id
+        slurm_id = self.engine_id(record)
         if slurm_id is None:
             if jobstore.lock_is_held(job_dir / jobstore.SUPERVISOR_LOCK):
                 return changes  # the launcher is submitting it right now
@@ -243,7 +276,7 @@ class SlurmScheduler(Scheduler):
                     changes.update(status=FAILED, ended_at=time.time(),
                                    error=f"the submission did not complete: squeue lists no job tune_magic-{record.id}")
                 return changes
-            changes["slurm_job_id"] = slurm_id
+            changes["backend"] = {**record.backend, "job_id": slurm_id}
         job = WATCHER.get(slurm_id, env)
         if job is False:  # no fresh squeue answer yet
             if started and state is Status.PENDING:
@@ -259,8 +292,9 @@ class SlurmScheduler(Scheduler):
             else:
                 changes.update(status=UNKNOWN, ended_at=time.time(), pending_reason=None)
             return changes
-        outcome = sq.job_outcome(job, stopped_by_us=stop, time_limit=record.time_limit)
-        if job.state == "TIMEOUT" and not record.time_limit:  # the partition's default limit, not one we set
+        time_limit = record.scheduler_options.get("time_limit")
+        outcome = sq.job_outcome(job, stopped_by_us=stop, time_limit=time_limit)
+        if job.state == "TIMEOUT" and not time_limit:  # the partition's default limit, not one we set
             outcome = sq.Outcome(outcome.status, outcome.reason.replace("the --time limit", "the partition's time limit"))
         if job.nodes:
             changes["nodes"] = list(job.nodes)
@@ -334,7 +368,7 @@ class SlurmScheduler(Scheduler):
         jobstore.mark_stop_requested(job_dir)
         env = _client_env(None, record)
         # a damaged record: the job is still findable, by the name it was submitted with
-        slurm_id = (record.slurm_job_id if record is not None else None) or find_by_name(job_dir.name, env)
+        slurm_id = (self.engine_id(record) if record is not None else None) or find_by_name(job_dir.name, env)
         if slurm_id is None:
             return
         WATCHER.forget()
@@ -379,6 +413,6 @@ class SlurmScheduler(Scheduler):
         if record is not None and record.state.is_live:
             return True
         env = _client_env(None, record)
-        slurm_id = (record.slurm_job_id if record is not None else None) or find_by_name(job_dir.name, env)
+        slurm_id = (self.engine_id(record) if record is not None else None) or find_by_name(job_dir.name, env)
         return slurm_id is not None and self._alive(slurm_id, env)
 

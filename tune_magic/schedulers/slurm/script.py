@@ -19,7 +19,7 @@ import re
 import shlex
 from typing import Mapping, Sequence
 
-from tune_magic.plan.build import LaunchPlan
+from tune_magic.plan.model import LaunchPlan
 
 #: Shell variables a plan's argv may name (rendered so the shell expands them on each node).
 EXPANDED = ("SLURM_JOB_NUM_NODES", "SLURM_JOB_ID", "TUNE_MAGIC_RDZV_ENDPOINT")

@@ -1,0 +1,484 @@
+"""The launch pipeline: words -> a checked plan -> a registered job handed to its scheduler.
+
+A launch registers a record under ``$TUNE_MAGIC_HOME/jobs/<id>/`` and hands it to a scheduler
+(:mod:`tune_magic.schedulers`: ``local`` runs it on this machine under a supervisor process). So a
+job outlives the process that launched it, and any later process (a new kernel, the CLI) lists,
+follows and stops it through the same records (:mod:`tune_magic.job`).
+
+Registration is atomic: the job's directory is prepared under a hidden staging name and renamed
+into place with its record in one step, under the launch lock, after the clash checks (GPUs,
+directories and rendezvous ports of live jobs). A launcher killed at any moment leaves either
+nothing, a staging directory that the next listing removes, or a registered job whose status
+becomes true at the next look (``failed``: "the launch was interrupted") — never a directory
+without a record or a running record without a process. The steps are fault-injection points
+(:mod:`tune_magic.faultpoints`).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from tune_magic import faultpoints, schedulers
+from tune_magic.errors import PlanError, StateDirError, UserError
+from tune_magic.job import Job
+from tune_magic.plan import catalog
+from tune_magic.plan.build import describe_run, place_here
+from tune_magic.plan.configview import resolve_dirs, write_overlaid_config
+from tune_magic.plan.model import LaunchPlan
+from tune_magic.plan.resolve import resolve_config
+from tune_magic.plan.words import check_job_id, split_args, with_config
+from tune_magic.registry import store as jobstore
+from tune_magic.registry.ids import new_job_id
+from tune_magic.registry.store import JobRecord
+from tune_magic.schedulers.base import Scheduler, SchedulerOptions
+from tune_magic.schedulers.local import gpus as gpu_mod
+
+#: Environment variable: when "1", every launch is a dry run that returns the LaunchPlan.
+DRY_RUN_ENV = "TUNE_MAGIC_DRY_RUN"
+#: Longest job name accepted, in characters (listings cut names to 40 anyway).
+MAX_NAME_CHARS = 1000
+
+
+def dry_run_requested(env: Mapping[str, str] | None = None) -> bool:
+    """Return True when ``TUNE_MAGIC_DRY_RUN`` asks for dry runs (``1``/``true``/``yes``/``on``);
+    ``0``/``false``/``no``/``off`` or unset/empty mean a real launch.
+
+    Raises:
+        PlanError: any other value (it fails closed: a typo never starts a real job).
+    """
+    value = (os.environ if env is None else env).get(DRY_RUN_ENV, "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise PlanError(f"{DRY_RUN_ENV}={value!r} is neither on (1, true, yes, on) nor off (0, false, no, off); "
+                    f"set one of them or unset it")
+
+
+def launch_options(generic_flags: Sequence[str]) -> list:
+    """A launching command's own options: the generic ones named (e.g.
+    :data:`tune_magic.plan.options.RUN`), then every installed scheduler's."""
+    return [*generic_flags, *schedulers.all_options()]
+
+
+def scheduler_values(own: Mapping[str, Any]) -> dict[str, Any]:
+    """The scheduler options among own options split off a command line (name -> value as typed)."""
+    names = {o.name for o in schedulers.all_options()}
+    return {k: v for k, v in own.items() if k in names}
+
+
+def build_plan(
+    args: str | Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+    gpus: str | Iterable[int] | None = None,
+    job_id: str | None = None,
+    job_dir: str | os.PathLike | None = None,
+    scheduler: str | None = None,
+    **options: Any,
+) -> LaunchPlan:
+    """Build the launch plan for ``tune run``-style arguments, without starting anything.
+
+    Args:
+        args: ``[TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value | ~key ...]`` as one string
+            (split with :func:`shlex.split`) or a list of strings (taken as is). ``--config=X`` is
+            accepted like ``--config X``. RECIPE is a torchtune recipe name, a shipped recipe name
+            (``tune-magic ls``) or a ``.py`` path relative to ``cwd``; CONFIG likewise, without
+            ``.yaml`` for names.
+        env: the job's whole environment (the caller's ``os.environ`` plus the job's additions);
+            ``PET_*`` variables in it count like the torchrun flags. Default ``os.environ``.
+        cwd: directory that relative paths are resolved from; default the current directory.
+        gpus: GPU ids for the job (``"0,1"`` or ``[0, 1]``); sets ``CUDA_VISIBLE_DEVICES`` in the
+            plan's env and implies that many processes per node.
+        job_id: when given, and the user set no ``output_dir``, the plan adds
+            ``output_dir=<config's output_dir>/<job_id>`` so concurrent jobs never share a
+            directory. Without it, previews show ``<job-id>`` in its place.
+        job_dir: the job's directory (its record and logs). When ``--redirects``/``--tee`` send
+            worker output to files and no ``--log-dir`` is given, the plan adds
+            ``--log-dir <job_dir>/ranks`` so the files can be found (``<job-dir>`` in its place
+            when ``None``).
+        scheduler: where the job runs (default ``local``, this machine); the plan is then what each
+            node runs (e.g. one torchrun agent per node of one SLURM job).
+        options: the scheduler's own options (e.g. ``nodes=2``; see ``tune-magic run --help``).
+
+    Returns:
+        The :class:`~tune_magic.plan.model.LaunchPlan`.
+
+    Raises:
+        PlanError: any bad input (unknown recipe, missing ``--config``, a multi-node run with no
+            endpoint, a malformed endpoint, a torchrun flag after the recipe, an option of another
+            scheduler, ...). The message names the fix. Nothing has been started.
+    """
+    read = schedulers.read_options(scheduler, env, **options)
+    spec = describe_run(args, env=env, cwd=cwd, gpus=gpus, job_id=job_id, job_dir=job_dir)
+    return schedulers.get(read.scheduler).place(spec, read)
+
+
+@dataclass
+class _Request:
+    """One launch's inputs, checked: what :func:`launch` was asked, and the scheduler."""
+
+    tokens: list[str]
+    caller_env: dict[str, str]
+    cwd: str
+    name: str | None
+    gpus: Any
+    force: bool
+    config_overlay: str | None
+    options: SchedulerOptions
+    sched: Scheduler
+    job_id: str
+
+
+def launch(
+    args: str | Sequence[str],
+    *,
+    name: str | None = None,
+    gpus: str | Iterable[int] | None = None,
+    cwd: str | os.PathLike | None = None,
+    force: bool = False,
+    env: Mapping[str, str] | None = None,
+    dry_run: bool | None = None,
+    config_overlay: str | None = None,
+    scheduler: str | None = None,
+    job_id: str | None = None,
+    **options: Any,
+) -> "Job | LaunchPlan":
+    """Launch a ``tune run``-style job in the background and return at once.
+
+    Args:
+        args: ``[TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]`` (see
+            :func:`build_plan`).
+        name: free-text name shown in listings (default: the recipe name).
+        gpus: GPU ids (``"0,1"``, ``[2, 3]``), or ``"auto"`` for as many free GPUs as the job has
+            processes per node. Sets ``CUDA_VISIBLE_DEVICES`` in the job's environment only.
+        cwd: working directory of the job and of relative paths (default: the current one).
+        force: allow sharing a GPU or an ``output_dir`` with a running job.
+        env: the caller's environment (default ``os.environ``); the job gets it plus the plan's
+            additions.
+        dry_run: return the :class:`LaunchPlan` without starting or registering anything.
+            Default: ``TUNE_MAGIC_DRY_RUN=1`` in the environment.
+        config_overlay: YAML text of a config mapping (a ``%%tune_run`` cell body). Merged over
+            ``--config`` when one is given, else used as the config; the result is saved as
+            ``config.yaml`` in the job's directory and launched with ``--config`` pointing at it.
+        scheduler: where the job runs: ``"local"`` (default, or ``$TUNE_MAGIC_SCHEDULER``),
+            ``"slurm"``, or an installed scheduler's name.
+        job_id: the id a dry run's plan is built for (default: a new one, as a launch would pick);
+            a real launch always picks its own.
+        options: the scheduler's own options by name (``nodes=2, partition="gpu"`` for SLURM;
+            ``tune-magic run --help`` lists each scheduler's). Another scheduler's option is refused.
+
+    Returns:
+        The :class:`~tune_magic.job.Job` (or the plan, for a dry run).
+
+    Raises:
+        PlanError: bad arguments, unknown or busy GPUs, an ``output_dir`` used by a running job.
+            Nothing has been started.
+        StateDirError: ``$TUNE_MAGIC_HOME`` cannot take the job (read-only, full disk).
+        JobStartError: the scheduler could not start the job (its record says why).
+    """
+    caller_env = dict(os.environ if env is None else env)
+    if name is not None and not isinstance(name, str):
+        raise PlanError(f"name={name!r}: the job name must be a string")
+    if name is not None and len(name) > MAX_NAME_CHARS:
+        raise PlanError(f"the job name is {len(name)} characters long; give at most {MAX_NAME_CHARS}")
+    if not isinstance(args, (str, list, tuple)):
+        raise PlanError(f"args={args!r}: give the tune run-style words as a string or a list of strings")
+    for flag, value in (("force", force), ("dry_run", dry_run)):
+        if value is not None and not isinstance(value, bool):
+            raise PlanError(f"{flag}={value!r}: give True or False")
+    read = schedulers.read_options(scheduler, caller_env, **options)
+    if dry_run is None:
+        dry_run = dry_run_requested(caller_env)
+    tokens = split_args(args)
+    if job_id is not None and not dry_run:
+        raise PlanError("job_id is for dry runs only; a launch picks its own id")
+    request = _Request(tokens=tokens, caller_env=caller_env,
+                       cwd=os.path.abspath(os.getcwd() if cwd is None else os.fspath(cwd)), name=name, gpus=gpus,
+                       force=force, config_overlay=config_overlay, options=read, sched=schedulers.get(read.scheduler),
+                       job_id=check_job_id(job_id) if job_id is not None else new_job_id())
+    return _dry_run(request) if dry_run else _register_and_submit(request)
+
+
+def _dry_run(req: _Request) -> LaunchPlan:
+    """The plan a launch would start; nothing is registered. One file per distinct cell body holds
+    its config for the preview."""
+    tokens = req.tokens
+    if req.config_overlay is not None:
+        d = Path(tempfile.gettempdir()) / "tune_magic_dry_run"
+        d.mkdir(mode=0o700, exist_ok=True)
+        digest = hashlib.sha256(f"{tokens}\0{req.config_overlay}\0{req.cwd}".encode()).hexdigest()[:16]
+        tokens = _apply_overlay(tokens, req.config_overlay, req.cwd, d / f"config-{digest}.yaml")
+    plan, _ = _plan(tokens, req.job_id, gpus=req.gpus, cwd=req.cwd, env=req.caller_env, busy={}, options=req.options)
+    # the job's directory as it would be (the same id-dependent paths a launch gets)
+    would_be = jobstore.jobs_root(req.caller_env, create=False) / req.job_id
+    plan = replace(plan, **req.sched.prepare(plan, req.options, req.caller_env, would_be))
+    problems = resolve_dirs(plan, cwd=req.cwd).errors  # here, a launch would refuse these
+    return replace(plan, warnings=plan.warnings + [f"a launch here would refuse this: {e}" for e in problems])
+
+
+def _register_and_submit(req: _Request) -> Job:
+    """Stage the job's directory, register it under the launch lock, hand it to the scheduler."""
+    root = jobstore.jobs_root(req.caller_env)
+    jobstore.collect_staging(root)
+    stage = jobstore.staging_dir(req.job_id, root)
+    final = root / req.job_id
+    lock_fd: int | None = None
+    try:
+        try:
+            stage.mkdir(mode=0o700)
+            faultpoints.reached("staging")
+            # held from now until the supervisor inherits it: a registered job always has a live
+            # holder (launcher or supervisor) until its supervisor exits
+            lock_fd = jobstore.open_nofollow(stage / jobstore.SUPERVISOR_LOCK, os.O_RDWR | os.O_CREAT)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            plan, dirs, resolved, record = _stage(req, root, stage, final)
+            # one launch at a time checks for clashes and registers, so two cannot both take a directory or GPU
+            with jobstore.flocked(root / jobstore.LAUNCH_LOCK):
+                check_clashes(resolved, dirs, _live_jobs(jobstore.list_records(root)), force=req.force, plan=plan)
+                os.rename(stage, final)
+            faultpoints.reached("registered")
+            if plan.output_dir and dirs.output_dir:
+                _make_private_dir(Path(dirs.output_dir))
+        except OSError as exc:
+            raise _state_error(exc, root) from None
+        try:
+            req.sched.submit(final, record, plan, req.options, req.caller_env, lock_fd)
+        except UserError:
+            jobstore.remove_tree(final)  # the engine refused it as described: nothing runs, nothing listed
+            raise
+        faultpoints.reached("submitted")
+        return Job(final)
+    except BaseException:
+        if stage.exists():
+            shutil.rmtree(stage, ignore_errors=True)  # nothing registered, nothing left behind
+        raise
+    finally:
+        if lock_fd is not None:
+            os.close(lock_fd)
+
+
+def _stage(req: _Request, root: Path, stage: Path, final: Path):
+    """Plan the job for its final directory and write its record, process file and lock into the
+    staging directory; return (plan, resolved dirs, resolved GPUs, record)."""
+    tokens = req.tokens
+    if req.config_overlay is not None:  # the job reads it at its final place, once registered
+        tokens = _apply_overlay(tokens, req.config_overlay, req.cwd, stage / "config.yaml")
+    plan, dirs, resolved = checked_plan(tokens, req.job_id, gpus=req.gpus, cwd=req.cwd, env=req.caller_env,
+                                         root=root, force=req.force, job_dir=final, options=req.options)
+    if req.config_overlay is not None:
+        plan = _replace_config(plan, str(final / "config.yaml"))
+    plan = replace(plan, **req.sched.prepare(plan, req.options, req.caller_env, final))
+    faultpoints.reached("planned")
+    record = _record(req, plan, dirs, resolved, final)
+    jobstore.write_record(stage, record)
+    jobstore.write_procs(stage, scheduler=req.sched.name)  # a damaged record still says where it runs
+    os.close(jobstore.open_nofollow(stage / jobstore.LOCK, os.O_WRONLY | os.O_CREAT))
+    faultpoints.reached("staged")
+    return plan, dirs, resolved, record
+
+
+def _record(req: _Request, plan: LaunchPlan, dirs, resolved, final: Path) -> JobRecord:
+    """The job's first record."""
+    return JobRecord(
+        id=req.job_id, name=req.name or plan.recipe_name or Path(plan.recipe).stem, argv=plan.argv, env=plan.env,
+        cwd=req.cwd, log_path=str(final / jobstore.OUTPUT_LOG), started_at=time.time(),
+        output_dir=dirs.output_dir, metric_log_dir=dirs.metric_log_dir, checkpoint_dir=dirs.checkpoint_dir,
+        gpus=plan.gpus, physical_gpus=resolved.physical if resolved else None, distributed=plan.distributed,
+        nproc_per_node=plan.nproc_per_node, rendezvous=plan.rendezvous, rendezvous_endpoint=plan.endpoint,
+        warnings=list(dict.fromkeys(dirs.warnings + plan.warnings)),
+        recipe=plan.recipe, config=plan.config, rank_log_dir=plan.rank_log_dir, scheduler=req.sched.name,
+        scheduler_options=_json_options(req.options), status=req.sched.initial_status.value,
+        num_nodes=int(plan.nnodes) if (plan.nnodes or "").isdigit() else 1,
+        epochs=dirs.epochs, max_steps_per_epoch=dirs.max_steps_per_epoch,
+    )
+
+
+def _json_options(options: SchedulerOptions) -> dict[str, Any]:
+    """The scheduler's options as the record keeps them (tuples as lists)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in options.given().items()}
+
+
+def _plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, busy, force: bool = False,
+          launching: bool = False, job_dir: Path | None = None,
+          options: SchedulerOptions) -> "tuple[LaunchPlan, gpu_mod.ResolvedGpus | None]":
+    """The plan and, when launching with GPUs, the GPUs resolved through the kernel's
+    ``CUDA_VISIBLE_DEVICES`` (the plan's env then carries the job's real ``CUDA_VISIBLE_DEVICES``).
+    Explicit ids are checked at launch only: dry runs for GPU nodes stay buildable here."""
+    resolved = None
+    if isinstance(gpus, str) and gpus.strip() == "auto":
+        probe = place_here(describe_run(tokens, env=env, cwd=cwd))
+        nproc = probe.nproc_per_node or "1"
+        n = int(nproc) if nproc.isdigit() else 1
+        resolved = gpu_mod.resolve_gpus("auto", n, busy, env, force=force)
+        gpus = resolved.typed
+    spec = describe_run(tokens, env=env, cwd=cwd, gpus=gpus, job_id=job_id, job_dir=job_dir)
+    plan = schedulers.get(options.scheduler).place(spec, options)
+    if launching and plan.scheduler == "local" and plan.nproc_per_node == "gpu" and not plan.gpus:
+        # torchrun would count CUDA devices in its agent and stop with "Cuda is not available."
+        vis = gpu_mod.visibility(env)
+        if not vis.gpus:
+            raise PlanError(f"--nproc_per_node gpu starts one process per visible GPU, and {vis.describe()}; "
+                            f"give a number of processes instead (--nproc_per_node 2) or run where a GPU is")
+    if plan.gpus and launching:
+        if resolved is None:
+            resolved = gpu_mod.resolve_gpus(plan.gpus, len(plan.gpus), busy, env, force=force)
+        plan = replace(plan, env={**plan.env, "CUDA_VISIBLE_DEVICES": resolved.cuda_visible_devices})
+    elif plan.gpus and "CUDA_VISIBLE_DEVICES" in plan.env:
+        # a dry run shows the CUDA_VISIBLE_DEVICES a launch from this kernel would give the job
+        # (ids are relative to the kernel's own); it checks nothing against this machine's GPUs
+        preview = gpu_mod.preview_cuda_visible_devices(plan.gpus, env)
+        if preview is not None:
+            plan = replace(plan, env={**plan.env, "CUDA_VISIBLE_DEVICES": preview})
+        else:
+            visible = env.get("CUDA_VISIBLE_DEVICES", "")
+            plan = replace(plan, warnings=plan.warnings + [
+                f"GPU ids {','.join(map(str, plan.gpus))} are not all among the {len([v for v in visible.split(',') if v.strip()])} "
+                f"GPUs this kernel may use (CUDA_VISIBLE_DEVICES={visible!r}): a launch from here would refuse them"])
+    return plan, resolved
+
+
+def checked_plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, root: Path, force: bool, job_dir: Path,
+                  options: SchedulerOptions):
+    """Build the plan and check it against this machine (GPUs visible and free, inputs exist, dirs
+    resolve). Busy GPUs are checked again under the launch lock."""
+    running = _live_jobs(jobstore.list_records(root))
+    plan, resolved = _plan(tokens, job_id, gpus=gpus, cwd=cwd, env=env, busy=_busy_gpus(running), force=force,
+                           launching=True, job_dir=job_dir, options=options)
+    dirs = resolve_dirs(plan, cwd=cwd)
+    if dirs.errors:
+        raise PlanError(dirs.errors[0] + "; nothing was started")
+    if dirs.missing_inputs:
+        key, path = dirs.missing_inputs[0]
+        shipped = Path(plan.config).is_relative_to(catalog.shipped_root())
+        assets = " (the shipped configs use the tiny assets: run tune-magic assets, or tune_magic.make_assets())" if shipped else ""
+        raise PlanError(f"{key} {path} does not exist, so every rank would fail at start-up; create it{assets} "
+                        f"or override {key}=...")
+    for message in dirs.warnings:
+        warnings.warn(message, stacklevel=4)
+    return plan, dirs, resolved
+
+
+def _state_error(exc: OSError, root: Path) -> StateDirError:
+    """Turn a registry write failure at launch into one paragraph naming the fix."""
+    where = root.parent
+    if jobstore.disk_full(exc):
+        return StateDirError(f"the disk holding TUNE_MAGIC_HOME ({where}) is full ({exc.strerror}); nothing was "
+                             "started. Free some space there, or point TUNE_MAGIC_HOME at a disk with room")
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return StateDirError(f"TUNE_MAGIC_HOME ({where}) is not writable ({exc.strerror}); nothing was started. "
+                             "Point TUNE_MAGIC_HOME at a writable directory to launch jobs (listing works read-only)")
+    if exc.errno == errno.ELOOP:
+        return StateDirError(f"a symbolic link was planted inside the job registry {root} ({exc.filename}); "
+                             "tune_magic never follows links there. Remove it and launch again")
+    return StateDirError(f"cannot register the job under {root} ({exc.strerror or exc}); nothing was started")
+
+
+def _make_private_dir(path: Path) -> None:
+    """Create the per-job output_dir the plan added, mode 0700 (it will hold the resolved config
+    with every override, and the checkpoints)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    os.chmod(path, 0o700)
+
+
+def _apply_overlay(tokens: list[str], overlay: str, cwd: str, dest: Path) -> list[str]:
+    """Write the overlaid config to ``dest`` and point ``--config`` at it."""
+    tokens, base = with_config(tokens, str(dest))
+    base_path = resolve_config(base, Path(cwd))[0] if base is not None else None
+    try:
+        write_overlaid_config(base_path, overlay, dest)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+    return tokens
+
+
+def _replace_config(plan: LaunchPlan, config_at: str) -> LaunchPlan:
+    """The plan with its config file moved to ``config_at`` (same content, final place)."""
+    staged = plan.config
+    return replace(plan, config=config_at, argv=[config_at if a == staged else a for a in plan.argv])
+
+
+def _same_or_nested(a: str, b: str) -> bool:
+    a, b = Path(os.path.realpath(a)), Path(os.path.realpath(b))
+    return a == b or a in b.parents or b in a.parents
+
+
+def _local_port(endpoint: str | None) -> int | None:
+    """The port of ``host:port`` when the host is this machine, else ``None``."""
+    import socket
+
+    if not endpoint:
+        return None
+    host, sep, port = endpoint.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not port.isdigit():
+        return None
+    mine = {"", "localhost", "0.0.0.0", "::", "::1", socket.gethostname(), socket.getfqdn()}
+    return int(port) if host in mine or host.startswith("127.") else None
+
+
+def check_clashes(resolved, dirs, running: list[Job], *, force: bool, plan: LaunchPlan | None = None) -> None:
+    """Refuse a GPU, a directory or a rendezvous port on this machine that a live job uses (unless
+    ``force``). Called under the launch lock, so two launches racing for the same GPU or
+    ``output_dir``: exactly one is refused."""
+    if force:
+        return
+    port = _local_port(plan.endpoint) if plan is not None and plan.rendezvous == "user" else None
+    if port:
+        for job in running:
+            if job.scheduler == "local" and _local_port(job.record.rendezvous_endpoint) == port:
+                raise PlanError(f"port {port} of your rendezvous endpoint is the rendezvous of {job.record.status} job "
+                                f"{job.id}: the second job would fail (EADDRINUSE) or join the first one's rendezvous; "
+                                "leave the endpoint out (a free port is picked), choose another port, or pass --force")
+    if resolved is not None:
+        busy = {str(k): v for k, v in _busy_gpus(running).items()}
+        for typed, physical in zip(resolved.typed, resolved.physical):
+            if str(physical) in busy:
+                shown = f"GPU {typed}" + (f" (physical {physical})" if str(typed) != str(physical) else "")
+                raise gpu_mod.GpuError(f"{shown} is used by running job {busy[str(physical)]}; pick another GPU, stop "
+                                       "that job, or pass --force / force=True to share it")
+    mine = [x for x in (dirs.output_dir, dirs.metric_log_dir, dirs.checkpoint_dir) if x]
+    for job in running:
+        theirs = [x for x in (job.output_dir, job.record.metric_log_dir, job.record.checkpoint_dir) if x]
+        clash = next(((m, t) for m in mine for t in theirs if _same_or_nested(m, t)), None)
+        if clash:
+            raise PlanError(
+                f"{clash[0]} would share {clash[1]} with {job.record.status} job {job.id}; choose another "
+                "output_dir=..., stop that job, or pass --force / force=True"
+            )
+
+
+def _busy_gpus(running: list[Job]) -> dict[int | str, str]:
+    """Physical GPU -> id of the live job using it (records made before ``physical_gpus`` existed
+    hold physical ids in ``gpus``)."""
+    busy: dict[int | str, str] = {}
+    for j in running:
+        r = j.record
+        for g in (r.physical_gpus if r.physical_gpus is not None else r.gpus) or []:
+            busy[g] = j.id
+    return busy
+
+
+def _live_jobs(records: Iterable[JobRecord]) -> list[Job]:
+    out = []
+    for r in records:
+        if r.state.is_live:
+            job = Job(jobstore.job_dir(r.id), r)
+            if job.refresh().record.state.is_live:
+                out.append(job)
+    return out

@@ -1,0 +1,88 @@
+"""The per-node command of a SLURM job (one torchrun agent per node), from the same words as a
+local launch: the plan says what to run, this module where and on how many nodes. Pure.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from tune_magic.errors import PlanError
+from tune_magic.plan.build import RunSpec
+from tune_magic.plan.model import LaunchPlan
+from tune_magic.plan.torchrun import check_endpoint, check_nproc, parse_nnodes, rank_log_dir, truthy
+
+#: torchrun options the SLURM scheduler sets on each node itself: refused under SLURM.
+_SLURM_REFUSED = ("node_rank", "master_addr", "master_port", "local_addr", "standalone")
+
+
+#: torchrun options the SLURM scheduler takes from the user and places itself.
+_SLURM_PLACED = ("nnodes", "nproc_per_node", "rdzv_endpoint", "rdzv_backend", "rdzv_id", "rdzv_conf")
+
+
+def place(spec: RunSpec, *, nodes: int | None, gpus_per_node: int | None) -> LaunchPlan:
+    """The per-node command of a SLURM job (one torchrun agent per node) for ``spec``.
+
+    On one node without an endpoint of the user's the agent runs ``--standalone`` inside the
+    allocation; otherwise every node runs ``--nnodes ${SLURM_JOB_NUM_NODES} --rdzv-endpoint
+    ${TUNE_MAGIC_RDZV_ENDPOINT} --rdzv-id ${SLURM_JOB_ID}``, placeholders the batch script fills in
+    (the head is the batch host, see :mod:`.script`), or the user's endpoint unchanged.
+
+    Raises:
+        PlanError: ``--gpus`` (SLURM allocates GPUs), a torchrun option the scheduler sets per node,
+            an elastic ``--nnodes`` range or one that disagrees with ``--nodes``, a one-device
+            recipe on several processes.
+    """
+    if spec.gpu_ids is not None:
+        raise PlanError("--gpus picks GPUs of this machine; under --scheduler slurm SLURM allocates them: "
+                        "give --gpus-per-node G instead")
+    given, parsed = spec.given, spec.parsed
+    for dest in _SLURM_REFUSED:
+        value, src = given(dest)
+        if value is not None and (dest != "standalone" or truthy(value)):
+            fix = f"unset {src}" if src.startswith("PET_") else f"drop {src}"
+            raise PlanError(f"{src} is set per node by the SLURM scheduler (head address, a free port, each node's "
+                            f"address); {fix}, or use --scheduler local")
+    nnodes, nnodes_src = given("nnodes")
+    if nnodes is not None:
+        lo, hi = parse_nnodes(nnodes, nnodes_src)
+        if lo != hi:
+            raise PlanError(f"{nnodes_src} {nnodes}: an elastic range is not supported under SLURM, which allocates "
+                            "a fixed number of nodes; give --nodes N")
+        if nodes is not None and nodes != lo:
+            raise PlanError(f"{nnodes_src} {nnodes} and --nodes {nodes} differ; give one of them (they mean the same)")
+        nodes = lo
+    nodes = nodes or 1
+    warnings = []
+    endpoint, endpoint_src = given("rdzv_endpoint")
+    if endpoint is not None:
+        check_endpoint(endpoint, endpoint_src)
+        warnings.append(f"every node must reach your rendezvous endpoint {endpoint} ({endpoint_src}); it goes "
+                        "unchanged to every node (leave it out and the scheduler uses the head node and a free port)")
+    backend = given("rdzv_backend")[0] or "c10d"
+    rdzv_id, id_src = given("rdzv_id")
+    if rdzv_id is not None:
+        warnings.append(f"{id_src} {rdzv_id} is replaced by the SLURM job id ($SLURM_JOB_ID): one id per job")
+    conf = given("rdzv_conf")[0]
+    nproc, nproc_src = given("nproc_per_node")
+    if nproc is not None:
+        check_nproc(nproc, nproc_src)
+    else:
+        nproc = str(gpus_per_node) if gpus_per_node else "1"
+    if spec.supports_distributed is False and (nodes > 1 or nproc not in ("1",)):
+        raise PlanError(f"recipe {spec.recipe_name} runs on one device and cannot use {nodes} node(s) x {nproc} processes; "
+                        "use a *_distributed recipe")
+    keep = [t for dest, group in parsed.groups if dest not in _SLURM_REFUSED + _SLURM_PLACED for t in group]
+    added_log_dir, rank_logs = rank_log_dir(parsed.torchrun, spec.env, spec.job_dir, spec.cwd)
+    keep += added_log_dir
+    if nodes == 1 and endpoint is None:
+        torchrun_args = ["--standalone", "--nproc_per_node", nproc, *keep]
+        rendezvous = "standalone"
+    else:
+        torchrun_args = ["--nnodes", "${SLURM_JOB_NUM_NODES}", "--nproc_per_node", nproc, "--rdzv-backend", backend,
+                         "--rdzv-endpoint", endpoint or "${TUNE_MAGIC_RDZV_ENDPOINT}", "--rdzv-id", "${SLURM_JOB_ID}",
+                         *keep]
+        rendezvous = "user" if endpoint is not None else "scheduler"
+    return LaunchPlan(argv=[sys.executable, "-m", "torch.distributed.run", *torchrun_args, *spec.recipe_args],
+                      distributed=True, rendezvous=rendezvous, endpoint=endpoint, nproc_per_node=nproc,
+                      nnodes=str(nodes), torchrun_args=torchrun_args, rank_log_dir=rank_logs, scheduler="slurm",
+                      rdzv_conf=conf, warnings=warnings, **spec.common)
