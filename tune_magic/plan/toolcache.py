@@ -3,7 +3,7 @@ and torchtune's recipe registry.
 
 Both change only when those packages change, yet reading them live imports torch (~1-4 s, more on a
 CUDA machine) into whatever process builds a plan: the notebook kernel, the CLI. So they are read once
-in a subprocess (``python -c ...`` running :func:`_child_main`) and kept as JSON in
+in a subprocess (``python -c ...`` running :func:`child_main`) and kept as JSON in
 ``$TUNE_MAGIC_HOME/cache/tools-<hash of sys.executable>.json``; a process with the cache present
 imports neither torch nor torchtune to build a plan.
 
@@ -172,9 +172,9 @@ def compute_in_subprocess(timeout_s: float = CHILD_TIMEOUT_S) -> dict[str, Any]:
         RuntimeError: the child failed or printed something that is not the tables (its stderr's end
             is in the message).
     """
-    package_parent = str(Path(__file__).resolve().parent.parent)
+    package_parent = str(Path(__file__).resolve().parents[2])
     code = ("import sys; sys.path.insert(0, sys.argv[1]); "
-            "from tune_magic.plan.toolcache import _child_main; _child_main()")
+            "from tune_magic.plan.toolcache import child_main; child_main()")
     try:
         proc = subprocess.run([sys.executable, "-c", code, package_parent], stdin=subprocess.DEVNULL,
                               capture_output=True, timeout=timeout_s)
@@ -193,15 +193,26 @@ def compute_in_subprocess(timeout_s: float = CHILD_TIMEOUT_S) -> dict[str, Any]:
                            f"failed ({exc}): {tail or 'no output'}") from None
 
 
+#: table name -> "module:function" that reads it live. Named, not imported: the readers' modules use
+#: this cache, and this module never imports them back.
+READERS = {
+    "torchrun": "tune_magic.plan.torchrun_options:live_rows",
+    "registry": "tune_magic.plan.catalog:live_registry_rows",
+}
+
+
 def compute_here() -> dict[str, Any]:
     """Read the tables live in this process (imports torch). Same result as :func:`compute_in_subprocess`."""
-    from tune_magic.plan import catalog
-    from tune_magic.plan import torchrun_options
+    import importlib
 
-    return {"torchrun": torchrun_options.live_rows(), "registry": catalog.live_registry_rows()}
+    out = {}
+    for table, target in READERS.items():
+        module, _, function = target.partition(":")
+        out[table] = getattr(importlib.import_module(module), function)()
+    return out
 
 
-def _child_main() -> None:
+def child_main() -> None:
     """Body of the subprocess: print the tables as JSON on stdout, and nothing else there; then exit
     at once (status 0), skipping the interpreter's shutdown, which with torch loaded takes longer
     than reading the tables (0.5-1 s measured on 2 cores, torch 2.13) while the caller waits."""
@@ -288,4 +299,4 @@ def _compute_lock(path: Path) -> Iterator[None]:
 
 
 if __name__ == "__main__":  # ``python -m tune_magic.plan.toolcache``: print the tables (for a look by hand)
-    _child_main()
+    child_main()

@@ -30,7 +30,7 @@ CELL_TIMEOUT_S = 600
 
 def repo_root() -> Path:
     """The checkout this package is installed from (an editable install): the package's parent."""
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]
 
 
 def find_notebook(name: str = NOTEBOOK) -> Path | None:
