@@ -256,3 +256,12 @@ def test_expand_hostlist(text, hosts):
 def test_expand_hostlist_refuses_malformed_lists(text):
     with pytest.raises(SqueueParseError):
         expand_hostlist(text)
+
+
+@pytest.mark.parametrize("state, verdict", [
+    ("COMPLETED", "completed"), ("CANCELLED", "cancelled"), ("TIMEOUT", "timeout"), ("FAILED", "failed"),
+    ("NODE_FAIL", "node_fail"), ("OUT_OF_MEMORY", "out_of_memory"), ("BOOT_FAIL", "failed"), ("PREEMPTED", "failed"),
+    ("PENDING", None), ("RUNNING", None),
+])
+def test_ended_states_carry_the_verdict_the_outcome_rule_reads(state, verdict):
+    assert job_outcome(SlurmJob("9", "x", state)).verdict == verdict

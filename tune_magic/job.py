@@ -252,6 +252,11 @@ class Job:
             raise ValueError(f"grace_s={grace_s!r}: give the seconds between SIGTERM and SIGKILL, a number >= 0")
         self.refresh()
         sched = self._sched()
+        if not self.damaged and self._record.state.is_live:
+            # what the log shows now decides whether a run that exits 0 had finished (the outcome rule)
+            from tune_magic.logs.progress import finished_and_saved
+
+            jobstore.mark_stop_requested(self.dir, finished=finished_and_saved(self.tail(200), self._record.epochs))
         sched.cancel(self.dir, None if self.damaged else self._record, float(grace_s))
         self._checked = 0.0
         self._stamp = None
@@ -340,7 +345,7 @@ class Job:
     def tail(self, n: int = 20) -> list[str]:
         """Return the last ``n`` lines of the job's log (a progress bar's redraws collapsed to the
         latest one, as a terminal would show it)."""
-        from tune_magic.schedulers.local.supervisor import read_tail
+        from tune_magic.logs.ending import read_tail
 
         if isinstance(n, bool) or not isinstance(n, int):
             raise ValueError(f"n={n!r}: give a number of lines")

@@ -160,6 +160,11 @@ class FailureReason:
     def __str__(self) -> str:
         return self.line
 
+    def line_on_host(self) -> str:
+        """:attr:`line`, followed by `` (on HOST)`` when the host is known and not in it (for jobs
+        whose ranks run on other machines)."""
+        return f"{self.line} (on {self.host})" if self.host and self.host not in self.line else self.line
+
     def to_dict(self) -> dict:
         """Return a JSON-ready dict of every field."""
         return asdict(self)

@@ -120,6 +120,20 @@ def checkpoint_state(lines: Sequence[str]) -> str | None:
     return UNDECIDED
 
 
+def finished_and_saved(lines: Sequence[str], epochs: int | None) -> bool:
+    """Whether a log's last lines (oldest first) show the run's last planned step and the
+    checkpoint save that follows it: the latest progress bar is at its epoch's last step
+    (``n == total``) in epoch ``epochs``, and :func:`checkpoint_state` says :data:`SAVED`.
+
+    ``False`` when ``epochs`` is not known, or no bar with counters is among the lines: a run is
+    never taken for finished on a guess (the outcome rule then calls a stopped run ``stopped``).
+    """
+    if not epochs:
+        return False
+    bar = next((b for b in map(parse_bar, reversed(lines)) if b is not None and b.total is not None), None)
+    return bar is not None and bar.epoch == epochs and bar.n == bar.total and checkpoint_state(lines) == SAVED
+
+
 @dataclass(frozen=True)
 class RunProgress:
     """Where the whole run is.

@@ -61,6 +61,9 @@ class JobRecord:
     written back unchanged, so no writer drops what another wrote.
     ``epochs`` and ``max_steps_per_epoch`` are the config's keys of those names as resolved at
     launch (positive integers, or ``None`` when unset or not a number): how long the run is.
+    ``stop_requested_at`` is when a user first asked to stop the job (unix seconds), and
+    ``finished_at_stop`` whether its log then showed the last planned step and the checkpoint save
+    after it (the outcome rule, :mod:`tune_magic.registry.outcome`, reads both).
     """
 
     id: str
@@ -87,6 +90,8 @@ class JobRecord:
     returncode: int | None = None
     error: str | None = None
     stop_requested: bool = False
+    stop_requested_at: float | None = None
+    finished_at_stop: bool = False
     warnings: list[str] = field(default_factory=list)
     recipe: str | None = None
     config: str | None = None
@@ -224,7 +229,8 @@ _FIELD_TYPES: dict[str, tuple[tuple, bool]] = {
     "nproc_per_node": (_OPT_STR, False), "rendezvous": (_OPT_STR, False), "rendezvous_endpoint": (_OPT_STR, False),
     "supervisor": ((dict, type(None)), False), "agent": ((dict, type(None)), False), "workers": ((list,), False),
     "ended_at": ((int, float, type(None)), False), "returncode": ((int, type(None)), False),
-    "error": (_OPT_STR, False), "stop_requested": ((bool,), False), "warnings": ((list,), False),
+    "error": (_OPT_STR, False), "stop_requested": ((bool,), False),
+    "stop_requested_at": ((int, float, type(None)), False), "finished_at_stop": ((bool,), False), "warnings": ((list,), False),
     "recipe": (_OPT_STR, False), "config": (_OPT_STR, False), "rank_log_dir": (_OPT_STR, False),
     "scheduler": ((str,), False), "scheduler_options": ((dict,), False), "backend": ((dict,), False),
     "num_nodes": ((int,), False), "nodes": ((list,), False), "rank_hosts": ((list,), False),

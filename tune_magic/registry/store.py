@@ -360,16 +360,21 @@ def stop_was_requested(d: Path, record: JobRecord | None = None) -> bool:
     return bool(record is not None and record.stop_requested) or os.path.lexists(d / STOP_REQUESTED)
 
 
-def mark_stop_requested(d: Path) -> bool:
+def mark_stop_requested(d: Path, finished: bool | None = None) -> bool:
     """Record a stop request as cheaply as possible; return whether it was recorded.
 
-    Tries the record (under its lock), then an empty marker file (needs no data blocks, so it
-    usually works on a full disk). Never raises for a write that fails: a stop must go on to
-    signal the job whatever the disk says.
+    Tries the record (under its lock: ``stop_requested``, the first ``stop_requested_at``, and
+    ``finished_at_stop`` when ``finished`` is given), then an empty marker file (needs no data
+    blocks, so it usually works on a full disk). Never raises for a write that fails: a stop must
+    go on to signal the job whatever the disk says.
     """
     ok = False
     try:
-        update(d, stop_requested=True)
+        with locked(d) as record:
+            record.stop_requested = True
+            record.stop_requested_at = record.stop_requested_at or time.time()
+            if finished is not None and not record.state.is_terminal:
+                record.finished_at_stop = bool(finished)
         ok = True
     except (OSError, CorruptRecord, StateDirError):
         pass

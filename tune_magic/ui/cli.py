@@ -304,8 +304,6 @@ def _listed(command: str) -> list:
 
 
 def _jobs(argv: Sequence[str]) -> int:
-    from tune_magic.job import jobs
-
     parser = argparse.ArgumentParser(prog="tune-magic jobs", description="List jobs, running and finished.")
     parser.add_argument("--json", action="store_true", help="print a JSON list of job records")
     ns = parser.parse_args(argv)
@@ -378,7 +376,7 @@ def _logs(argv: Sequence[str]) -> int:
 
 
 def _stop(argv: Sequence[str]) -> int:
-    from tune_magic.job import damaged_live_jobs, get_job, jobs
+    from tune_magic.job import damaged_live_jobs, get_job
 
     parser = argparse.ArgumentParser(prog="tune-magic stop", description="Stop a running job (or all).")
     parser.add_argument("job", nargs="?", help="job id")
@@ -401,7 +399,7 @@ def _seconds(text: str) -> float:
 
 
 def _rm(argv: Sequence[str]) -> int:
-    from tune_magic.job import jobs, remove
+    from tune_magic.job import remove
 
     parser = argparse.ArgumentParser(prog="tune-magic rm", description="Remove finished jobs' records and logs.")
     parser.add_argument("job", nargs="?", help="job id")

@@ -10,7 +10,6 @@ form offers it, with fields made from the options it declares.
 from __future__ import annotations
 
 import html
-import math
 import os
 import threading
 from pathlib import Path

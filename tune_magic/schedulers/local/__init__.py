@@ -17,9 +17,12 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from tune_magic.errors import JobStartError
+from tune_magic.logs import ending
+from tune_magic.registry import outcome
 from tune_magic.registry import store as jobstore
-from tune_magic.errors import JobStartError, PlanError
-from tune_magic.registry.store import FAILED, RUNNING, STOPPED, SUCCEEDED, UNKNOWN, JobRecord
+from tune_magic.registry.outcome import Evidence, decide
+from tune_magic.registry.store import FAILED, RUNNING, JobRecord
 from tune_magic.registry.status import Status
 from tune_magic.schedulers.base import Scheduler, SchedulerOptions
 from tune_magic.schedulers.local import procs
@@ -28,19 +31,6 @@ from tune_magic.schedulers.local import procs
 START_TIMEOUT_S = 30.0
 #: Seconds stop() waits for the supervisor to record the end after the processes are gone.
 RECORD_TIMEOUT_S = 10.0
-
-
-
-def exit_text(code: int | None) -> str:
-    """``"exited with code N"``, or ``"killed by SIGKILL"`` for a negative code."""
-    import signal
-
-    if code is not None and code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 class LocalScheduler(Scheduler):
@@ -147,50 +137,39 @@ class LocalScheduler(Scheduler):
         return procs.alive(sup) is not None
 
     def describe(self, job_dir: Path, record: JobRecord) -> dict[str, Any]:
-        """Settle from the exit file or a vanished supervisor. The returned dict has the fields to
-        change, and ``"_persist": False`` when the supervisor is alive and will write them itself
-        (a reader then only shows them, e.g. while a full disk delays the supervisor's write)."""
+        """Settle from the exit file or a vanished supervisor, through the outcome rule
+        (:func:`tune_magic.registry.outcome.decide`). The returned dict has the fields to change,
+        and ``"_persist": False`` when the supervisor is alive and will write them itself (a reader
+        then only shows them, e.g. while a full disk delays the supervisor's write)."""
         state = record.state
         if state.is_terminal or state is Status.PENDING:
             return {}
-        from tune_magic.schedulers.local.supervisor import outcome
-
         supervised = self.supervisor_alive(job_dir, record)
         exit_info = jobstore.read_exit_code(job_dir)
-        stop = jobstore.stop_was_requested(job_dir, record)
         if exit_info is not None and supervised and procs.alive(self._refs(job_dir, record)[1]) is not None:
             exit_info = None  # the agent still runs: whatever that file says, the job has not ended
         if exit_info is not None:
-            code = exit_info.returncode
-            status = outcome(code, stop)
-            changes: dict[str, Any] = {"status": status, "returncode": code,
-                                       "ended_at": record.ended_at or exit_info.ended_at}
-            if status == FAILED and not record.error:
-                changes["error"] = self.failure_reason(record, code)
+            evidence, reason = ending.evidence(job_dir, record, exit_info.returncode, nothing_runs=True)
+            changes = ending.changes(decide(evidence), record, exit_info.ended_at)
             if supervised:
                 changes["_persist"] = False
+            else:
+                ending.keep_failure(job_dir, reason)
             return changes
         if supervised:
             return {}
         _, agent, workers = self._refs(job_dir, record)
         if procs.job_processes(agent, workers):
             return {"status": RUNNING} if state is Status.UNKNOWN else {}  # runs on without its supervisor
-        if stop:
-            return {"status": STOPPED, "ended_at": record.ended_at or time.time()}
-        if agent is None:
-            return {"status": FAILED, "ended_at": time.time(),
-                    "error": "the launch was interrupted before the job started (the launching process died)"}
-        if state is Status.RUNNING:
-            return {"status": UNKNOWN}
-        return {}
-
-    @staticmethod
-    def failure_reason(record: JobRecord, code: int | None) -> str:
-        """The failure line from the job's log (see :mod:`tune_magic.logs.failure`), else the exit code."""
-        from tune_magic.schedulers.local.supervisor import explain
-
-        reason = explain(record, code)
-        return reason.line if reason is not None else exit_text(code)
+        if agent is None and not jobstore.stop_was_requested(job_dir, record):
+            evidence = Evidence(verdict=outcome.FAILED, nothing_runs=True, failure_line=(
+                "the launch was interrupted before the job started (the launching process died)"))
+        else:  # nothing runs, no exit code: stopped if asked, else outcome unknown (an exit file may still come)
+            evidence, _ = ending.evidence(job_dir, record, None, nothing_runs=True)
+        end = decide(evidence)
+        if end is None or end.status is state:
+            return {}
+        return ending.changes(end, record, time.time())
 
     # -- stopping -----------------------------------------------------------------------------
     def cancel(self, job_dir: Path, record: JobRecord | None, grace_s: float) -> None:

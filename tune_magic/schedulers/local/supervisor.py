@@ -32,10 +32,11 @@ from pathlib import Path
 
 import psutil
 
-from tune_magic.registry import store as jobstore
+from tune_magic.logs import ending
 from tune_magic.logs.summary import SummaryTracker, write_summary
-from tune_magic.registry.store import FAILED, STOPPED, SUCCEEDED, UNKNOWN, CorruptRecord, JobRecord, ProcessRef
-from tune_magic.schedulers.local import exit_text
+from tune_magic.registry import store as jobstore
+from tune_magic.registry.outcome import Evidence, Outcome, decide
+from tune_magic.registry.store import FAILED, CorruptRecord, JobRecord, ProcessRef
 from tune_magic.schedulers.local import procs
 
 #: Seconds between polls of the job.
@@ -46,8 +47,6 @@ DISCOVERY_SLOW_S = 5.0
 REGISTRY_CHECK_S = 1.0
 #: Seconds between updates of the job's summary (summary.json: last step and loss, progress).
 SUMMARY_S = 1.0
-#: Bytes from the end of the log read to explain a failure.
-FAILURE_TAIL_BYTES = 256 * 1024
 #: Seconds orphans of an ended agent get between SIGTERM and SIGKILL.
 ORPHAN_GRACE_S = 3.0
 #: Longest pause between retries of the final record write, in seconds.
@@ -81,40 +80,6 @@ def discover_workers(agent: psutil.Process) -> tuple[list[ProcessRef], str | Non
         except (psutil.Error, ValueError):
             continue
     return sorted(workers, key=lambda w: (w.rank, w.pid)), endpoint
-
-
-def read_tail(path: str | os.PathLike, nbytes: int) -> str:
-    """Return the last ``nbytes`` of a file as text (invalid UTF-8 replaced; '' if missing)."""
-    try:
-        fd = jobstore.open_nofollow(Path(path), os.O_RDONLY)
-    except OSError:
-        return ""
-    with os.fdopen(fd, "rb") as f:
-        try:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - nbytes))
-            return f.read(nbytes).decode("utf-8", errors="replace")
-        except OSError:
-            return ""
-
-
-def failure_line(log_text: str) -> str | None:
-    """The one-line failure reason of a log (see :mod:`tune_magic.logs.failure`), or ``None``."""
-    from tune_magic.logs.failure import describe_failure
-
-    reason = describe_failure(log_text)
-    return getattr(reason, "line", reason)
-
-
-def explain(record: JobRecord, code: int | None, *, stopped: bool = False, oom=None, pid: int | None = None):
-    """The job's :class:`~tune_magic.logs.failure.FailureReason` from the end of its log and of each
-    rank's files (``--redirects``/``--tee``), with the OOM killer's evidence, or ``None``."""
-    from tune_magic.logs.failure import Evidence, describe_failure
-    from tune_magic.logs.follow import read_rank_logs
-
-    rank_logs = read_rank_logs(record.rank_log_dir, record.started_at - 1) if record.rank_log_dir else None
-    return describe_failure(read_tail(record.log_path, FAILURE_TAIL_BYTES), rank_logs=rank_logs or None,
-                            evidence=Evidence(stopped=stopped, oom=oom, returncode=code, pid=pid))
 
 
 class Supervisor:
@@ -277,7 +242,8 @@ class Supervisor:
                 stderr=subprocess.STDOUT, close_fds=True,
             )
         except OSError as exc:
-            self._final(127, f"could not start {rec.argv[0]}: {exc}")
+            self._final(Evidence(returncode=127, failure_line=f"could not start {rec.argv[0]}: {exc}",
+                                 nothing_runs=True))
             return 127
         finally:
             os.close(out)
@@ -329,27 +295,23 @@ class Supervisor:
         procs.kill_job(self.agent, self.workers, ORPHAN_GRACE_S)
         self.check_registry()
         self._copy_log()
-        error = None
-        if code not in (0, None) and not (self.stop_requested or jobstore.stop_was_requested(self.dir, self.record)):
+        stop = self.stop_requested or jobstore.stop_was_requested(self.dir, self.record)
+        oom = None
+        if code not in (0, None) and not stop:
             pids = [w.pid for w in self.workers] + ([self.agent.pid] if self.agent else [])
             try:
                 oom = oom_watch.killed(pids)
             except Exception:  # evidence is a bonus: never lose the end for it
                 oom = None
-            reason = explain(self.record, code, oom=oom, pid=self.agent.pid if self.agent else None)
-            error = reason.line if reason is not None else exit_text(code)
-            if reason is not None:
-                try:
-                    jobstore.write_atomic(self.dir / jobstore.FAILURE, json.dumps(reason.to_dict()).encode(),
-                                          fsync=False)
-                except OSError:
-                    pass
+        evidence, reason = ending.evidence(self.dir, self.record, code, stop_requested=stop, oom=oom,
+                                           pid=self.agent.pid if self.agent else None, nothing_runs=True)
+        ending.keep_failure(self.dir, reason)
         # the summary first: a reader that sees the end in the record finds the final summary too
-        self.tracker.record.error = self.record.error or error
+        self.tracker.record.error = self.record.error or (decide(evidence) or Outcome(FAILED)).reason
         while self.tracker.advance(final=True):
             pass
         write_summary(self.dir, self.tracker.summary)
-        self._final(code, error)
+        self._final(evidence)
         return code
 
     def _wait_orphaned_agent(self) -> int | None:
@@ -427,19 +389,18 @@ class Supervisor:
                 os.close(self.ready_fd)
                 self.ready_fd = None
 
-    def _final(self, code: int, error: str | None) -> None:
+    def _final(self, evidence: Evidence) -> None:
         """Write the end into the record, retrying until it succeeds (a full disk frees up)."""
         delay = 0.1
-        status = outcome(code, self.stop_requested or jobstore.stop_was_requested(self.dir, self.record))
         ended = time.time()
         while True:
             try:
                 try:
                     with jobstore.locked(self.dir) as rec:
-                        self._apply_end(rec, code, status, error, ended)
+                        self._apply_end(rec, evidence, ended)
                         self.record = rec
                 except CorruptRecord:
-                    self._apply_end(self.record, code, status, error, ended)
+                    self._apply_end(self.record, evidence, ended)
                     self._rewrite_record()
                     jobstore.read(self.dir)  # raises (and so retries) until the rewrite took
                 return
@@ -450,28 +411,23 @@ class Supervisor:
             time.sleep(delay)
             delay = min(delay * 2, MAX_RETRY_S)
 
-    def _apply_end(self, rec: JobRecord, code: int, status, error: str | None, ended: float) -> None:
+    def _apply_end(self, rec: JobRecord, evidence: Evidence, ended: float) -> None:
+        """Decide the end (:func:`tune_magic.registry.outcome.decide`) with the stop as the record
+        has it now (a stop may have been recorded since the evidence was gathered) and record it."""
         self._mine(rec)
         if rec.state.is_terminal:
             return
-        if code not in (0, None) and jobstore.stop_was_requested(self.dir, rec):
-            status = STOPPED
-        rec.set_status(status)
-        rec.returncode = code
-        rec.ended_at = ended
-        if status == FAILED:
-            rec.error = rec.error or error or exit_text(code)
+        from dataclasses import replace
 
-
-def outcome(code: int | None, stop_requested: bool):
-    """The final status of an ended local job: exit 0 is ``succeeded`` whatever was asked (a job
-    that finished before a stop reached it succeeded); otherwise ``stopped`` when a user asked to
-    stop it, else ``failed``; ``unknown`` when the exit code could not be known."""
-    if code is None:
-        return STOPPED if stop_requested else UNKNOWN
-    if code == 0:
-        return SUCCEEDED
-    return STOPPED if stop_requested else FAILED
+        evidence = replace(evidence, stop_requested=evidence.stop_requested or jobstore.stop_was_requested(self.dir, rec),
+                           finished_at_stop=rec.finished_at_stop)
+        end = decide(evidence)
+        if end is None:
+            return
+        for key, value in ending.changes(end, rec, ended).items():
+            rec.set_status(value) if key == "status" else setattr(rec, key, value)
+        if evidence.returncode is not None:
+            rec.returncode = evidence.returncode
 
 
 def _port_unknown(endpoint: str | None) -> bool:

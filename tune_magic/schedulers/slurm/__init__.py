@@ -24,9 +24,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tune_magic import faultpoints
+from tune_magic.logs import ending
+from tune_magic.registry import outcome
 from tune_magic.registry import store as jobstore
+from tune_magic.registry.outcome import Evidence, decide
 from tune_magic.errors import JobStartError, PlanError
-from tune_magic.registry.store import FAILED, PENDING, RUNNING, STOPPED, SUCCEEDED, UNKNOWN, JobRecord
+from tune_magic.registry.store import PENDING, RUNNING, UNKNOWN, JobRecord
 from tune_magic.registry.status import Status
 from tune_magic.schedulers.base import Scheduler, SchedulerOptions
 from tune_magic.schedulers.slurm.plan import place
@@ -251,20 +254,19 @@ class SlurmScheduler(Scheduler):
 
     # -- following ----------------------------------------------------------------------------
     def describe(self, job_dir: Path, record: JobRecord) -> dict[str, Any]:
+        """Settle from the exit file the batch script wrote, else from squeue (one query every
+        :data:`SQUEUE_INTERVAL_S` for all jobs), through the outcome rule
+        (:func:`tune_magic.registry.outcome.decide`)."""
         state = record.state
         if state.is_terminal:
             return {}
-        exit_info = jobstore.read_exit_code(job_dir)
-        stop = jobstore.stop_was_requested(job_dir, record)
         changes, started = self._from_log(job_dir, record)
+        exit_info = jobstore.read_exit_code(job_dir)
         if exit_info is not None:
-            code = exit_info.returncode
-            status = STOPPED if stop else SUCCEEDED if code == 0 else FAILED
-            changes.update(status=status, returncode=code, ended_at=record.ended_at or exit_info.ended_at,
-                           pending_reason=None)
-            if status == FAILED and not record.error:
-                changes["error"] = self.failure_reason(job_dir, record, code)
-            return changes
+            evidence, reason = ending.evidence(job_dir, record, exit_info.returncode, nothing_runs=True,
+                                               with_host=True)
+            ending.keep_failure(job_dir, reason)
+            return {**changes, **ending.changes(decide(evidence), record, exit_info.ended_at), "pending_reason": None}
         env = _client_env(None, record)
         slurm_id = self.engine_id(record)
         if slurm_id is None:
@@ -273,8 +275,9 @@ class SlurmScheduler(Scheduler):
             slurm_id = find_by_name(record.id, env)
             if slurm_id is None:
                 if time.time() - record.started_at > MISSING_GRACE_S:
-                    changes.update(status=FAILED, ended_at=time.time(),
-                                   error=f"the submission did not complete: squeue lists no job tune_magic-{record.id}")
+                    gone = f"the submission did not complete: squeue lists no job tune_magic-{record.id}"
+                    changes.update(self._end(job_dir, record, Evidence(verdict=outcome.FAILED, verdict_reason=gone,
+                                                                       nothing_runs=True)))
                 return changes
             changes["backend"] = {**record.backend, "job_id": slurm_id}
         job = WATCHER.get(slurm_id, env)
@@ -282,40 +285,53 @@ class SlurmScheduler(Scheduler):
             if started and state is Status.PENDING:
                 changes.update(status=RUNNING, pending_reason=None)
             return changes
-        if job is None:  # squeue no longer lists it and it left no exit code
-            if state is Status.UNKNOWN:
-                if time.time() - (record.ended_at or time.time()) > MISSING_GRACE_S:
-                    changes.update(status=FAILED, error=(f"SLURM no longer lists job {slurm_id} and it left no exit "
-                                                         f"code in {job_dir}; its outcome cannot be known"))
-            elif stop:
-                changes.update(status=STOPPED, ended_at=time.time(), pending_reason=None)
-            else:
-                changes.update(status=UNKNOWN, ended_at=time.time(), pending_reason=None)
-            return changes
+        if job is None:
+            return {**changes, **self._not_listed(job_dir, record, slurm_id)}
+        return {**changes, **self._listed(job_dir, record, job, started)}
+
+    def _end(self, job_dir: Path, record: JobRecord, evidence: Evidence) -> dict[str, Any]:
+        """Record fields for the end :func:`decide` makes of ``evidence`` (``{}``: not ended)."""
+        end = decide(evidence)
+        if end is None or end.status is record.state:
+            return {}
+        return {**ending.changes(end, record, time.time()), "pending_reason": None}
+
+    def _not_listed(self, job_dir: Path, record: JobRecord, slurm_id: str) -> dict[str, Any]:
+        """squeue no longer lists the job and it left no exit code: ``unknown``, then ``failed``
+        saying so after :data:`MISSING_GRACE_S` (``stopped`` when a stop was asked)."""
+        missing_since = record.backend.get("missing_since")
+        if record.state is Status.UNKNOWN and isinstance(missing_since, (int, float)):
+            if time.time() - missing_since <= MISSING_GRACE_S:
+                return {}
+            gone = f"SLURM no longer lists job {slurm_id} and it left no exit code in {job_dir}; its outcome cannot be known"
+            return self._end(job_dir, record, Evidence(verdict=outcome.FAILED, verdict_reason=gone, nothing_runs=True))
+        evidence, _ = ending.evidence(job_dir, record, None, nothing_runs=True)
+        changes = self._end(job_dir, record, evidence)
+        if changes.get("status") is Status.UNKNOWN:
+            changes["backend"] = {**record.backend, "missing_since": time.time()}
+        return changes
+
+    def _listed(self, job_dir: Path, record: JobRecord, job: sq.SlurmJob, started: bool) -> dict[str, Any]:
+        """squeue lists the job: its queue state, or its end (SLURM's verdict) when it ended
+        without an exit file (the exit file, written just before, wins when it turns up first)."""
+        stop = jobstore.stop_was_requested(job_dir, record)
         time_limit = record.scheduler_options.get("time_limit")
-        outcome = sq.job_outcome(job, stopped_by_us=stop, time_limit=time_limit)
-        if job.state == "TIMEOUT" and not time_limit:  # the partition's default limit, not one we set
-            outcome = sq.Outcome(outcome.status, outcome.reason.replace("the --time limit", "the partition's time limit"))
-        if job.nodes:
-            changes["nodes"] = list(job.nodes)
-        if outcome.status is Status.PENDING and started:  # a cached squeue answer older than the start
+        said = sq.job_outcome(job, stopped_by_us=stop, time_limit=time_limit)
+        changes: dict[str, Any] = {"nodes": list(job.nodes)} if job.nodes else {}
+        if said.status is Status.PENDING and started:  # a cached squeue answer older than the start
             changes.update(status=RUNNING, pending_reason=None)
-        elif outcome.status is Status.PENDING:
-            changes.update(status=PENDING, pending_reason=outcome.reason)
-        elif outcome.status is Status.RUNNING:
-            changes.update(status=RUNNING, pending_reason=outcome.reason)
-        elif outcome.status is Status.UNKNOWN:  # squeue lists it in a state we do not map: it exists
-            changes.update(status=RUNNING, pending_reason=outcome.reason)
-        else:  # ended per squeue; the exit file (written just before) wins when it turns up first
-            # our stop signals the batch script: 22.05 then says FAILED (signal 15), not CANCELLED
-            status = STOPPED if stop else outcome.status
-            changes.update(status=status, ended_at=time.time(), pending_reason=None)
-            if job.exit_code is not None:
-                changes["returncode"] = job.exit_code
-            if status == FAILED:
-                changes["error"] = outcome.reason or self.failure_reason(job_dir, record, job.exit_code)
-            elif status == STOPPED and outcome.reason and not stop:
-                changes["error"] = outcome.reason
+        elif said.status is Status.PENDING:
+            changes.update(status=PENDING, pending_reason=said.reason)
+        elif said.verdict is None:  # running, or a state we do not map: it exists
+            changes.update(status=RUNNING, pending_reason=said.reason)
+        else:
+            reason = said.reason
+            if job.state == "TIMEOUT" and not time_limit and reason:  # the partition's limit, not one we set
+                reason = reason.replace("the --time limit", "the partition's time limit")
+            evidence, failure = ending.evidence(job_dir, record, job.exit_code, verdict=said.verdict,
+                                                verdict_reason=reason, nothing_runs=True, with_host=True)
+            ending.keep_failure(job_dir, failure)
+            changes.update(self._end(job_dir, record, evidence))
         return changes
 
     @staticmethod
@@ -336,27 +352,6 @@ class SlurmScheduler(Scheduler):
             out["rank_hosts"] = hosts
         # only a batch script that SLURM started prints these; squeue read up to 5 s ago may still say PENDING
         return out, bool(s.nodes or s.endpoint or s.step is not None)
-
-    @staticmethod
-    def failure_reason(job_dir: Path, record: JobRecord, code: int | None) -> str:
-        """The failure line from the job's log (the failing rank, its host and its error)."""
-        from tune_magic.schedulers.local import exit_text
-        from tune_magic.schedulers.local.supervisor import explain
-
-        if code is None:
-            reason = explain(record, None)
-            return reason.line if reason is not None else "the batch script failed (SLURM gave no exit code)"
-        reason = explain(record, code)
-        if reason is not None:
-            try:
-                jobstore.write_atomic(job_dir / jobstore.FAILURE, __import__("json").dumps(reason.to_dict()).encode(),
-                                      fsync=False)
-            except OSError:
-                pass
-            if reason.host and reason.host not in reason.line:
-                return f"{reason.line} (on {reason.host})"
-            return reason.line
-        return exit_text(code)
 
     def keeps_summary(self, job_dir: Path, record: JobRecord) -> bool:
         return False
@@ -403,8 +398,9 @@ class SlurmScheduler(Scheduler):
     def settle_after_cancel(self, job_dir: Path, record: JobRecord) -> dict[str, Any]:
         WATCHER.forget()
         changes = self.describe(job_dir, record)
-        if changes.get("status") in (None, RUNNING, PENDING, UNKNOWN):
-            changes.update(status=STOPPED, ended_at=time.time(), pending_reason=None)
+        if changes.get("status") in (None, RUNNING, PENDING, UNKNOWN):  # our cancel ended it: nothing runs
+            evidence, _ = ending.evidence(job_dir, record, None, nothing_runs=True, stop_requested=True)
+            changes.update(self._end(job_dir, record, evidence))
         return changes
 
     def has_live_parts(self, job_dir: Path, record: JobRecord | None) -> bool:

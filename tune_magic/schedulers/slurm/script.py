@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Mapping, Sequence
+from typing import Sequence
 
 from tune_magic.plan.model import LaunchPlan
 

@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from tune_magic.registry import outcome
 from tune_magic.registry.status import Status
 
 #: The plain fallback's fields, ``|``-separated: job id, state (long form), reason, node count,
 #: node list, time limit, name (last: the only field that may itself hold a ``|``).
 SQUEUE_FORMAT = "%i|%T|%r|%D|%N|%l|%j"
 
-#: Reason shown for a job cancelled by anyone but tune_magic's own stop.
-CANCELLED_OUTSIDE = "cancelled outside tune_magic"
+#: Reason shown for a job cancelled by anyone but tune_magic's own stop (the outcome rule's).
+CANCELLED_OUTSIDE = outcome.CANCELLED_OUTSIDE
 
 #: SLURM's base job states (``job_state_string`` in src/common/slurm_protocol_defs.c).
 BASE_STATES = frozenset({
@@ -39,6 +40,9 @@ BASE_STATES = frozenset({
 _STILL_RUNNING_FLAGS = ("COMPLETING", "CONFIGURING", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "POWER_UP_NODE")
 # flags that put the job back in the queue
 _REQUEUED_FLAGS = ("REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT", "RESV_DEL_HOLD")
+
+# SLURM's states that have a verdict of their own in the outcome rule (the others are "failed")
+_VERDICTS = {"NODE_FAIL": outcome.NODE_FAIL, "OUT_OF_MEMORY": outcome.OUT_OF_MEMORY}
 
 _FAILURE_REASONS = {
     "NODE_FAIL": "NODE_FAIL: a node of the job failed",
@@ -94,10 +98,14 @@ class Outcome:
             module does not know).
         reason: what a card shows next to the status: squeue's pending reason, or why it
             failed or was cancelled; None when there is nothing to add.
+        verdict: for an ended job, SLURM's word on the end as the outcome rule takes it (one of
+            :data:`tune_magic.registry.outcome.VERDICTS`), else None. The job's end itself is
+            decided by :func:`tune_magic.registry.outcome.decide`.
     """
 
     status: Status
     reason: str | None = None
+    verdict: str | None = field(default=None, compare=False)
 
 
 def squeue_argv(job_ids: list[str] | tuple[str, ...], json_output: bool = True) -> list[str]:
@@ -375,20 +383,19 @@ def job_outcome(job: SlurmJob, *, stopped_by_us: bool = False, time_limit: str |
     if state == "SUSPENDED":
         return Outcome(Status.RUNNING, "suspended")
     if state == "COMPLETED":
-        return Outcome(Status.SUCCEEDED)
+        return Outcome(Status.SUCCEEDED, verdict=outcome.COMPLETED)
     if state == "CANCELLED":
-        return Outcome(Status.STOPPED, None if stopped_by_us else CANCELLED_OUTSIDE)
+        return Outcome(Status.STOPPED, None if stopped_by_us else CANCELLED_OUTSIDE, outcome.CANCELLED)
     if state == "TIMEOUT":
         limit = time_limit or (format_minutes(job.time_limit_minutes) if job.time_limit_minutes else None)
-        return Outcome(Status.FAILED, f"hit the --time limit {limit}" if limit else "hit the --time limit")
+        return Outcome(Status.FAILED, f"hit the --time limit {limit}" if limit else "hit the --time limit",
+                       outcome.TIMEOUT)
     if state == "FAILED":
         if job.signal:
-            return Outcome(Status.FAILED, f"the batch script was killed by signal {job.signal}")
-        return Outcome(Status.FAILED, f"exit code {job.exit_code}" if job.exit_code else None)
-    if state in _FAILURE_REASONS:
-        return Outcome(Status.FAILED, _FAILURE_REASONS[state])
-    for flag in job.flags:
-        if flag in _FAILURE_REASONS:
-            return Outcome(Status.FAILED, _FAILURE_REASONS[flag])
+            return Outcome(Status.FAILED, f"the batch script was killed by signal {job.signal}", outcome.FAILED)
+        return Outcome(Status.FAILED, f"exit code {job.exit_code}" if job.exit_code else None, outcome.FAILED)
+    for word in (state, *job.flags):
+        if word in _FAILURE_REASONS:
+            return Outcome(Status.FAILED, _FAILURE_REASONS[word], _VERDICTS.get(word, outcome.FAILED))
     shown = state or "/".join(job.flags) or "(none)"
     return Outcome(Status.UNKNOWN, f"SLURM state {shown}")

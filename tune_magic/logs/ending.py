@@ -1,0 +1,134 @@
+"""What a job's own files say about its end: the evidence a scheduler hands the outcome rule.
+
+Every scheduler calls :func:`evidence` with what it knows (an exit code, its engine's verdict) and
+gets back an :class:`~tune_magic.registry.outcome.Evidence` completed from the job's directory:
+whether a stop was asked and what the log showed then, the failure line of the log's end (the
+failing rank, its host and its error; :mod:`tune_magic.logs.failure`), and whether torchrun's agent
+itself was told to stop by a signal (its ``SignalException``), which no exit code says.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from tune_magic.logs.failure import Evidence as FailureEvidence
+from tune_magic.logs.failure import FailureReason, describe_failure
+from tune_magic.registry import store as jobstore
+from tune_magic.registry.outcome import Evidence, Outcome
+from tune_magic.registry.record import JobRecord
+
+#: Bytes from the end of the log read to explain a failure.
+FAILURE_TAIL_BYTES = 256 * 1024
+
+# torchrun's agent (torch 2.x, elastic/agent/server/api.py and multiprocessing/api.py) when a signal
+# reaches it: "Received Signals.SIGTERM death signal, shutting down workers", then a traceback
+# ending "torch.distributed.elastic.multiprocessing.api.SignalException: Process 123 got signal: 15"
+_DEATH_RE = re.compile(r"Received (?:Signals\.)?(SIG[A-Z]+) death signal")
+_SIGNAL_EXC_RE = re.compile(r"SignalException: Process \d+ got signal: (\d+)")
+
+
+def read_tail(path: str | os.PathLike, nbytes: int) -> str:
+    """Return the last ``nbytes`` of a file as text (invalid UTF-8 replaced; '' if missing). A
+    link at ``path`` is not followed."""
+    try:
+        fd = jobstore.open_nofollow(Path(path), os.O_RDONLY)
+    except OSError:
+        return ""
+    with os.fdopen(fd, "rb") as f:
+        try:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - nbytes))
+            return f.read(nbytes).decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+
+
+def agent_signal(text: str) -> int | None:
+    """The signal number that told torchrun's agent to stop, from its log lines, or ``None``."""
+    import signal
+
+    m = _SIGNAL_EXC_RE.search(text)
+    if m:
+        return int(m.group(1))
+    m = _DEATH_RE.search(text)
+    if m:
+        try:
+            return int(signal.Signals[m.group(1)])
+        except KeyError:
+            return None
+    return None
+
+
+def explain(record: JobRecord, code: int | None, *, stopped: bool = False, oom=None,
+            pid: int | None = None, text: str | None = None) -> FailureReason | None:
+    """The job's :class:`~tune_magic.logs.failure.FailureReason` from the end of its log (``text``
+    when already read) and of each rank's files (``--redirects``/``--tee``), with the OOM killer's
+    evidence, or ``None``."""
+    from tune_magic.logs.follow import read_rank_logs
+
+    rank_logs = read_rank_logs(record.rank_log_dir, record.started_at - 1) if record.rank_log_dir else None
+    if text is None:
+        text = read_tail(record.log_path, FAILURE_TAIL_BYTES)
+    return describe_failure(text, rank_logs=rank_logs or None,
+                            evidence=FailureEvidence(stopped=stopped, oom=oom, returncode=code, pid=pid))
+
+
+def evidence(job_dir: Path, record: JobRecord, returncode: int | None, *, verdict: str | None = None,
+             verdict_reason: str | None = None, nothing_runs: bool = False, answered: bool = True,
+             stop_requested: bool | None = None, oom=None, pid: int | None = None, with_host: bool = False,
+             ) -> tuple[Evidence, FailureReason | None]:
+    """Complete what a scheduler knows about a job's end with what its files say.
+
+    Args:
+        job_dir, record: the job.
+        returncode: its exit code (negative: a signal), or ``None``.
+        verdict, verdict_reason, nothing_runs, answered: the scheduler's own evidence (see
+            :class:`~tune_magic.registry.outcome.Evidence`).
+        stop_requested: whether a stop was asked, when the caller knows better than the registry
+            (the supervisor got the stop signal); default: the record or the stop marker file.
+        oom, pid: the OOM killer's evidence and the agent's pid, for the failure reason.
+        with_host: name the failing rank's host in the failure line (jobs on other machines).
+
+    Returns:
+        The evidence, and the failure reason read from the log (``None`` when none was needed or
+        found); the caller keeps it (``failure.json``).
+    """
+    stop = jobstore.stop_was_requested(job_dir, record) if stop_requested is None else stop_requested
+    reason = None
+    signalled = None
+    if (returncode not in (0, None) or verdict == "failed") and not stop:
+        text = read_tail(record.log_path, FAILURE_TAIL_BYTES)
+        signalled = agent_signal(text)
+        reason = explain(record, returncode, oom=oom, pid=pid, text=text)
+    ev = Evidence(returncode=returncode, stop_requested=stop, finished_at_stop=bool(record.finished_at_stop),
+                  verdict=verdict, verdict_reason=verdict_reason, signalled=signalled,
+                  failure_line=(reason.line_on_host() if with_host else reason.line) if reason is not None else None,
+                  nothing_runs=nothing_runs, answered=answered)
+    return ev, reason
+
+
+def changes(outcome: Outcome, record: JobRecord, ended_at: float) -> dict:
+    """Record fields for ``outcome`` (``ended_at``: unix seconds of the end; an end already recorded is
+    kept, except one recorded while the outcome was unknown). ``unknown`` records no end time."""
+    out: dict = {"status": outcome.status}
+    if outcome.status.is_terminal:
+        # an end seen while the job was "unknown" is no end time: the evidence's time replaces it
+        out["ended_at"] = ended_at if record.state.value == "unknown" or not record.ended_at else record.ended_at
+    if outcome.returncode is not None:
+        out["returncode"] = outcome.returncode
+    if outcome.reason and not record.error:
+        out["error"] = outcome.reason
+    return out
+
+
+def keep_failure(job_dir: Path, reason: FailureReason | None) -> None:
+    """Write ``failure.json`` (the whole traceback) for a failed job; best effort."""
+    if reason is None:
+        return
+    try:
+        jobstore.write_atomic(job_dir / jobstore.FAILURE, json.dumps(reason.to_dict()).encode(), fsync=False)
+    except OSError:
+        pass
