@@ -332,11 +332,13 @@ def test_stop_with_record_and_procs_file_both_damaged_still_stops_it(cleanup_job
     assert members(job) == []
 
 
-def test_a_job_that_ends_by_itself_after_a_stop_was_asked_is_succeeded(cleanup_jobs):
+def test_a_job_that_ends_by_itself_after_a_stop_was_asked_is_stopped_with_its_exit_code(cleanup_jobs):
+    # the outcome rule: a stop asked before the end is stopped (its exit code kept) unless the log
+    # showed the run finished (last planned step and its save) when the stop was asked
     job = started(L.launch(toy_args("steps=6", "step_s=0.2")))
     cleanup_jobs.append(job)
     (job.dir / jobstore.STOP_REQUESTED).touch()  # a stop that never reached a process
-    assert job.wait(TIMEOUT) == "succeeded" and job.returncode == 0
+    assert job.wait(TIMEOUT) == "stopped" and job.returncode == 0 and job.error is None
 
 
 def test_a_planted_exit_code_never_ends_a_running_job(cleanup_jobs):
