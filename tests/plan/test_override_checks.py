@@ -13,8 +13,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from tune_magic.errors import PlanError
-from tune_magic.plan.checks import (check_overrides, edit_distance, is_near_miss, load_config, looks_like_axis,
-                                    nearest_keys, split_override)
+from tune_magic.plan.checks import check_overrides, load_config, looks_like_axis, split_override
+from tune_magic.plan.nearkeys import edit_distance, is_near_miss, nearest_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "configs" / "tiny"
