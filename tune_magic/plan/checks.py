@@ -324,13 +324,13 @@ def _quoted_text(value: str) -> bool:
 class _Checker:
     """The overrides of one launch, checked in order against one config."""
 
-    def __init__(self, config: dict) -> None:
+    def __init__(self, config: dict, result: CheckResult) -> None:
         import copy
 
         self.config = config
         self.yaml_doc = copy.deepcopy(config)  # what torchtune deletes from: the config file only
         self.known = copy.deepcopy(config)  # the config plus what earlier overrides set
-        self.result = CheckResult()
+        self.result = result
 
     def token(self, token: str) -> None:
         kind, key, value = split_override(token)
@@ -544,8 +544,7 @@ def check_overrides(config_path: str | os.PathLike | None, overrides: Sequence[s
             config = _merged(config, overlay)
         else:
             config = overlay
-    checker = _Checker(config)
-    checker.result = result
+    checker = _Checker(config, result)
     for token in overrides:
         checker.token(token)
     return result
