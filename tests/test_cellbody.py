@@ -188,3 +188,13 @@ def test_an_empty_path_in_the_cell_body_is_refused_like_an_empty_override(body, 
 def test_other_empty_values_and_an_explicit_null_stay_accepted(body):
     got = parse_cell_body(body)
     assert (got.config_yaml or got.overrides) == (body if ":" in body else ["a="])
+
+
+def test_plus_key_lines_add_a_key_on_purpose():
+    """``+key=value`` (Hydra's spelling, tune_magic.plan.checks hands the recipe key=value) is an override line."""
+    assert parse_cell_body("+profiler.enabled=true seed=3\n+x.y=my run\n").overrides == [
+        "+profiler.enabled=true", "seed=3", "+x.y=my run"]
+    with pytest.raises(PlanError, match="cell line 1: override x=&a: '&a' is a YAML anchor"):
+        parse_cell_body("+x=&a\n")
+    with pytest.raises(PlanError, match="cell line 1: '\\+y' is not key=value"):
+        parse_cell_body("+y\n")

@@ -187,3 +187,36 @@ def test_read_from_refuses_anything_but_a_regular_file(kind, words, registry_log
     assert str(err.value) == want
     with pytest.raises(CliError):
         check_job_log(str(log))
+
+
+def test_jobs_table_lines_up_wide_names_in_terminal_columns(tmp_path):
+    """Names with CJK characters and emoji take two terminal columns per character (as wcwidth
+    measures them): the later columns of every row start at the same column as an ASCII row's."""
+    from wcwidth import wcswidth
+
+    from tune_magic.registry import store as jobstore
+    from tune_magic.registry.store import JobRecord
+
+    names = {"20261201-100000-aaaaaa": "plain-run", "20261201-100001-bbbbbb": "实验-α",
+             "20261201-100002-cccccc": "🚀 launch 😀"}
+    for job_id, name in names.items():
+        d = tmp_path / "jobs" / job_id
+        d.mkdir(parents=True)
+        jobstore.write_record(d, JobRecord(
+            id=job_id, name=name, argv=["python", "x.py"], env={}, cwd=str(tmp_path), started_at=1.0, ended_at=61.0,
+            log_path=str(d / "output.log"), status="succeeded", returncode=0))
+        (d / "output.log").write_text("")
+    r = subprocess.run([sys.executable, "-m", "tune_magic", "jobs"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "TUNE_MAGIC_HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    rows = {name: next(line for line in lines if name in line) for name in names.values()}
+    assert len(rows) == 3 and lines[0].startswith("ID")
+
+    def column(line: str, text: str) -> int:
+        return wcswidth(line[:line.index(text)])
+
+    status = column(lines[0], "STATUS")
+    assert {name: column(row, "succeeded") for name, row in rows.items()} == dict.fromkeys(names.values(), status)
+    elapsed = column(lines[0], "ELAPSED")
+    assert {name: column(row, "60s") for name, row in rows.items()} == dict.fromkeys(names.values(), elapsed)

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import ast
+import re
+import sysconfig
 from pathlib import Path
 
+import pytest
+
+from tune_magic.logs.failure import describe_failure
 from tune_magic.logs.follow import LineFollower
-from tune_magic.logs.tailview import display_tail
+from tune_magic.logs.parse import strip_prefixes
+from tune_magic.logs.tailview import CHECKPOINT_RULE, TailRule, apply_rule, display_tail
+from tune_magic.schedulers.slurm.tail import TAIL_RULES as SLURM_TAIL_RULES
 
 DATA = Path(__file__).parent / "data"
 
@@ -57,21 +65,26 @@ def test_bar_redraws_collapse_to_the_latest_and_glued_lines_keep_their_text():
         "[rank1]: RuntimeError: boom", latest, "done"]
 
 
-def test_real_two_process_log_shows_one_bar_and_each_warning_once():
+def test_real_two_process_log_shows_one_bar_each_warning_once_and_no_noise():
     # captured from tiny/lora with 2 processes (tests/data/README.md): both ranks print the same warnings
     raw = _lines_of(DATA / "lora_2proc_5steps" / "output.log")
     shown = display_tail(raw)
     bars = [line for line in shown if "%|" in line]
     assert bars == ["1|5|Loss: 5.453219890594482: 100%|██████████| 5/5 [00:01<00:00,  4.63it/s]"]
-    warnings = [line for line in raw if "UserWarning: 'set_vital' is deprecated" in line]
-    assert len(warnings) == 2  # the log keeps both
-    shown_warnings = [line for line in shown if "UserWarning: 'set_vital' is deprecated" in line]
-    assert shown_warnings == [warnings[0] + " (×2)"]
+    dtensor = [line for line in raw if "UserWarning: DTensor random operators" in line]
+    assert len(dtensor) == 2  # the log keeps both
+    i = shown.index(dtensor[0] + " (×2)")
     # its source line comes once, right under it
-    i = shown.index(shown_warnings[0])
-    assert shown[i + 1] == '  torch.set_vital("Dataloader", "enabled", "True")  # type: ignore[attr-defined]'
+    assert shown[i + 1] == "  if not random._rng_tracker and is_rng_supported_mesh(mesh):"
     assert shown.count(shown[i + 1]) == 1
-    assert "INFO:torchtune.utils._logging:Saving checkpoint. Retrieving full model state dict..." in shown
+    # torch's set_vital deprecation (torchdata's StatefulDataLoader calls it) is gone, with its source line
+    assert sum("'set_vital' is deprecated, please do not call" in line for line in raw) == 2
+    assert sum("torch.set_vital(" in line for line in raw) == 2
+    assert not any("set_vital" in line for line in shown)
+    # the save's seven INFO lines are one
+    assert sum("checkpoint" in line.lower() and line.startswith("INFO:") for line in raw) >= 7
+    saves = [line for line in shown if re.search(r"checkpoint (saved|of size)|Saving|[Ss]aved in", line)]
+    assert saves == ["checkpoint saved: epoch_0 (4 files, < 0.01 GiB) in 0.02 s"]
 
 
 def test_repeated_warnings_with_rank_prefixes_and_glog_headers_count_as_one():
@@ -100,3 +113,204 @@ def test_torchruns_signal_traceback_becomes_one_line():
 def test_n_keeps_the_last_lines():
     assert display_tail([str(i) for i in range(10)], 3) == ["7", "8", "9"]
     assert display_tail(["a"], 0) == []
+
+
+# -- a failed job's tail (issue 19): the failing rank's lines last, torchrun's report gone --------
+
+REPORT_WORDS = ("ChildFailedError", "Failures:", "Root Cause (first observed failure):", "error_file:", "exitcode  :",
+                "traceback : ", "<NO_OTHER_FAILURES>", "==========", "----------", "local_rank: 0)")
+
+
+@pytest.mark.parametrize("name, last", [
+    ("torchrun_rank1_crash.log", "[rank1]: RuntimeError: boom on rank one"),
+    ("torchrun_glued_traceback.log", "[rank1]: RuntimeError: toy recipe crashed on purpose"),
+    ("two_agents_raise_first.log", "[rank0]: ValueError: rank zero raised on purpose"),
+    ("tee3_raise.log", "[default1]:[rank1]: ValueError: learning rate must be positive, got -1"),
+    ("record_error_file.log", "[rank1]: RuntimeError: boom inside @record"),
+    ("pre_init_config_error.log", "    object_type=dict"),  # no rank prefix: found by its traceback
+    ("bare_exception.log", None),
+])
+def test_a_failed_tail_ends_with_the_failing_ranks_lines_not_torchruns_report(name, last):
+    raw = _lines_of(DATA / name)
+    shown = display_tail(raw)
+    assert any("ChildFailedError" in line for line in raw)  # the log keeps torchrun's report
+    assert not [line for line in shown if any(word in line for word in REPORT_WORDS)]
+    if last is not None:
+        assert shown[-1] == last
+    # the failing rank (as the card's failure line names it) wrote the last lines: its last traceback
+    reason = describe_failure("\n".join(raw))
+    tag = f"[rank{reason.rank}]: "
+    unglued = [line[line.index(tag):] if tag in line and not line.startswith("[") else line for line in raw]
+    own = [line for line in unglued if strip_prefixes(line)[0] == reason.rank]
+    if own:
+        heads = [i for i, line in enumerate(own) if strip_prefixes(line)[2] == "Traceback (most recent call last):"]
+        assert shown[-(len(own) - heads[-1]):] == own[heads[-1]:]
+    else:  # no rank prefix (it failed before init_process_group): its traceback, as the failure names it
+        tb = [line.strip() for line in reason.traceback.splitlines() if line.strip()]
+        assert [line.strip() for line in shown[-len(tb):]] == tb
+    # and a card's five lines are its last five
+    assert display_tail(raw, 5) == shown[-5:]
+
+
+def test_the_report_alone_is_dropped_when_its_traceback_scrolled_out():
+    raw = _lines_of(DATA / "torchrun_rank1_crash.log")
+    report = raw[raw.index("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ") + 1:]
+    assert report[0].startswith("=====") and report[-1].startswith("=====")
+    assert display_tail(["step 9", *report]) == ["step 9"]
+
+
+def test_signal_kills_keep_torchruns_lines_when_the_failing_rank_wrote_nothing():
+    raw = _lines_of(DATA / "sigkill.log")  # rank 1 was SIGKILLed: no traceback of its own
+    shown = display_tail(raw)
+    assert not [line for line in shown if any(word in line for word in REPORT_WORDS)]
+    assert "failed (exitcode: -9) local_rank: 1" in shown[-1]
+
+
+# -- noise every card showed (issue 22) -----------------------------------------------------------
+
+
+def test_torchruns_omp_banner_is_dropped_and_other_star_lines_kept():
+    raw = _lines_of(DATA / "redirects3_metrics.log")  # torchrun's banner and nothing else
+    assert any(line.startswith("Setting OMP_NUM_THREADS environment variable") for line in raw)
+    assert display_tail(raw) == []
+    assert display_tail(["*" * 41, "results", "*" * 41]) == ["*" * 41, "results", "*" * 41]
+
+
+@pytest.mark.parametrize("lines, shown", [
+    (["a", "", "", "b"], ["a", "", "b"]),  # today: ["a", " (×2)", "b"]
+    (["a", "", "  ", "", "b"], ["a", "", "b"]),
+    (["", "", "a", "", ""], ["a"]),
+    (["[rank0]: x", "[rank0]: ", "[rank0]: ", "[rank0]: y"], ["[rank0]: x", "[rank0]: ", "[rank0]: y"]),
+    (["x", "x", "", "x"], ["x (×2)", "", "x"]),
+])
+def test_blank_lines_are_never_counted(lines, shown):
+    assert display_tail(lines) == shown
+    assert not any(line.strip().startswith("(×") for line in display_tail(lines))
+
+
+def test_no_shipped_log_shows_a_lone_count_or_noise():
+    for path in sorted(DATA.rglob("*.log")):
+        for line in display_tail(_lines_of(path)):
+            body = strip_prefixes(line)[2]
+            assert not body.strip().startswith("(×"), (path, line)
+            assert "OMP_NUM_THREADS" not in body and "set_vital" not in body, (path, line)
+
+
+# torchtune 0.6.1's own words for one save (see test_checkpoint_lines_are_torchtunes_own_words)
+INFO = "INFO:torchtune.utils._logging:"
+DISTRIBUTED_SAVE = [  # lora_finetune_distributed through the checkpoint client, an intermediate epoch
+    "Saving checkpoint. This may take some time. Retrieving full model state dict...",
+    "Getting full model state dict took 2.51 secs",
+    "Getting optimizer state dict...",
+    "Getting optimizer state dict took 0.84 secs",
+    "Model checkpoint of size 4.60 GiB saved to /out/epoch_{e}/model-00001-of-00002.safetensors",
+    "Model checkpoint of size 1.40 GiB saved to /out/epoch_{e}/model-00002-of-00002.safetensors",
+    "Adapter checkpoint of size 0.01 GiB saved to /out/epoch_{e}/adapter_model.pt",
+    "Recipe checkpoint of size 0.02 GiB saved to /out/recipe_state/recipe_state.pt",
+    "Saving checkpoint took 12.34 secs",
+]
+SINGLE_DEVICE_SAVE = [  # lora_finetune_single_device, its last epoch
+    "Starting checkpoint save...",
+    "Adapter checkpoint of size 0.01 GiB saved to /out/epoch_{e}/adapter_model.safetensors",
+    "Saving final epoch checkpoint.",
+    "Please note that you have set adapter_only=True, so only adapter weights will be saved."
+    "You need to merge the adapter weights into your base model for further use. "
+    "See FullModelHFCheckpointer.save_checkpoint for more details.",
+    "Checkpoint saved in 1.20 seconds.",
+]
+DCP_SAVE = [  # a DistributedCheckpointer (full_finetune_distributed with enable_async_checkpointing, final epoch)
+    "Saving checkpoint. This may take some time. Retrieving full model state dict...",
+    "DistributedCheckpointer is saving a checkpoint for the epoch {e}",
+    "Saving model checkpoint synchronously to /out/epoch_{e}.",
+    "The full model checkpoint, including all the weights and configurations, has been saved successfully by the "
+    "DistributedCheckpointer. You can now use this checkpoint for further training.",
+    "Saving checkpoint took 3.00 secs",
+]
+
+
+def _save(lines, epoch):
+    return [INFO + line.format(e=epoch) for line in lines]
+
+
+def test_each_checkpoint_save_of_a_long_job_is_one_line():
+    log = []
+    for epoch in range(3):
+        log += [f"{epoch + 1}|{10 * epoch + s}|Loss: 2.0:  50%|█████     | {s}/10 [00:01<00:01,  5.00it/s]"
+                for s in range(1, 11)]
+        log += _save(DISTRIBUTED_SAVE, epoch)
+    log += _save(SINGLE_DEVICE_SAVE, 3) + _save(DCP_SAVE, 4) + ["done"]
+    shown = display_tail(log)
+    assert [line for line in shown if "checkpoint" in line] == [
+        "checkpoint saved: epoch_0 (4 files, 6.03 GiB) in 12.34 s",
+        "checkpoint saved: epoch_1 (4 files, 6.03 GiB) in 12.34 s",
+        "checkpoint saved: epoch_2 (4 files, 6.03 GiB) in 12.34 s",
+        "checkpoint saved: epoch_3 (1 file, 0.01 GiB) in 1.20 s",
+        "checkpoint saved: epoch_4 in 3.00 s",
+    ]
+    assert shown[-1] == "done" and len(shown) == 7  # the five saves, the latest bar, "done"
+
+
+def test_a_save_in_progress_or_cut_off_says_so():
+    saving = display_tail(["step 9", *_save(DISTRIBUTED_SAVE[:5], 2)])
+    assert saving == ["step 9", "saving checkpoint: epoch_2 (1 file, 4.60 GiB) ..."]
+    assert display_tail(_save(DISTRIBUTED_SAVE[:2], 2)) == ["saving checkpoint ..."]
+    # its first lines scrolled out of the tail: the rest is still one line
+    assert display_tail(_save(DISTRIBUTED_SAVE[6:], 1)) == ["checkpoint saved: epoch_1 (2 files, 0.03 GiB) in 12.34 s"]
+    # under torchrun --tee the rank's prefix stays
+    tee = ["[default0]:" + line for line in _save(SINGLE_DEVICE_SAVE, 0)]
+    assert display_tail(tee) == ["[default0]:checkpoint saved: epoch_0 (1 file, 0.01 GiB) in 1.20 s"]
+
+
+def test_checkpoint_lines_are_torchtunes_own_words():
+    """Every fixed part of the lines above is in torchtune 0.6.1's installed source, or the project's recipes."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    files = [*(site / "torchtune" / "training" / "checkpointing").glob("*.py"),
+             site / "recipes" / "lora_finetune_single_device.py", site / "recipes" / "lora_finetune_distributed.py",
+             *(Path(__file__).parents[1] / "recipes").glob("*.py")]
+    # the string literals of the source (adjacent ones joined, f-strings' fixed parts), one per line
+    source = "\n".join(node.value for p in files for node in ast.walk(ast.parse(p.read_text()))
+                       if isinstance(node, ast.Constant) and isinstance(node.value, str))
+    for line in DISTRIBUTED_SAVE + SINGLE_DEVICE_SAVE + DCP_SAVE:
+        for sentence in re.split(r"(?<=\.) ?(?=[A-Z])", line):  # torchtune writes them glued or apart
+            for part in re.split(r"[\d.]+ (?:GiB|secs|seconds)|/out/\S*|\{e\}|FullModelHFCheckpointer", sentence):
+                assert part.strip() in source, part
+    assert CHECKPOINT_RULE.member.search("Saving checkpoint. Retrieving full model state dict...")  # recipes/*.py
+
+
+# -- rules a caller adds (a scheduler's) ----------------------------------------------------------
+
+SLURM_CANCEL = [  # SLURM 22.05, scancel of job 7 running on n1
+    "slurmstepd: error: *** JOB 7 ON n1 CANCELLED AT 2026-12-01T10:00:00 ***",
+    "srun: Job step aborted: Waiting up to 12 seconds for job step to finish.",
+    "srun: error: n1: task 0: Killed",
+    "srun: launch/slurm: _step_signal: Terminating StepId=7.0",
+]
+
+
+def test_a_caller_adds_its_own_rules():
+    rule = TailRule(name="x", member=re.compile(r"^noise (\d+)$"), summary=lambda ms, p: [f"{p}noise ×{len(ms)}"])
+    assert display_tail(["a", "noise 1", "b", "[rank0]: noise 2"], rules=[rule]) == ["a", "noise ×2", "b"]
+    assert apply_rule(["a", "b"], rule) == ["a", "b"]
+    assert display_tail(["a", "noise 1"]) == ["a", "noise 1"]  # only when asked
+
+
+def test_a_slurm_cancel_reads_as_a_stop():
+    log = ["1|7|Loss: 1.4:  35%|███▌      | 7/20 [00:02<00:04,  3.00it/s]", *SLURM_CANCEL[:1], *SIGNAL_TRACEBACK,
+           *SLURM_CANCEL[1:]]
+    shown = display_tail(log, rules=SLURM_TAIL_RULES)
+    assert shown[-1] == "torchrun got SIGTERM (signal 15) and stopped its workers"
+    assert "SLURM cancelled job 7 on n1 at 2026-12-01T10:00:00; srun stopped its tasks" in shown
+    assert not any(line.startswith(("slurmstepd:", "srun:")) for line in shown)
+    # without the scheduler's rules the lines stay as they are
+    assert [line for line in display_tail(log) if line.startswith(("slurmstepd:", "srun:"))] == SLURM_CANCEL
+
+
+def test_slurm_lines_of_a_time_limit_two_nodes_and_no_cancel():
+    two = ["slurmstepd: error: *** JOB 8 ON n1 CANCELLED AT 2026-12-01T11:00:00 DUE TO TIME LIMIT ***",
+           "slurmstepd: error: *** JOB 8 ON n2 CANCELLED AT 2026-12-01T11:00:00 DUE TO TIME LIMIT ***",
+           "srun: error: n2: tasks 0-1: Terminated"]
+    assert display_tail(two, rules=SLURM_TAIL_RULES) == [
+        "SLURM cancelled job 8 on n1, n2 at 2026-12-01T11:00:00 (time limit); srun stopped its tasks"]
+    # srun's kill line with no cancel among the lines (e.g. the OOM killer): shown as is
+    assert display_tail(["x", "srun: error: n1: task 0: Killed"], rules=SLURM_TAIL_RULES) == [
+        "x", "srun: error: n1: task 0: Killed"]

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tune_magic.ui.textfmt import ELLIPSIS, NAME_WIDTH, cell, cut, escape
+from tune_magic.ui.textfmt import ELLIPSIS, NAME_WIDTH, cell, cut, display_width, escape, pad, table
 
 
 @pytest.mark.parametrize("text, shown", [
@@ -87,3 +87,19 @@ def test_cli_reports_a_damaged_record_in_a_strangely_named_directory_on_one_line
     assert r.returncode == 0
     assert r.stderr.count("\n") == 1 and "\x1b" not in r.stderr
     assert f"skipped {tmp_path}/jobs/bad\\nname\\x1b[2J: " in r.stderr
+
+
+@pytest.mark.parametrize("text, width", [
+    ("plain", 5), ("", 0), ("实验-α", 6), ("😀", 2), ("é", 1), ("e\u0301", 1), ("日本語", 6), ("ｶﾀｶﾅ", 4),
+])
+def test_display_width_counts_terminal_columns(text, width):
+    assert display_width(text) == width
+
+
+def test_table_pads_by_terminal_columns():
+    lines = table([("NAME", "STATUS"), ("实验-α", "ok"), ("😀", "failed"), ("plain-run", "running")])
+    assert lines == ["NAME       STATUS", "实验-α     ok", "😀         failed", "plain-run  running"]
+    assert {display_width(line[:line.rindex(" ") + 1]) for line in lines} == {11}
+    # a short row gets empty cells; trailing spaces are cut
+    assert table([("a", "b", "c"), ("x",)]) == ["a  b  c", "x"]
+    assert pad("实验", 5) == "实验 " and pad("toolong", 3) == "toolong"

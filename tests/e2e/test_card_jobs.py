@@ -101,6 +101,11 @@ def test_failed_card_starts_with_the_error_and_has_the_traceback_behind_the_togg
     assert tb.rstrip().endswith("RuntimeError: toy recipe crashed on purpose")
     assert card.stop_button.layout.display == "none"
     assert card.text().splitlines()[1] == job.error
+    # the tail ends with the failing rank's own lines, not torchrun's ChildFailedError report (in the log only)
+    tail = shown(card.log_tail).splitlines()
+    assert tail[-1] == "[rank1]: RuntimeError: toy recipe crashed on purpose", tail
+    assert "Root Cause (first observed failure):" in Path(job.log_path).read_text()
+    assert not any("ChildFailedError" in line or "Root Cause" in line or "error_file" in line for line in tail)
 
 
 def test_failed_before_any_step_has_no_chart(ip, started):

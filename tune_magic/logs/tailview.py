@@ -8,17 +8,31 @@ line; a card's few lines are there to say what the job is doing, so here:
   rank's traceback continues it) is shown without the bar;
 * a repeated warning (every rank prints the same library warnings) is shown once, where it first
   appears, with a count; the source line Python's ``warnings`` prints under it goes with it;
-  runs of one identical line collapse the same way;
+  runs of one identical line collapse the same way; blank lines are never counted (a run of them
+  is one blank line, and none starts or ends the tail);
 * torchrun's own traceback when it is told to stop (``SignalException: Process N got signal: 15``,
   torch 2.x ``torch.distributed.elastic.multiprocessing.api``) becomes one line saying that
-  torchrun stopped its workers: a stopped job does not end as if it had crashed.
+  torchrun stopped its workers: a stopped job does not end as if it had crashed;
+* a failed job's tail ends with the failing rank's own last lines (its traceback), not with
+  torchrun's ``ChildFailedError`` traceback and its ``Failures:`` / ``Root Cause`` report, which
+  are dropped (the card's failure line and traceback say the same, better); the failing rank is
+  the one :func:`tune_magic.logs.failure.describe_failure` names, as on the failure line, and its
+  last traceback is moved below what other ranks and torchrun wrote after it;
+* noise every job prints is dropped: torchrun's ``OMP_NUM_THREADS`` banner (torch 2.x
+  ``torch.distributed.run``) and torch's ``'set_vital' is deprecated`` warning with its source
+  line (``torch/__init__.py``'s ``__getattr__``, called by torchdata's ``StatefulDataLoader``);
+* each checkpoint save's INFO lines (torchtune 0.6.1's checkpoint client, checkpointers and
+  recipes, see :data:`CHECKPOINT_RULE`) become one line such as
+  ``checkpoint saved: epoch_1 (3 files, 0.15 GiB) in 1.20 s``;
+* callers add rules of their own (:class:`TailRule`), e.g. a scheduler's lines for a cancelled job.
 """
 
 from __future__ import annotations
 
 import re
 import signal
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 from tune_magic.logs.parse import strip_prefixes
 
@@ -36,6 +50,17 @@ _WARNING_RE = re.compile(r"\b[A-Z]\w*Warning\b|^WARNING\b|^\[?W\d{4} ")
 # C++ warnings "[W1201 05:38:51.259045390 " (time only)
 _GLOG_RE = re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+(?:\d+\s+)?")
 _COUNT = " (×{})"
+
+# torchrun's banner (torch 2.x torch.distributed.run): a line of stars, this line, a line of stars
+_OMP_RE = re.compile(r"^Setting OMP_NUM_THREADS environment variable for each process to be \d+ in default")
+_STARS_RE = re.compile(r"^\*{10,}\s*$")
+# torchrun's failure report after "ChildFailedError: " (torch 2.x torch.distributed.elastic.multiprocessing.errors)
+_CHILD_FAILED = "ChildFailedError: "
+_TB_HEAD = "Traceback (most recent call last):"
+_RULE_RE = re.compile(r"^\s*(?:={10,}|-{10,})\s*$")
+_REPORT_LINE_RE = re.compile(
+    r"^\s*(?:Failures:|Root Cause \(first observed failure\):|<NO_OTHER_FAILURES>|\[\d+\]:|\S.* FAILED)\s*$"
+    r"|^\s{1,4}(?:time|host|rank|exitcode|error_file|traceback)\s*:|^\s{2,}\S|^\s*$")
 
 
 def _split_bars(lines: Sequence[str]) -> list[tuple[bool, str]]:
@@ -80,6 +105,204 @@ def _drop_signal_tracebacks(lines: list[str]) -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class TailRule:
+    """Lines of one kind that a card shows as fewer lines (one, or none).
+
+    The lines of a rule form groups; each group is replaced by ``summary`` of it, shown where its
+    first line was. Without ``starts`` and ``ends`` every line of the rule in the tail is one group.
+
+    Attributes:
+        name: what the lines are (for tests and messages).
+        member: a line belongs to the rule when this pattern matches (``search``) its text
+            without torch's rank prefixes (:func:`tune_magic.logs.parse.strip_prefixes`).
+        summary: ``(matches, prefix) -> lines``: the lines shown for one group, given the
+            ``member`` matches of its lines (oldest first) and the rank prefix of its first line
+            (e.g. ``"[default0]:"``, or ``""``); ``[]`` drops the group.
+        starts: a line matching this (and ``member``) begins a new group.
+        ends: a line matching this (and ``member``) is the last of its group.
+    """
+
+    name: str
+    member: re.Pattern
+    summary: Callable[[list[re.Match], str], list[str]]
+    starts: re.Pattern | None = None
+    ends: re.Pattern | None = None
+
+
+def apply_rule(lines: Sequence[str], rule: TailRule) -> list[str]:
+    """Replace each group of ``rule``'s lines by its summary (see :class:`TailRule`)."""
+    groups: list[list[tuple[int, re.Match]]] = []
+    open_group: list[tuple[int, re.Match]] | None = None
+    for i, line in enumerate(lines):
+        body = strip_prefixes(line)[2]
+        m = rule.member.search(body)
+        if m is None:
+            continue
+        if open_group is None or (rule.starts is not None and rule.starts.search(body) and open_group):
+            open_group = []
+            groups.append(open_group)
+        open_group.append((i, m))
+        if rule.ends is not None and rule.ends.search(body):
+            open_group = None
+    if not groups:
+        return list(lines)
+    replaced: dict[int, list[str]] = {}
+    for group in groups:
+        first = group[0][0]
+        prefix = lines[first][:len(lines[first]) - len(strip_prefixes(lines[first])[2])]
+        for i, _ in group:
+            replaced[i] = []
+        replaced[first] = rule.summary([m for _, m in group], prefix)
+    out: list[str] = []
+    for i, line in enumerate(lines):
+        out.extend(replaced.get(i, (line,)))
+    return out
+
+
+# torchtune 0.6.1's lines for one checkpoint save, in the order they come: the checkpoint client
+# (training/checkpointing/_checkpoint_client.py) and the *_distributed recipes, the checkpointers
+# (_checkpointer.py: one "... checkpoint of size X GiB saved to PATH" per file), the
+# *_single_device recipes ("Starting checkpoint save..." / "Checkpoint saved in X seconds."), and
+# the project's own recipes (recipes/*.py: "Saving checkpoint. Retrieving full model state dict...").
+_SAVE_START = (r"Saving checkpoint\. This may take some time\. Retrieving full model state dict\.\.\."
+               r"|Saving checkpoint\. Retrieving full model state dict\.\.\."
+               r"|Saving checkpoint asynchronously\. Retrieving full state dict\.\.\."
+               r"|Starting checkpoint save\.\.\.")
+_SAVE_END = (r"Saving (?:asynchronous )?checkpoint took (?P<secs>[\d.]+) secs"
+             r"|Checkpoint saved in (?P<secs2>[\d.]+) seconds\.")
+_SAVE_MEMBER = (r"Getting full model state dict took [\d.]+ secs|Getting optimizer state dict(?:\.\.\.| took [\d.]+ secs)"
+                r"|(?:Model|Adapter|Recipe) checkpoint of size (?P<gib>[\d.]+) GiB saved to (?P<path>\S+)"
+                r"|Saving final epoch checkpoint\."
+                r"|Please note that you have set adapter_only=True, so only adapter weights will be saved\."
+                r"|The full model checkpoint, including all (?:the )?weights and configurations, has been saved"
+                r"|DistributedCheckpointer is saving a checkpoint for the epoch (?P<epoch>\d+)"
+                r"|Saving model checkpoint synchronously to (?P<dcp>\S+?)\.?$")
+_EPOCH_RE = re.compile(r"(?:^|/)(epoch_\d+)(?:/|$)")
+
+
+def _checkpoint_summary(matches: list[re.Match], prefix: str) -> list[str]:
+    """One line for one save: ``checkpoint saved: epoch_1 (3 files, 0.15 GiB) in 1.20 s``."""
+    files = [(m["path"], float(m["gib"])) for m in matches if m["path"]]
+    secs = next((m["secs"] or m["secs2"] for m in matches if m["secs"] or m["secs2"]), None)
+    epoch = next((e[1] for m in matches for p in (m["path"], m["dcp"]) if p and (e := _EPOCH_RE.search(p))), None)
+    epoch = epoch or next((f"epoch_{m['epoch']}" for m in matches if m["epoch"]), None)
+    what = [epoch] if epoch else []
+    if files:
+        total = sum(gib for _, gib in files)
+        size = f"{total:.2f} GiB" if total >= 0.01 else "< 0.01 GiB"  # torchtune rounds each file to 0.01 GiB
+        what.append(f"({len(files)} file{'s' if len(files) != 1 else ''}, {size})")
+    if secs is None:
+        return [prefix + " ".join(["saving checkpoint:", *what]).rstrip(":") + " ..."]
+    return [prefix + " ".join(["checkpoint saved:", *what, f"in {float(secs):.2f} s"]).replace(": in", " in")]
+
+
+#: Each checkpoint save of torchtune 0.6.1 (and the project's recipes) as one line.
+CHECKPOINT_RULE = TailRule(
+    name="checkpoint save",
+    member=re.compile(rf"(?:^|[:\]\s])(?:{_SAVE_START}|{_SAVE_END}|{_SAVE_MEMBER})"),
+    summary=_checkpoint_summary,
+    starts=re.compile(rf"(?:^|[:\]\s])(?:{_SAVE_START})"),
+    ends=re.compile(rf"(?:^|[:\]\s])(?:{_SAVE_END})"),
+)
+
+#: torch's warning when torchdata's StatefulDataLoader calls ``torch.set_vital`` (torch 2.x
+#: ``torch/__init__.py``), printed once per rank, and the source line ``warnings`` prints under it.
+SET_VITAL_RULE = TailRule(
+    name="set_vital deprecation",
+    member=re.compile(r"UserWarning: 'set_vital' is deprecated, please do not call\s*$|^\s+torch\.set_vital\("),
+    summary=lambda matches, prefix: [],
+)
+
+BUILTIN_RULES = (SET_VITAL_RULE, CHECKPOINT_RULE)
+
+
+def _drop_omp_banner(lines: list[str]) -> list[str]:
+    """Drop torchrun's OMP_NUM_THREADS banner: its line and the lines of stars around it."""
+    drop: set[int] = set()
+    for i, line in enumerate(lines):
+        if _OMP_RE.match(line):
+            drop.add(i)
+            for j in (i - 1, i + 1):
+                if 0 <= j < len(lines) and _STARS_RE.match(lines[j]):
+                    drop.add(j)
+    return [line for i, line in enumerate(lines) if i not in drop] if drop else lines
+
+
+def _report_span(lines: list[str], i: int) -> tuple[int, int]:
+    """``[start, end)`` of torchrun's ChildFailedError traceback and report around line ``i``
+    (the ``...ChildFailedError: `` line, or a ``Failures:`` line whose traceback is cut off)."""
+    start = i
+    if lines[i].rstrip().endswith(_CHILD_FAILED.rstrip()):
+        while start > 0 and (lines[start - 1][:1].isspace() or lines[start - 1] == _TB_HEAD):
+            start -= 1
+            if lines[start] == _TB_HEAD:
+                break
+    else:  # the report's title and rules above "Failures:"
+        while start > 0 and (_RULE_RE.match(lines[start - 1]) or lines[start - 1].rstrip().endswith(" FAILED")):
+            start -= 1
+    end, seen_root = i + 1, False
+    while end < len(lines):
+        line = lines[end]
+        if _RULE_RE.match(line):
+            end += 1
+            if seen_root and line.strip().startswith("="):
+                break  # the report's closing rule
+            continue
+        if not _REPORT_LINE_RE.match(line):
+            break
+        seen_root = seen_root or line.strip() == "Root Cause (first observed failure):"
+        end += 1
+    return start, end
+
+
+def _drop_failure_reports(lines: list[str]) -> list[str]:
+    """Drop every torchrun ChildFailedError traceback and report (one per agent)."""
+    out = list(lines)
+    i = 0
+    while i < len(out):
+        line = out[i]
+        if line.rstrip().endswith(_CHILD_FAILED.rstrip()) or line.strip() == "Failures:":
+            start, end = _report_span(out, i)
+            del out[start:end]
+            i = start
+        else:
+            i += 1
+    return out
+
+
+def _failing_block(lines: list[str], reason) -> list[int]:
+    """Indices of the failing rank's last traceback in ``lines`` (``reason``: a FailureReason)."""
+    owned = [i for i, line in enumerate(lines) if reason.rank is not None and strip_prefixes(line)[0] == reason.rank]
+    if owned:
+        heads = [i for i in owned if strip_prefixes(lines[i])[2] == _TB_HEAD]
+        first = heads[-1] if heads else owned[-1]
+        return [i for i in owned if i >= first]
+    tb = [t for t in (reason.traceback or "").splitlines() if t.strip()]
+    if not tb:
+        return []
+    last = max((i for i, line in enumerate(lines) if strip_prefixes(line)[2].rstrip() == tb[-1].rstrip()), default=None)
+    if last is None:
+        return []
+    first = max((i for i in range(last + 1) if strip_prefixes(lines[i])[2].rstrip() == tb[0].rstrip()), default=last)
+    return list(range(first, last + 1))
+
+
+def _failure_last(lines: list[str]) -> list[str]:
+    """A failed job's tail: torchrun's reports dropped, the failing rank's traceback last."""
+    if not any("ChildFailedError" in line or line.strip() == "Root Cause (first observed failure):" for line in lines):
+        return lines
+    from tune_magic.logs.failure import describe_failure
+
+    reason = describe_failure("\n".join(lines))
+    kept = _drop_failure_reports(lines)
+    block = _failing_block(kept, reason) if reason is not None else []
+    if not block or not any(line.strip() for line in kept[block[-1] + 1:]):
+        return kept
+    inside = set(block)
+    return [line for i, line in enumerate(kept) if i not in inside] + [kept[i] for i in block]
+
+
 def _key(line: str) -> str:
     """What makes two warning lines the same warning: the text without torch's rank prefixes and
     glog's time and pid header."""
@@ -93,6 +316,13 @@ def _collapse(lines: list[str]) -> list[str]:
     first_warning: dict[str, int] = {}  # key -> index in shown
     skip_source = False
     for line in lines:
+        if not strip_prefixes(line)[2].strip():  # blank: never counted, a run of them is one
+            if shown and not strip_prefixes(shown[-1])[2].strip():
+                continue
+            shown.append(line)
+            counts.append(1)
+            skip_source = False
+            continue
         if skip_source:
             skip_source = False
             if strip_prefixes(line)[2][:1].isspace():
@@ -110,16 +340,22 @@ def _collapse(lines: list[str]) -> list[str]:
             first_warning[key] = len(shown)
         shown.append(line)
         counts.append(1)
+    while shown and not strip_prefixes(shown[0])[2].strip():
+        del shown[0], counts[0]
+    while shown and not strip_prefixes(shown[-1])[2].strip():
+        del shown[-1], counts[-1]
     return [line + _COUNT.format(n) if n > 1 else line for line, n in zip(shown, counts)]
 
 
-def display_tail(lines: Sequence[str], n: int | None = None) -> list[str]:
+def display_tail(lines: Sequence[str], n: int | None = None, *, rules: Sequence[TailRule] = ()) -> list[str]:
     """The card's form of a log's last lines (see the module docstring).
 
     Args:
         lines: the log's last lines, oldest first (ANSI-free, ``\\r`` redraws already resolved
             to each line's last one, as :meth:`tune_magic.logs.follow.LineFollower.tail` gives them).
         n: most lines returned (the last ones), or ``None`` for all.
+        rules: more lines to collapse (:class:`TailRule`), applied after the built-in ones, in
+            order; e.g. a scheduler's lines for a cancelled job.
 
     Returns:
         The lines to show, oldest first.
@@ -127,7 +363,11 @@ def display_tail(lines: Sequence[str], n: int | None = None) -> list[str]:
     items = _split_bars(lines)
     last_bar = max((i for i, (is_bar, _) in enumerate(items) if is_bar), default=-1)
     kept = [text for i, (is_bar, text) in enumerate(items) if not is_bar or i == last_bar]
-    kept = _collapse(_drop_signal_tracebacks(kept))
+    kept = _failure_last(_drop_omp_banner(kept))
+    kept = _drop_signal_tracebacks(kept)
+    for rule in (*BUILTIN_RULES, *rules):
+        kept = apply_rule(kept, rule)
+    kept = _collapse(kept)
     if n is not None:
         kept = kept[-n:] if n > 0 else []
     return kept

@@ -1,7 +1,8 @@
 """What a ``%%tune_run`` cell body means, and ``{name}`` expansion of the magic's line. Pure.
 
 A body is either a YAML mapping (a config, or an overlay merged over ``--config``) or lines of
-``key=value`` / ``~key`` overrides; ``#`` comments and blank lines are ignored; an empty body is fine.
+``key=value`` / ``+key=value`` (a key added on purpose, see :mod:`tune_magic.plan.checks`) / ``~key``
+overrides; ``#`` comments and blank lines are ignored; an empty body is fine.
 An override line is several overrides when every word is one (``seed=1 epochs=2``), else one
 override whose value is the rest of the line as typed (``metric_logger.name=my run``): see
 :func:`override_line`.
@@ -17,8 +18,8 @@ from typing import Any, Mapping
 from tune_magic.errors import PlanError
 from tune_magic.plan.words import check_override
 
-_OVERRIDE_LINE = re.compile(r"^~?[A-Za-z_][\w.\[\]\-]*(=|$)")
-_KEY_EQ = re.compile(r"^[A-Za-z_][\w.\[\]\-]*=")
+_OVERRIDE_LINE = re.compile(r"^[~+]?[A-Za-z_][\w.\[\]\-]*(=|$)")
+_KEY_EQ = re.compile(r"^\+?[A-Za-z_][\w.\[\]\-]*=")
 # a comment after a plain YAML value: "#" preceded by white space
 _PLAIN_COMMENT = re.compile(r"\s#")
 # {name} or {name.attr}, but not ${...} (OmegaConf interpolation, which may nest)
@@ -64,7 +65,7 @@ def parse_cell_body(text: str | None) -> CellBody:
             for token in override_line(line, i):
                 if not _FIELD.search(token):  # one with {name} is checked once expanded, when the plan is built
                     try:
-                        check_override(token)
+                        check_override(token[1:] if token.startswith("+") else token)
                     except PlanError as exc:
                         raise PlanError(f"cell line {i}: {exc}") from None
                 overrides.append(token)

@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 from tune_magic.plan import options as launchopts
 from tune_magic.errors import UserError
-from tune_magic.ui.textfmt import NAME_WIDTH, PATH_WIDTH, cell, escape
+from tune_magic.ui.textfmt import NAME_WIDTH, PATH_WIDTH, cell, escape, table
 
 EXIT_USAGE = 2
 
@@ -319,9 +319,8 @@ def _jobs(argv: Sequence[str]) -> int:
                      "-" if s.loss is None else f"{s.loss:.4g}", f"{j.elapsed_s:.0f}s",
                      cell(j.record.rendezvous_endpoint, NAME_WIDTH), cell(j.output_dir, PATH_WIDTH, keep="end"),
                      cell(j.record.error, PATH_WIDTH) if j.record.status == "failed" else ""))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    for line in table(rows):  # aligned in terminal columns: 实验 and emoji take two
+        print(line)
     return 0
 
 

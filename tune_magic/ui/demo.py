@@ -66,8 +66,9 @@ def summary(jobs: Sequence) -> str:
         rows.append((job.name, job.id, job.status.label, "-" if step is None else str(step),
                      "-" if loss is None else f"{loss:.4f}",
                      endpoint.rsplit(":", 1)[-1] if endpoint else "-", f"{job.elapsed_s:.1f} s"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    from tune_magic.ui.textfmt import table
+
+    return "\n".join(table(rows))
 
 
 def run_notebook(src: Path, out: Path, workdir: Path, *, timeout: int = CELL_TIMEOUT_S,

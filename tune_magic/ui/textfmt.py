@@ -3,10 +3,13 @@
 A job name is whatever the user typed (``name="a\\nb"`` from Python, a pasted string with a NUL)
 and a record may have been edited by hand, so a listing must never let a value break a row, move
 the cursor or reorder the line. :func:`cell` escapes every such character and cuts long values;
-``--json`` outputs keep the whole, unescaped value.
+``--json`` outputs keep the whole, unescaped value. :func:`table` lines cells up by the columns a
+terminal gives them (:func:`display_width`: ``实验`` and most emoji take two), not by characters.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 #: Longest name shown in a table, in characters; a longer one is cut and ends with :data:`ELLIPSIS`.
 NAME_WIDTH = 40
@@ -86,3 +89,38 @@ def cell(value: object, width: int = NAME_WIDTH, *, keep: str = "start", empty: 
     if value is None or value == "":
         return empty
     return cut(str(value), width, keep=keep)
+
+
+def display_width(text: str) -> int:
+    """Return the terminal columns ``text`` takes, as ``wcwidth.wcswidth`` measures them.
+
+    East Asian wide characters (``实验``) and emoji take 2, combining marks 0, others 1; a
+    sequence joined by ZWJ or made wide by VS16 counts as one grapheme (wcwidth's rules). Text
+    that is not printable (a control character: callers :func:`escape` first) counts one column
+    per character.
+    """
+    if text.isascii():  # every printable ASCII character takes one column: the usual case, fast
+        return len(text)
+    from wcwidth import wcswidth
+
+    width = wcswidth(text)
+    return width if width >= 0 else len(text)
+
+
+def pad(text: str, width: int) -> str:
+    """Return ``text`` followed by spaces up to ``width`` terminal columns (:func:`display_width`)."""
+    return text + " " * max(0, width - display_width(text))
+
+
+def table(rows: Sequence[Sequence[str]], sep: str = "  ") -> list[str]:
+    """Return the lines of a plain-text table: each column as wide as its widest cell, in terminal
+    columns (:func:`display_width`), cells separated by ``sep``, trailing spaces cut.
+
+    Args:
+        rows: the rows (the header first), each a sequence of cells already made safe
+            (:func:`cell`); rows shorter than the longest are padded with empty cells.
+    """
+    ncols = max((len(r) for r in rows), default=0)
+    cells = [[*r, *[""] * (ncols - len(r))] for r in rows]
+    widths = [max(display_width(r[i]) for r in cells) for i in range(ncols)]
+    return [sep.join(pad(c, w) for c, w in zip(r, widths)).rstrip() for r in cells]

@@ -24,7 +24,7 @@ from tune_magic.registry import store as jobstore
 from tune_magic.schedulers.local.gpus import gpus_label
 from tune_magic.job import Job, jobs
 from tune_magic.registry.status import Status
-from tune_magic.ui.textfmt import cut, escape
+from tune_magic.ui.textfmt import cut, escape, table
 from tune_magic.ui.watch import JobSnapshot, JobWatcher, progress_summary
 
 #: Longest log line shown in a card, in characters (the full line stays on disk).
@@ -571,8 +571,7 @@ class JobsTable(widgets.VBox):
         for job_id, (name, status, step, loss, elapsed, reason) in items:
             rows.append((job_id, cut(name), status, "" if step is None else str(step),
                          "" if loss is None else f"{loss:.5g}", _fmt_elapsed(elapsed), cut(reason, REASON_WIDTH)))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+        return "\n".join(table(rows))
 
     def _repr_mimebundle_(self, **kwargs):
         bundle = super()._repr_mimebundle_(**kwargs)

@@ -1,0 +1,52 @@
+"""SLURM's own lines in a job's log, as a card's tail shows them (:mod:`tune_magic.logs.tailview`). Pure.
+
+When a SLURM job is cancelled (``scancel``: a user's stop through tune_magic, or anyone's), or
+ends at its time limit, ``slurmstepd`` and ``srun`` write into the job's output file (SLURM 22.05)::
+
+    slurmstepd: error: *** JOB 7 ON n1 CANCELLED AT 2026-12-01T10:00:00 ***
+    srun: Job step aborted: Waiting up to 12 seconds for job step to finish.
+    srun: launch/slurm: _step_signal: Terminating StepId=7.0
+    srun: error: n1: task 0: Killed
+
+(``*** STEP 7.0 ON n1 CANCELLED AT ... ***`` for a step, ``... DUE TO TIME LIMIT ***`` and other
+reasons at the end; one ``slurmstepd`` line per node, one ``srun: error`` line per node's tasks).
+Read as they stand they look like a crash. :data:`TAIL_RULES` shows them as one line, where the
+first of them was, as the local tail shows torchrun's ``SignalException`` traceback:
+``SLURM cancelled job 7 on n1 at 2026-12-01T10:00:00; srun stopped its tasks``. ``srun`` lines
+with no cancel line among them (a task killed for another reason) are shown as they are.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tune_magic.logs.tailview import TailRule
+
+__all__ = ["TAIL_RULES", "CANCEL_RULE"]
+
+_CANCEL = (r"^slurmstepd: error: \*\*\* (?P<what>JOB|STEP) (?P<id>\S+) ON (?P<node>\S+) CANCELLED AT (?P<at>\S+)"
+           r"(?: DUE TO (?P<why>.+?))? \*\*\*\s*$")
+_SRUN = (r"^srun: Job step aborted: Waiting up to \d+ seconds for job step to finish\.\s*$"
+         r"|^srun: launch/slurm: _step_signal: Terminating StepId=\S+\s*$"
+         r"|^srun: error: \S+: tasks? [\d,\-]+: (?:Killed|Terminated)\s*$"
+         r"|^srun: forcing job termination\s*$")
+
+
+def _cancel_summary(matches: list[re.Match], prefix: str) -> list[str]:
+    """One line for a cancelled job; the lines themselves when none says the job was cancelled."""
+    cancels = [m for m in matches if m["what"]]
+    if not cancels:
+        return [prefix + m.string for m in matches]
+    first = cancels[0]
+    nodes = ", ".join(dict.fromkeys(m["node"] for m in cancels))
+    job = first["id"] if first["what"] == "JOB" else f"step {first['id']}"
+    why = f" ({first['why'].lower()})" if first["why"] else ""
+    stopped = "; srun stopped its tasks" if len(cancels) < len(matches) else ""
+    return [f"{prefix}SLURM cancelled job {job} on {nodes} at {first['at']}{why}{stopped}"]
+
+
+#: slurmstepd's cancel lines and srun's lines that follow them, as one line.
+CANCEL_RULE = TailRule(name="SLURM cancel", member=re.compile(f"{_CANCEL}|{_SRUN}"), summary=_cancel_summary)
+
+#: The rules a SLURM job's card tail adds to :func:`tune_magic.logs.tailview.display_tail`.
+TAIL_RULES = (CANCEL_RULE,)
