@@ -536,6 +536,11 @@ def plan_sweep(words: Sequence["str | Word"], *, body_axes: Sequence[tuple[str, 
     cap = MAX_TRIALS if max_trials is None else parse_max_trials(max_trials)
     ws = [as_word(w) for w in words]
     texts = [w.text for w in ws]
+    for w in ws:  # before the grammar: `range(1, 4)` split at its space would fail there less clearly
+        key, eq, value = w.text.partition("=")
+        start = len(key) + 1 + len(value) - len(value.lstrip())
+        if eq and not key.startswith("-") and value.lstrip().startswith("range(") and not w.is_quoted(start):
+            parse_range(value, key)
     positions = _override_positions(texts)
     found: list[tuple[str, Sequence[str] | range, str, int | None, str]] = []  # key, items, source, pos, shown
     plain: dict[str, str] = {}
