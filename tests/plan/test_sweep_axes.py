@@ -297,8 +297,16 @@ def test_axes_on_paths_to_read_are_allowed(key):
 
 
 def test_one_output_dir_for_every_trial_is_refused():
-    with pytest.raises(PlanError, match="every trial would write to that one directory; drop it"):
+    with pytest.raises(PlanError, match=r"--sweep with output_dir=/tmp/x: trials would share that directory, as it "
+                                        r"does not name \$\{seed\}; drop it .* e.g. output_dir=/runs/seed_\$\{seed\}"):
         sweep_line("output_dir=/tmp/x seed=1,2")
+    with pytest.raises(PlanError, match=r"does not name \$\{model.lora_rank\}; .*"
+                                        r"output_dir=/runs/lr_\$\{optimizer.lr\}/lora_rank_\$\{model.lora_rank\}"):
+        sweep_line("output_dir=/runs/${optimizer.lr} optimizer.lr=1e-4,3e-4 model.lora_rank=4,8")
+    # one that names every axis differs per trial
+    plan = sweep_line("output_dir=/runs/${optimizer.lr}_${model.lora_rank} optimizer.lr=1e-4,3e-4 model.lora_rank=4,8")
+    assert len(plan) == 4 and all("output_dir=/runs/${optimizer.lr}_${model.lora_rank}" in plan.args(t)
+                                  for t in plan.trials)
 
 
 def test_a_key_given_twice():

@@ -153,8 +153,9 @@ def test_bad_sweep_sections(text, message):
 
 
 def test_a_sweep_section_without_sweep_mode_is_refused():
-    with pytest.raises(PlanError, match="has a sweep: mapping, which only a sweep reads: add --sweep"):
-        parse_cell_body(YAML_BODY)
+    for text in (YAML_BODY, "sweep:\n  seed: 3\n"):  # refused before its content is read
+        with pytest.raises(PlanError, match="has a sweep: mapping, which only a sweep reads: add --sweep"):
+            parse_cell_body(text)
     # an empty one is just an unused key
     assert parse_cell_body("seed: 1\nsweep:\n") == CellBody(config_yaml="seed: 1\nsweep:\n")
 

@@ -118,12 +118,12 @@ def parse_cell_body(text: str | None, *, sweep: bool = False) -> CellBody:
             f"got a YAML {type(data).__name__}"
         )
     _refuse_empty_paths(yaml.compose(text, Loader=yaml.SafeLoader))
-    rest, axes = split_sweep_section(text)
-    if axes and not sweep:
-        raise PlanError("the cell body has a sweep: mapping, which only a sweep reads: add --sweep to run its "
-                        "trials, or remove it. Nothing was started.")
     if not sweep:
+        if isinstance(data.get("sweep"), dict) and data["sweep"]:
+            raise PlanError("the cell body has a sweep: mapping, which only a sweep reads: add --sweep to run its "
+                            "trials, or remove it. Nothing was started.")
         return CellBody(config_yaml=text)
+    rest, axes = split_sweep_section(text)
     return CellBody(config_yaml=rest, sweep=tuple((key, tuple(items)) for key, items in axes))
 
 

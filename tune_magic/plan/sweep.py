@@ -37,8 +37,8 @@ Trials are the cartesian product of the axes, first axis slowest (``itertools.pr
 in the order their words appear in the launch (the line, then override lines of the cell body),
 then the body's ``sweep:`` axes in their order. Refused before anything starts
 (:class:`~tune_magic.errors.PlanError`, naming the fix): sweep mode with no axis; an axis on a
-directory the recipe writes (:func:`refused_axis_key`), or ``output_dir`` given once for all
-trials; an empty item (``1e-4,,3e-4``, a trailing comma); more than :data:`MAX_TRIALS` trials
+directory the recipe writes (:func:`refused_axis_key`), or one ``output_dir`` shared by the
+trials (allowed when it names every axis, ``output_dir=/runs/lr_${optimizer.lr}``); an empty item (``1e-4,,3e-4``, a trailing comma); more than :data:`MAX_TRIALS` trials
 (``max_trials`` raises the cap); a key given twice (two axes, or an axis and a plain override or
 deletion); a malformed or empty ``range()``; an item the recipe would not read as typed.
 """
@@ -527,8 +527,9 @@ def plan_sweep(words: Sequence["str | Word"], *, body_axes: Sequence[tuple[str, 
         The :class:`SweepPlan`; ``plan.args(trial)`` are the words to build each trial's plan from.
 
     Raises:
-        PlanError: no axis; an axis on a refused key (:func:`refused_axis_key`); ``output_dir``
-            set once for every trial; a key given twice; an empty item; a malformed or empty
+        PlanError: no axis; an axis on a refused key (:func:`refused_axis_key`); an ``output_dir``
+            override that does not name every axis (``${key}``), so trials would share it; a key
+            given twice; an empty item; a malformed or empty
             ``range()``; more than ``max_trials`` trials (the message gives the count); an item
             that is not a valid override value; or whatever the launch grammar refuses (no
             recipe, no ``--config``, a misplaced torchrun option). Nothing has been started.
@@ -571,8 +572,15 @@ def plan_sweep(words: Sequence["str | Word"], *, body_axes: Sequence[tuple[str, 
         if key in plain:
             raise PlanError(f"{key} is an axis ({shown}) and is also given as {plain[key]}; keep one of them")
     if "output_dir" in plain:
-        raise PlanError(f"--sweep with {plain['output_dir']}: every trial would write to that one directory; drop "
-                        "it, and each trial writes to its own <the config's output_dir>/<job id>")
+        given = plain["output_dir"]
+        missing = [key for key, *_ in found if "${" + key + "}" not in given]
+        if missing:
+            short = short_keys([k for k, *_ in found])
+            example = "/".join(f"{short[k]}_${{{k}}}" for k, *_ in found)
+            raise PlanError(f"--sweep with {given}: trials would share that directory, as it does not name "
+                            f"{', '.join('${' + k + '}' for k in missing)}; drop it (each trial then writes to its "
+                            f"own <the config's output_dir>/<job id>), or name every axis in it, e.g. "
+                            f"output_dir=/runs/{example}")
     lengths = [(key, items) for key, items, *_ in found]
     count = _count(lengths)
     if count > cap:
