@@ -17,8 +17,9 @@ These are **one value**, never split:
   an OmegaConf interpolation ``${oc.env:A,b}``;
 - a YAML-quoted string: ``tag='a,b'`` (the quotes are in the value the recipe reads);
 - text typed inside shell quotes on a ``%%tune_run`` line or cell line: ``tag="a,b"`` (the shell
-  removes the quotes; :mod:`tune_magic.plan.shellwords` remembers them). A value typed in a
-  Python list of arguments has no shell quotes: there quote it for YAML (``"tag='a,b'"``).
+  removes the quotes; :mod:`tune_magic.plan.shellwords` remembers them). A Python list of
+  arguments has no shell quotes, nor has ``tune-magic run`` (its shell removed them before the
+  program starts): there quote the value for YAML (``"tag='a,b'"``, ``tag="'a,b'"``).
 - ``~key`` deletions are never axes.
 
 Each item becomes the override ``key=item``, the item text exactly as typed, which
@@ -38,9 +39,10 @@ in the order their words appear in the launch (the line, then override lines of 
 then the body's ``sweep:`` axes in their order. Refused before anything starts
 (:class:`~tune_magic.errors.PlanError`, naming the fix): sweep mode with no axis; an axis on a
 directory the recipe writes (:func:`refused_axis_key`), or one ``output_dir`` shared by the
-trials (allowed when it names every axis, ``output_dir=/runs/lr_${optimizer.lr}``); an empty item (``1e-4,,3e-4``, a trailing comma); more than :data:`MAX_TRIALS` trials
-(``max_trials`` raises the cap); a key given twice (two axes, or an axis and a plain override or
-deletion); a malformed or empty ``range()``; an item the recipe would not read as typed.
+trials (allowed when it names every axis, ``output_dir=/runs/lr_${optimizer.lr}``); an empty
+item (``1e-4,,3e-4``, a trailing comma); more than :data:`MAX_TRIALS` trials (``max_trials``
+raises the cap); a key given twice (two axes, or an axis and a plain override or deletion); a
+malformed or empty ``range()``; an item the recipe would not read as typed.
 """
 
 from __future__ import annotations
@@ -244,12 +246,12 @@ def _axis_from_items(key: str, texts: Sequence[str], source: str, position: int 
     return Axis(key, tuple(texts), tuple(values), source, position)
 
 
-def word_axis(word: "str | Word", position: int | None = None) -> "tuple[str, Sequence[str] | range] | None":
+def word_axis(word: "str | Word") -> "tuple[str, Sequence[str] | range] | None":
     """Return ``(key, items)`` when an override word is an axis, else ``None``.
 
     ``items`` is a list of item texts for a comma list, a ``range`` for ``range(...)``. Items are
-    not checked yet (see :func:`axes_of`). A word typed inside shell quotes from ``range`` on is
-    one value, like a quoted comma.
+    not checked as overrides yet (:func:`plan_sweep` does). A ``range(...)`` typed inside shell
+    quotes is one (string) value, as a quoted comma is.
 
     Raises:
         PlanError: an empty item, or a malformed or empty ``range()``.
@@ -546,7 +548,7 @@ def plan_sweep(words: Sequence["str | Word"], *, body_axes: Sequence[tuple[str, 
     found: list[tuple[str, Sequence[str] | range, str, int | None, str]] = []  # key, items, source, pos, shown
     plain: dict[str, str] = {}
     for p in positions:
-        hit = word_axis(ws[p], p)
+        hit = word_axis(ws[p])
         if hit is None:
             key = texts[p].lstrip("~").split("=", 1)[0]
             plain.setdefault(key, texts[p])
