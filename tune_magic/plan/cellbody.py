@@ -6,6 +6,12 @@ overrides; ``#`` comments and blank lines are ignored; an empty body is fine.
 An override line is several overrides when every word is one (``seed=1 epochs=2``), else one
 override whose value is the rest of the line as typed (``metric_logger.name=my run``): see
 :func:`override_line`.
+
+Under sweep mode (``parse_cell_body(text, sweep=True)``) override lines keep where the shell
+quotes were (:class:`~tune_magic.plan.shellwords.Word`), so ``tag="a,b"`` stays one value while
+``lr=1e-4,3e-4`` is an axis, and a YAML body's top-level ``sweep:`` mapping is taken out of the
+config (:mod:`tune_magic.plan.sweep`). Without sweep mode a YAML body with a ``sweep:`` mapping is
+refused: it would reach the recipe as an unknown key and one job would run.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from tune_magic.errors import PlanError
+from tune_magic.plan.shellwords import Word, split_words
+from tune_magic.plan.sweep import split_sweep_section, word_axis
 from tune_magic.plan.words import check_override
 
 _OVERRIDE_LINE = re.compile(r"^[~+]?[A-Za-z_][\w.\[\]\-]*(=|$)")
@@ -32,18 +40,30 @@ class CellBody:
 
     Attributes:
         overrides: ``key=value`` / ``~key`` arguments from an override body (else empty).
-        config_yaml: the YAML text of a config body (a mapping), or ``None``.
+        config_yaml: the YAML text of a config body (a mapping), or ``None`` (also for a body that
+            held nothing but a ``sweep:`` mapping).
+        words: under sweep mode, ``overrides`` as :class:`~tune_magic.plan.shellwords.Word`
+            objects (where each line's shell quotes were); else empty.
+        sweep: under sweep mode, the axes of a YAML body's ``sweep:`` mapping, ``[(key, [item
+            texts])]`` (see :func:`tune_magic.plan.sweep.split_sweep_section`); else empty.
     """
 
     overrides: list[str] = field(default_factory=list)
     config_yaml: str | None = None
+    words: tuple[Word, ...] = ()
+    sweep: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
-def parse_cell_body(text: str | None) -> CellBody:
+def parse_cell_body(text: str | None, *, sweep: bool = False) -> CellBody:
     """Parse a ``%%tune_run`` cell body.
 
     Args:
         text: the cell body (``None`` or blank for none).
+        sweep: sweep mode (``--sweep``): override words that are axes
+            (:func:`tune_magic.plan.sweep.word_axis`) are not checked here (each of their items
+            is, by :func:`tune_magic.plan.sweep.plan_sweep`), ``words`` keeps the shell quotes,
+            and a YAML body's top-level ``sweep:`` mapping goes to ``sweep``, out of
+            ``config_yaml``.
 
     Returns:
         :class:`CellBody` with overrides, or with the YAML text of a config mapping.
@@ -51,7 +71,9 @@ def parse_cell_body(text: str | None) -> CellBody:
     Raises:
         PlanError: a YAML syntax error (the message gives the cell line number), a YAML body that
             is not a mapping, an override line that is not ``key=value``, or an override value that a
-            recipe would not read as typed (see :func:`tune_magic.plan.overrides.check_value`).
+            recipe would not read as typed (see :func:`tune_magic.plan.overrides.check_value`);
+            under sweep mode a malformed axis or ``sweep:`` mapping; without it, a ``sweep:``
+            mapping.
     """
     if text is None:
         return CellBody()
@@ -61,15 +83,19 @@ def parse_cell_body(text: str | None) -> CellBody:
         return CellBody()
     if all(_OVERRIDE_LINE.match(line) and (": " not in line.split("=", 1)[0]) for _, line in meaningful):
         overrides: list[str] = []
+        words: list[Word] = []
         for i, line in meaningful:
-            for token in override_line(line, i):
-                if not _FIELD.search(token):  # one with {name} is checked once expanded, when the plan is built
-                    try:
-                        check_override(token[1:] if token.startswith("+") else token)
-                    except PlanError as exc:
-                        raise PlanError(f"cell line {i}: {exc}") from None
+            for word in (override_line_words(line, i) if sweep else map(Word, override_line(line, i))):
+                token = word.text
+                try:
+                    # one with {name} is checked once expanded, when the plan is built; an axis item by item
+                    if not _FIELD.search(token) and not (sweep and word_axis(word) is not None):
+                        check_override(token)
+                except PlanError as exc:
+                    raise PlanError(f"cell line {i}: {exc}") from None
                 overrides.append(token)
-        return CellBody(overrides=overrides)
+                words.append(word)
+        return CellBody(overrides=overrides, words=tuple(words) if sweep else ())
     import yaml
 
     try:
@@ -94,7 +120,13 @@ def parse_cell_body(text: str | None) -> CellBody:
             f"got a YAML {type(data).__name__}"
         )
     _refuse_empty_paths(yaml.compose(text, Loader=yaml.SafeLoader))
-    return CellBody(config_yaml=text)
+    if not sweep:
+        if isinstance(data.get("sweep"), dict) and data["sweep"]:
+            raise PlanError("the cell body has a sweep: mapping, which only a sweep reads: add --sweep to run its "
+                            "trials, or remove it. Nothing was started.")
+        return CellBody(config_yaml=text)
+    rest, axes = split_sweep_section(text)
+    return CellBody(config_yaml=rest, sweep=tuple((key, tuple(items)) for key, items in axes))
 
 
 def _refuse_empty_paths(node, prefix: str = "") -> None:
@@ -160,6 +192,26 @@ def override_line(line: str, lineno: int = 1) -> list[str]:
     return [head.group(0) + value]
 
 
+def override_line_words(line: str, lineno: int = 1) -> list[Word]:
+    """:func:`override_line` keeping where the shell quotes were: the same texts, as
+    :class:`~tune_magic.plan.shellwords.Word` objects.
+
+    Under rule 1 (every word an override) a character typed inside quotes is marked quoted
+    (``tag="a,b"`` -> ``tag=a,b`` with ``a,b`` quoted); under rule 2 (the value as typed) nothing
+    is, the quotes being part of the value (YAML quotes).
+
+    Raises:
+        PlanError: as :func:`override_line`.
+    """
+    try:
+        words = split_words(_cut_comment(line))
+    except ValueError:
+        words = None
+    if words and all(_is_override_word(w.text) for w in words):
+        return words
+    return [Word(text) for text in override_line(line, lineno)]
+
+
 def _is_override_word(word: str) -> bool:
     return bool(_OVERRIDE_LINE.match(word)) and (word.startswith("~") or "=" in word)
 
@@ -186,10 +238,13 @@ def _cut_comment(line: str) -> str:
     return line
 
 
-def expand_fields(token: str, namespace: Mapping[str, Any]) -> str:
+def expand_fields(token: "str | Word", namespace: Mapping[str, Any]) -> "str | Word":
     """Expand ``{name}`` (and ``{name.attr}``) in one argument from ``namespace``.
 
-    ``${...}`` is left for OmegaConf, nested ones included.
+    ``${...}`` is left for OmegaConf, nested ones included. A
+    :class:`~tune_magic.plan.shellwords.Word` gives a ``Word``: the expanded text of a field
+    typed inside shell quotes is quoted too (``tag="{t}"`` with ``t = "a,b"`` stays one value),
+    the rest keeps its marks.
 
     Raises:
         PlanError: a name is not defined in the namespace (IPython's own expansion would silently
@@ -208,4 +263,24 @@ def expand_fields(token: str, namespace: Mapping[str, Any]) -> str:
                 raise PlanError(f"{{{match[1]}}}: {head!r} has no attribute {attr!r}") from None
         return str(obj)
 
-    return _FIELD.sub(value, token)
+    if not isinstance(token, Word):
+        return _FIELD.sub(value, token)
+    text: list[str] = []
+    quoted: set[int] = set()
+    pos = 0
+
+    def keep(a: int, b: int) -> None:
+        for j in range(a, b):
+            if token.is_quoted(j):
+                quoted.add(len(text))
+            text.append(token.text[j])
+
+    for match in _FIELD.finditer(token.text):
+        keep(pos, match.start())
+        for ch in value(match):
+            if token.is_quoted(match.start()):
+                quoted.add(len(text))
+            text.append(ch)
+        pos = match.end()
+    keep(pos, len(token.text))
+    return Word("".join(text), frozenset(quoted))

@@ -239,8 +239,17 @@ def check_override(token: str) -> str:
     that names a file or directory (``output_dir``, ``*_dir``, ``*.path``, ``*_path``, ``*_file``,
     ``*_files``), where null becomes the path ``None`` (``./None/...``) or a crash; a quoted empty
     string there (``output_dir=""``) is refused too. An explicit ``null`` stays accepted.
+    ``+key=value`` adds a key the config lacks on purpose (Hydra's spelling; the recipe is handed
+    ``key=value``, see :mod:`tune_magic.plan.checks`): checked as ``key=value``, returned as typed.
     """
     from tune_magic.plan import overrides
+
+    if token.startswith("+"):
+        if token.startswith(("++", "+~")) or "=" not in token:
+            raise PlanError(f"override {token!r}: +key=value adds a key on purpose, e.g. +profiler.enabled=True "
+                            "(one +, a key, =, a value)")
+        check_override(token[1:])
+        return token
 
     bad = next((c for c in token if _unsafe_char(c)), None)
     if bad is not None:
