@@ -84,3 +84,17 @@ def test_a_schema_2_record_keeps_its_slurm_fields_through_migration(tmp_path, sq
     assert job.refresh().status == "running"  # describe read the migrated id and the log
     written = __import__("json").loads((d / jobstore.RECORD).read_text())
     assert written["schema"] == 3 and written["backend"]["job_id"] == "42"
+
+
+def test_a_slurm_jobs_card_collapses_slurms_own_lines_through_its_schedulers_rules(tmp_path):
+    from tune_magic.job import Job
+    from tune_magic.logs.tailview import display_tail
+    from tune_magic.schedulers.slurm.tail import TAIL_RULES
+
+    d, _ = _job(tmp_path, "")
+    job = Job(d)
+    assert job.tail_rules is TAIL_RULES and TAIL_RULES
+    lines = ["step 3", "slurmstepd: error: *** JOB 7 ON n1 CANCELLED AT 2026-12-01T10:00:00 ***",
+             "srun: error: n1: task 0: Killed"]
+    shown = display_tail(lines, 20, rules=job.tail_rules)
+    assert shown[0] == "step 3" and not any("slurmstepd" in s for s in shown) and len(shown) == 2, shown

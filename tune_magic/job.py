@@ -158,6 +158,11 @@ class Job:
         return self._sched().engine_id(self._record)
 
     @property
+    def tail_rules(self) -> tuple:
+        """The engine's own lines a card's display tail collapses (its scheduler's rules)."""
+        return self._sched().tail_rules
+
+    @property
     def workers(self) -> list[dict]:
         """The rank processes: ``{"host", "rank", "pid"}`` for a job on this machine, ``{"host",
         "rank"}`` for a job on other nodes (as its nodes reported them)."""

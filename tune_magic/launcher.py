@@ -33,6 +33,7 @@ from tune_magic.errors import PlanError, StateDirError, UserError
 from tune_magic.job import Job
 from tune_magic.plan import catalog
 from tune_magic.plan.build import describe_run, place_here
+from tune_magic.plan.checks import check_overrides
 from tune_magic.plan.configview import resolve_dirs, write_overlaid_config
 from tune_magic.plan.model import LaunchPlan
 from tune_magic.plan.resolve import resolve_config
@@ -365,7 +366,7 @@ def checked_plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, root: P
         assets = " (the shipped configs use the tiny assets: run tune-magic assets, or tune_magic.make_assets())" if shipped else ""
         raise PlanError(f"{key} {path} does not exist, so every rank would fail at start-up; create it{assets} "
                         f"or override {key}=...")
-    for message in dirs.warnings:
+    for message in dict.fromkeys(dirs.warnings + plan.warnings):  # also kept in the record: the card shows them
         warnings.warn(message, stacklevel=4)
     return plan, dirs, resolved
 
@@ -397,9 +398,13 @@ def _make_private_dir(path: Path) -> None:
 
 
 def _apply_overlay(tokens: list[str], overlay: str, cwd: str, dest: Path) -> list[str]:
-    """Write the overlaid config to ``dest`` and point ``--config`` at it."""
+    """Check a YAML cell body against the config it is merged over (its keys and value types, as
+    overrides are), write the overlaid config to ``dest`` and point ``--config`` at it. The body's
+    warnings (keys the config lacks) are issued as :class:`UserWarning`."""
     tokens, base = with_config(tokens, str(dest))
     base_path = resolve_config(base, Path(cwd))[0] if base is not None else None
+    for message in check_overrides(base_path, [], overlay).warnings:
+        warnings.warn(message, UserWarning, stacklevel=4)
     try:
         write_overlaid_config(base_path, overlay, dest)
     except ValueError as exc:

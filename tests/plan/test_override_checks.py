@@ -410,3 +410,42 @@ def test_every_key_of_a_shipped_config_passes_and_its_typos_are_caught(config):
     key = max(data, key=len)
     message = refused(config, [f"{key[:-1]}=1"])
     assert f"the config has no key {key[:-1]}; did you mean {key}" in message
+
+
+# --- through the public API: every launch path checks before anything starts ----------------------
+
+def test_launch_refuses_a_misspelled_key_with_the_suggestion_and_starts_nothing(session_home):
+    import tune_magic
+    from tune_magic.registry import store as jobstore
+
+    before = {r.id for r in jobstore.list_records()}
+    for dry in (True, False):
+        with pytest.raises(PlanError, match=r"did you mean optimizer\.lr\?"):
+            tune_magic.launch("lora_finetune --config tiny/lora optimzer.lr=1e-3", dry_run=dry)
+    assert {r.id for r in jobstore.list_records()} == before
+
+
+def test_launch_refuses_text_for_a_number_and_a_comma_list_without_sweep(session_home):
+    import tune_magic
+
+    with pytest.raises(PlanError, match="optimizer.lr"):
+        tune_magic.launch("lora_finetune --config tiny/lora optimizer.lr=abc", dry_run=True)
+    with pytest.raises(PlanError, match="--sweep"):
+        tune_magic.launch("lora_finetune --config tiny/lora optimizer.lr=1e-4,3e-4", dry_run=True)
+
+
+def test_a_yaml_cell_body_typo_is_refused_and_a_plus_key_is_handed_on_without_the_plus(session_home):
+    import tune_magic
+
+    with pytest.raises(PlanError, match="did you mean"):
+        tune_magic.launch("lora_finetune --config tiny/lora", config_overlay="optimzer:\n  lr: 0.001\n", dry_run=True)
+    plan = tune_magic.launch("lora_finetune --config tiny/lora +my_tag=run1", dry_run=True)
+    assert "my_tag=run1" in plan.argv and "+my_tag=run1" not in plan.argv and not any(
+        "my_tag" in w for w in plan.warnings)
+
+
+def test_a_key_the_config_lacks_that_is_no_near_miss_is_a_warning_on_the_plan(session_home):
+    import tune_magic
+
+    plan = tune_magic.launch("lora_finetune --config tiny/lora profiler.enabled=True", dry_run=True)
+    assert "profiler.enabled=True" in plan.argv and any("profiler" in w for w in plan.warnings)

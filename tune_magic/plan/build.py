@@ -23,6 +23,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from tune_magic.errors import PlanError
 from tune_magic.paths import HOME_ENV, home
+from tune_magic.plan.checks import check_overrides
 from tune_magic.plan.model import JOB_ID_PLACEHOLDER, LaunchPlan
 from tune_magic.plan.resolve import config_output_dir, resolve_config, resolve_recipe
 from tune_magic.plan.torchrun import (
@@ -113,9 +114,10 @@ def describe_run(
             f"recipe {recipe_name} runs on one device and does not support torchrun options ({given}); "
             f"drop them, or use a *_distributed recipe"
         )
-    overrides = list(parsed.overrides)
-    added_output_dir = None
     base = config_output_dir(config_path)  # also refuses a config that is not a mapping
+    checked = check_overrides(config_path, parsed.overrides)  # a typo or a wrong type is refused here
+    overrides = list(checked.overrides)
+    added_output_dir = None
     if not any(o.split("=", 1)[0] in ("output_dir", "~output_dir") for o in overrides) and base is not None:
         added_output_dir = f"{base.rstrip('/')}/{job_id or JOB_ID_PLACEHOLDER}"
         overrides.append(f"output_dir={added_output_dir}")
@@ -123,7 +125,7 @@ def describe_run(
     recipe_args = [str(recipe_path), "--config", str(config_path), *overrides]
     common = dict(env=plan_env, recipe=str(recipe_path), recipe_name=recipe_name, recipe_source=recipe_source,
                   config=str(config_path), config_name=config_name, gpus=gpu_ids, overrides=overrides,
-                  output_dir=added_output_dir, job_id=job_id, cwd=str(cwd_path))
+                  output_dir=added_output_dir, job_id=job_id, cwd=str(cwd_path), warnings=list(checked.warnings))
     return RunSpec(parsed=parsed, env=env, cwd=cwd_path, recipe_args=recipe_args, recipe_name=recipe_name,
                    supports_distributed=supports_distributed, wants_torchrun=wants_torchrun, gpu_ids=gpu_ids,
                    job_dir=job_dir, common=common)

@@ -8,9 +8,10 @@ import difflib
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from tune_magic.errors import PlanError
+from tune_magic.plan.pool import parse_gpu_spec as parse_gpus  # noqa: F401  (ids and ranges: 0,1 or 0-3)
 from tune_magic.plan.torchrun_options import TorchrunOption, lookup
 
 # Options that change what the training script *is*; tune_magic always launches a recipe file.
@@ -26,40 +27,6 @@ _JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z0-9_\-]+|\[[^\]]*\])*$")
 
 
-def parse_gpus(gpus: str | Iterable[int] | None) -> list[int] | None:
-    """Parse a GPU list (``"0,1"``, ``[2, 3]``, ``None``/``""`` for none).
-
-    Only the syntax is checked here; whether the ids exist is checked at launch, so plans for GPU
-    nodes can be built on a CPU machine.
-
-    Raises:
-        PlanError: not non-negative integers, duplicates, or ``"auto"`` (resolved at launch time).
-    """
-    if gpus is None:
-        return None
-    if isinstance(gpus, str):
-        text = gpus.strip()
-        if not text:
-            return None
-        if text == "auto":
-            raise PlanError("gpus='auto' is resolved when launching; to build a plan, give ids such as --gpus 0,1")
-        parts: list = [p.strip() for p in text.split(",")]
-    elif isinstance(gpus, (bytes, bool, int, float, dict)) or not hasattr(gpus, "__iter__"):
-        raise PlanError(f"gpus={gpus!r}: give a list of GPU ids such as [0, 1] or a string such as '0,1'")
-    else:
-        parts = list(gpus)
-    ids = []
-    for part in parts:
-        if isinstance(part, bool) or not (
-            (isinstance(part, int) and part >= 0) or (isinstance(part, str) and re.fullmatch(r"[0-9]+", part))
-        ):
-            raise PlanError(f"bad GPU id {part!r}: give non-negative integers, e.g. --gpus 0,1")
-        ids.append(int(part))
-    if not ids:
-        return None
-    if len(set(ids)) != len(ids):
-        raise PlanError(f"GPU list {gpus!r} names a GPU twice; give each id once, e.g. --gpus 0,1")
-    return ids
 
 
 def check_job_id(job_id: str) -> str:

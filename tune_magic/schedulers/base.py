@@ -79,6 +79,9 @@ class Scheduler(ABC):
     engine_id_label: str | None = None
     #: A sentence added when another scheduler's option is given to this one.
     foreign_option_hint: str = ""
+    #: Lines of the engine's own that a card's display tail collapses (e.g. SLURM's cancel
+    #: messages): :class:`tune_magic.logs.tailview.TailRule` rows.
+    tail_rules: tuple = ()
 
     def available(self, env: Mapping[str, str]) -> str | None:
         """``None`` when jobs can be sent to this scheduler from here, else why not (one line,

@@ -352,11 +352,11 @@ class JobWatcher:
         keep = self.tail_lines * READ_PER_SHOWN
         if not self.job.record.rank_log_dir:
             raw = self.follower.tail(keep)
-            return tuple(display_tail(raw, self.tail_lines)), [raw]
+            return tuple(display_tail(raw, self.tail_lines, rules=self.job.tail_rules)), [raw]
         sections = self.follower.log_sections(keep)
-        shown = display_tail(sections[0][1], self.tail_lines)
+        shown = display_tail(sections[0][1], self.tail_lines, rules=self.job.tail_rules)
         for label, lines in sections[1:]:
-            shown += [f"[{label}] {line}" for line in display_tail(lines, self.tail_lines)]
+            shown += [f"[{label}] {line}" for line in display_tail(lines, self.tail_lines, rules=self.job.tail_rules)]
         return tuple(shown), [lines for _, lines in sections]
 
     def _progress(self, status, step: int | None, raw: list[list[str]]) -> RunProgress:

@@ -36,6 +36,7 @@ from tune_magic.schedulers.slurm.plan import place
 from tune_magic.schedulers.slurm import options as sopts
 from tune_magic.schedulers.slurm import squeue as sq
 from tune_magic.schedulers.slurm.script import batch_script, sbatch_argv
+from tune_magic.schedulers.slurm.tail import TAIL_RULES
 
 #: Seconds between squeue queries in one process (all live SLURM jobs in one query).
 SQUEUE_INTERVAL_S = 5.0
@@ -165,6 +166,7 @@ class SlurmScheduler(Scheduler):
     options = sopts.OPTIONS
     initial_status = Status.PENDING
     engine_id_label = "SLURM ID"
+    tail_rules = TAIL_RULES
 
     def available(self, env: Mapping[str, str]) -> str | None:
         if shutil.which("sbatch", path=env.get("PATH")) is None:

@@ -85,4 +85,4 @@ def place(spec: RunSpec, *, nodes: int | None, gpus_per_node: int | None) -> Lau
     return LaunchPlan(argv=[sys.executable, "-m", "torch.distributed.run", *torchrun_args, *spec.recipe_args],
                       distributed=True, rendezvous=rendezvous, endpoint=endpoint, nproc_per_node=nproc,
                       nnodes=str(nodes), torchrun_args=torchrun_args, rank_log_dir=rank_logs, scheduler="slurm",
-                      rdzv_conf=conf, warnings=warnings, **spec.common)
+                      rdzv_conf=conf, **{**spec.common, "warnings": [*spec.common.get("warnings", ()), *warnings]})
