@@ -21,6 +21,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import socket
 import tempfile
 import time
 import warnings
@@ -48,6 +49,8 @@ from tune_magic.schedulers.local import gpus as gpu_mod
 DRY_RUN_ENV = "TUNE_MAGIC_DRY_RUN"
 #: Longest job name accepted, in characters (listings cut names to 40 anyway).
 MAX_NAME_CHARS = 1000
+
+_HOST = socket.gethostname()
 
 
 def dry_run_requested(env: Mapping[str, str] | None = None) -> bool:
@@ -446,7 +449,7 @@ def check_clashes(resolved, dirs, running: list[Job], *, force: bool, plan: Laun
     port = _local_port(plan.endpoint) if plan is not None and plan.rendezvous == "user" else None
     if port:
         for job in running:
-            if job.scheduler == "local" and _local_port(job.record.rendezvous_endpoint) == port:
+            if _HOST in job.nodes and _local_port(job.record.rendezvous_endpoint) == port:
                 raise PlanError(f"port {port} of your rendezvous endpoint is the rendezvous of {job.record.status} job "
                                 f"{job.id}: the second job would fail (EADDRINUSE) or join the first one's rendezvous; "
                                 "leave the endpoint out (a free port is picked), choose another port, or pass --force")

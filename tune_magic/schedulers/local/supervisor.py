@@ -136,7 +136,7 @@ class Supervisor:
     def _write_procs(self) -> None:
         try:
             jobstore.write_procs(self.dir, supervisor=self.me, agent=self.agent, workers=self.workers,
-                                 scheduler="local")
+                                 scheduler=self.record.scheduler)
         except OSError:
             pass
 
