@@ -691,13 +691,14 @@ def preflight(
     newer = sorted(n for n in epochs_dirs if n > k)
     if newer:
         names = ", ".join(f"{epochs_dirs[n].name}/" for n in newer)
-        warnings.append(f"{names} {'is' if len(newer) == 1 else 'are'} newer than the recipe state (which pairs with "
-                        f"{folder.name}/) and hold no optimizer state: resuming from {folder.name}/ (pinned), "
-                        f"{names} will be written again")
+        one = len(newer) == 1
+        warnings.append(f"{names} {'is' if one else 'are'} newer than the recipe state (which pairs with "
+                        f"{folder.name}/) and {'holds' if one else 'hold'} no optimizer state: resuming from "
+                        f"{folder.name}/ (pinned); {names} will be written again")
 
     max_steps = state.max_steps_per_epoch
     cfg_max_steps = _get(cfg, "max_steps_per_epoch")
-    if "max_steps_per_epoch" in state.keys and _int_or_none(cfg_max_steps) != max_steps:
+    if "max_steps_per_epoch" in cfg and _int_or_none(cfg_max_steps) != max_steps:
         warnings.append(f"the config says max_steps_per_epoch={_null(cfg_max_steps)}; the recipe uses the checkpoint's "
                         f"{_null(max_steps)}")
     cfg_seed = _int_or_none(_get(cfg, "seed"))
@@ -769,7 +770,7 @@ def _async(support: RecipeSupport, recipe: str, out: Path, root: Path, cfg, epoc
         warnings.append(f"{dists[n].name}/ is incomplete (no .metadata); the recipe skips it and loads {complete[k].name}/")
     epochs_run = k + 1  # the recipe saves dist_epoch_<curr_epoch> after counting that epoch as run
     if epochs is not None and epochs_run >= epochs:
-        raise PlanError(f"nothing to resume: {complete[k].name}/ holds {epochs_run} epochs and the config asks for "
+        raise PlanError(f"nothing to resume: {complete[k].name}/ holds {epochs_run} epoch(s) and the config asks for "
                         f"epochs={epochs}; add epochs=<more than {epochs_run}> to train longer")
     max_steps = _int_or_none(_get(cfg, "max_steps_per_epoch"))
     bar = _latest_bar(progress, log_path)
