@@ -9,7 +9,7 @@ The training loop, metric names, progress-bar text and checkpoint layout copy to
 recipe's output (DiskLogger lines, the tqdm description, ``epoch_N/`` folders) reads ours too.
 What differs: the process group works on a CPU-only torch (gloo) and without a launcher
 (a world-size-1 group), and features a tiny demo does not need (compile, profiler, activation
-offloading, optimizer-in-backward) are rejected with a clear error instead.
+offloading, optimizer-in-backward, async checkpointing) are rejected with a clear error instead.
 
 Resume works as in torchtune 0.6.1 (same keys, same files) and is exact: every non-final epoch end
 writes ``recipe_state/recipe_state.pt`` (optimizer, ``seed``, ``epochs_run``, ``total_epochs``,
@@ -65,6 +65,7 @@ _UNSUPPORTED = {
     "enable_activation_offloading": False,
     "optimizer_in_bwd": False,
     "fsdp_cpu_offload": False,
+    "enable_async_checkpointing": False,  # full_finetune_distributed's dist_epoch_K/ checkpoints
 }
 
 

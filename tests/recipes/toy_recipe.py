@@ -28,14 +28,16 @@ save_checkpoints (default false): after each epoch K (0-based) rank 0 writes
 ``epoch_K/model-00001-of-00001.safetensors`` (one tensor, ``global_step``) and its
 ``model.safetensors.index.json``, and after each non-final epoch ``recipe_state/recipe_state.pt``
 (torch.save of ``seed``, ``epochs_run``, ``total_epochs``, ``max_steps_per_epoch`` (= steps),
-``optimizer`` and ``dataloader``, both empty); all ranks wait for the save, and meet at a barrier
-after every step (as a real recipe's all-reduce makes them), so no rank saves alone after another crashed. resume_from_checkpoint
-(default false): continue from ``checkpointer.recipe_checkpoint`` (default
+``optimizer`` and ``dataloader``, both empty); with it, all ranks also meet at a barrier after
+every step (as a real recipe's all-reduce makes them), so no rank saves alone after another
+crashed. resume_from_checkpoint (default false): continue from ``checkpointer.recipe_checkpoint`` (default
 ``recipe_state/recipe_state.pt``) and the first of ``checkpointer.checkpoint_files``, both relative
 to output_dir, at the next epoch, global step and loss going on as in an uninterrupted run.
 crash_once_file: with crash_rank, the crash happens only while this file does not exist; the
 crashing rank creates it right before raising, so a rerun or resume of the same job goes on.
-torch is imported only when world size > 1 or one of these two is on.
+torch is imported only when world size > 1 or one of those two is on. A crash once after the
+first checkpoint, for example: ``epochs=3 steps=2 save_checkpoints=true crash_rank=1 crash_step=3
+crash_once_file=/tmp/x`` (step 3 is epoch 2's first); the resumed run passes step 3.
 """
 
 import json
