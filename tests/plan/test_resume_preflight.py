@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tune_magic.errors import PlanError
+from tune_magic.errors import NothingToResume, PlanError
 from tune_magic.plan import resume as R
 
 REPO = Path(__file__).resolve().parents[2]
@@ -181,8 +181,9 @@ def test_a_newer_epoch_folder_is_never_picked(lora_run):
 def test_a_complete_final_checkpoint_means_training_finished(lora_run):
     out, cfg = lora_run
     adapter(out / "epoch_2")
-    with pytest.raises(PlanError, match="epoch_2/ is the final checkpoint of all 3 epochs .* training finished"):
+    with pytest.raises(NothingToResume, match="epoch_2/ is the final checkpoint of all 3 epochs .* training finished") as err:
         R.preflight(LORA_SINGLE, out, config=cfg)
+    assert err.value.fresh_start is False
 
 
 def test_a_final_checkpoint_cut_short_is_not_finished(lora_run):
@@ -282,20 +283,20 @@ def test_died_in_its_first_epoch(tmp_path, base):
     out = tmp_path / "out"
     (out / "logs").mkdir(parents=True)
     cfg = write_config(tmp_path / "cfg.yaml", base)
-    with pytest.raises(PlanError, match="stopped in its first epoch, before any save. A fresh start with the same "
-                                        "settings is possible"):
+    with pytest.raises(NothingToResume, match="stopped in its first epoch, before any save. A fresh start with the "
+                                              "same settings is possible") as err:
         R.preflight(LORA_SINGLE, out, config=cfg)
+    assert err.value.fresh_start is True
 
 
 def test_an_epoch_folder_without_recipe_state_has_nothing_to_resume(tmp_path, base):
+    # a 1-epoch run's final checkpoint, resumed with epochs=3: weights only, no optimizer state
     out = tmp_path / "out"
     shards(out / "epoch_0", 1)
-    cfg = write_config(tmp_path / "cfg.yaml", base, epochs=2)
-    shutil.rmtree(out / "epoch_0")
-    shards(out / "epoch_0", 1)
-    (out / "epoch_0" / "model-00001-of-00001.safetensors").write_bytes(b"x")  # a final save cut short
-    with pytest.raises(PlanError, match="has epoch_0/ but no recipe_state/recipe_state.pt"):
+    cfg = write_config(tmp_path / "cfg.yaml", base, epochs=3)
+    with pytest.raises(NothingToResume, match="has epoch_0/ but no recipe_state/recipe_state.pt") as err:
         R.preflight(FULL_SINGLE, out, config=cfg)
+    assert err.value.fresh_start is False
 
 
 def test_output_dir_gone(tmp_path, base):
@@ -389,8 +390,9 @@ def test_async_checkpoints_of_full_finetune_distributed(tmp_path, base):
     with pytest.raises(PlanError, match="holds 1 epoch\\(s\\) and the config asks for epochs=1; add epochs=<more than 1>"):
         R.preflight(FULL_DIST, out, config=cfg, overrides=["epochs=1"])
     shutil.rmtree(out / "dist_epoch_0")
-    with pytest.raises(PlanError, match="dist_epoch_1/ lack their .metadata"):
+    with pytest.raises(NothingToResume, match="dist_epoch_1/ lack their .metadata") as err:
         R.preflight(FULL_DIST, out, config=cfg)
+    assert err.value.fresh_start is True
 
 
 def test_failed_resume_line():

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from tune_magic.errors import PlanError
+from tune_magic.errors import NothingToResume, PlanError
 from tune_magic.plan.ckptfiles import (
     CheckpointFileError,
     TensorStub,
@@ -615,11 +615,12 @@ def preflight(
         A :class:`ResumePreflight`.
 
     Raises:
-        PlanError: nothing to resume from (no recipe state: the job died in its first epoch, or its
-            only checkpoint is final), the ``output_dir`` is gone, the recipe is unknown, the
+        NothingToResume: (a PlanError) nothing to resume from: no checkpoint yet (the job died in its
+            first epoch; ``fresh_start`` is True), only a final checkpoint, or training finished.
+        PlanError: the ``output_dir`` is gone, the recipe is unknown, the
             recipe state is truncated, damaged or not a torch file, the checkpoint it pairs with is
-            missing or incomplete, the run already finished, the base checkpoint is gone, or the
-            config cannot be read. The message says why and what to do.
+            missing or incomplete, the base checkpoint is gone, or the config cannot be read. The
+            message says why and what to do.
     """
     support = recipe_support(recipe, recipe_name)
     cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
@@ -654,7 +655,7 @@ def preflight(
         final = epochs_dirs[epochs - 1]
         _, blocking, _ = _epoch_problems(final, support, cfg, for_resume=False)
         if not blocking:
-            raise PlanError(f"nothing to resume: {final.name}/ is the final checkpoint of all {epochs} epochs and it is "
+            raise NothingToResume(f"nothing to resume: {final.name}/ is the final checkpoint of all {epochs} epochs and it is "
                             "complete, so training finished (anything that failed came after the last save). To train "
                             "longer, start a new run from its weights")
 
@@ -665,13 +666,13 @@ def preflight(
     if not state_path.is_file():
         if epochs_dirs:
             last = max(epochs_dirs)
-            raise PlanError(
+            raise NothingToResume(
                 f"nothing to resume from: {root} has {epochs_dirs[last].name}/ but no {RECIPE_STATE}. torchtune writes the "
                 "recipe state (optimizer, epochs done) only at the end of a non-final epoch, so that checkpoint holds "
                 "weights only: start a new run (from its weights if you like)")
-        raise PlanError(f"nothing to resume from: {root} holds no checkpoint (no epoch_<K>/, no {RECIPE_STATE}): the job "
-                        "stopped in its first epoch, before any save. A fresh start with the same settings is "
-                        "possible: launch it again")
+        raise NothingToResume(f"nothing to resume from: {root} holds no checkpoint (no epoch_<K>/, no {RECIPE_STATE}): "
+                              "the job stopped in its first epoch, before any save. A fresh start with the same "
+                              "settings is possible: launch it again", fresh_start=True)
     state = read_recipe_state(state_path)
     k = state.epochs_run - 1
     if k < 0:
@@ -686,7 +687,7 @@ def preflight(
             "state, so there is nothing consistent to continue from: start a new run")
     warnings += other
     if epochs is not None and state.epochs_run >= epochs:
-        raise PlanError(f"nothing to resume: the recipe state says {state.epochs_run} epochs were done and the config "
+        raise NothingToResume(f"nothing to resume: the recipe state says {state.epochs_run} epochs were done and the config "
                         f"asks for epochs={epochs}; add epochs=<more than {state.epochs_run}> to train longer")
     newer = sorted(n for n in epochs_dirs if n > k)
     if newer:
@@ -762,15 +763,16 @@ def _async(support: RecipeSupport, recipe: str, out: Path, root: Path, cfg, epoc
     if not complete:
         why = (f"{', '.join(p.name + '/' for p in dists.values())} lack their .metadata (saves cut short)"
                if dists else "there is no dist_epoch_<K>/")
-        raise PlanError(f"nothing to resume from: with enable_async_checkpointing the recipe resumes from a complete "
-                        f"dist_epoch_<K>/ under {root}, and {why}: the job stopped before its first checkpoint was "
-                        "written. A fresh start with the same settings is possible: launch it again")
+        raise NothingToResume(f"nothing to resume from: with enable_async_checkpointing the recipe resumes from a "
+                              f"complete dist_epoch_<K>/ under {root}, and {why}: the job stopped before its first "
+                              "checkpoint was written. A fresh start with the same settings is possible: launch it "
+                              "again", fresh_start=True)
     k = max(complete)
     for n in sorted(n for n in dists if n > k):
         warnings.append(f"{dists[n].name}/ is incomplete (no .metadata); the recipe skips it and loads {complete[k].name}/")
     epochs_run = k + 1  # the recipe saves dist_epoch_<curr_epoch> after counting that epoch as run
     if epochs is not None and epochs_run >= epochs:
-        raise PlanError(f"nothing to resume: {complete[k].name}/ holds {epochs_run} epoch(s) and the config asks for "
+        raise NothingToResume(f"nothing to resume: {complete[k].name}/ holds {epochs_run} epoch(s) and the config asks for "
                         f"epochs={epochs}; add epochs=<more than {epochs_run}> to train longer")
     max_steps = _int_or_none(_get(cfg, "max_steps_per_epoch"))
     bar = _latest_bar(progress, log_path)
