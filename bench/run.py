@@ -48,6 +48,7 @@ ROWS = [
     ("listing_scale", "bench.rows.listing_scale", "9", 600, 120),
     ("concurrent_launch", "bench.rows.concurrent_launch", "10", 600, 120),
     ("table_cpu", "bench.rows.table_cpu", "11", 600, 150),
+    ("resume_preflight", "bench.rows.resume_preflight", "12", 300, 60),
 ]
 QUICK_BUDGET_S = 600
 OUT = REPO / "bench" / "out"
@@ -177,7 +178,7 @@ def render(rows: list[dict], mach: dict, seconds: dict, cold: dict | None) -> st
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="every row at its smallest size (CI); never writes BENCHMARKS.md")
-    ap.add_argument("--only", nargs="+", metavar="ROW", help="rows to run, by number (1-11) or name")
+    ap.add_argument("--only", nargs="+", metavar="ROW", help="rows to run, by number (1-12) or name")
     ap.add_argument("--write", action="store_true", help="rewrite BENCHMARKS.md (full mode only)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of a markdown table")
     ap.add_argument("--render", action="store_true",

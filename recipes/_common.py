@@ -8,8 +8,22 @@ The training loop, metric names, progress-bar text and checkpoint layout copy to
 ``lora_finetune_distributed`` / ``full_finetune_distributed`` so that anything reading a built-in
 recipe's output (DiskLogger lines, the tqdm description, ``epoch_N/`` folders) reads ours too.
 What differs: the process group works on a CPU-only torch (gloo) and without a launcher
-(a world-size-1 group), and features a tiny demo does not need (resume, compile, profiler,
-activation offloading, optimizer-in-backward) are rejected with a clear error instead.
+(a world-size-1 group), and features a tiny demo does not need (compile, profiler, activation
+offloading, optimizer-in-backward, async checkpointing) are rejected with a clear error instead.
+
+Resume works as in torchtune 0.6.1 (same keys, same files) and is exact: every non-final epoch end
+writes ``recipe_state/recipe_state.pt`` (optimizer, ``seed``, ``epochs_run``, ``total_epochs``,
+``max_steps_per_epoch``, the data loader's state, plus ``lr_scheduler`` and each rank's
+``rng_state``), and ``resume_from_checkpoint=True`` with ``checkpointer.recipe_checkpoint`` (and
+``adapter_checkpoint`` / ``checkpoint_files`` under ``epoch_K/``) continues with the same losses,
+learning rates and step numbers as an uninterrupted run. Two differences from the built-ins make it
+exact: the global step is always ``epochs_run * steps_per_epoch`` (lora_finetune_single_device sets
+it only when ``max_steps_per_epoch`` truncates an epoch), and each rank's RNG state is restored.
+
+Test-only knob (environment, read by every rank): ``TUNE_MAGIC_TEST_PAUSE_AFTER_STEP=N`` with
+``TUNE_MAGIC_TEST_PAUSE_FILE=PATH`` makes the run stop moving right after global step N is logged:
+rank 0 writes PATH, then every rank sleeps (up to 600 s), so a test can interrupt a tiny run at a
+chosen point with a real signal.
 """
 
 from __future__ import annotations
@@ -39,13 +53,19 @@ log = utils.get_logger("DEBUG")
 #: File, relative to ``output_dir``, holding the fully resolved config of the run (rank 0 writes it).
 RESOLVED_CONFIG_NAME = "resolved_config.yaml"
 
+#: Top-level key of ``recipe_state.pt`` holding the LR scheduler's ``state_dict()``.
+LR_SCHEDULER_KEY = "lr_scheduler"
+#: Environment variables of the test-only pause (see the module docstring).
+PAUSE_STEP_ENV, PAUSE_FILE_ENV = "TUNE_MAGIC_TEST_PAUSE_AFTER_STEP", "TUNE_MAGIC_TEST_PAUSE_FILE"
+_PAUSE_MAX_S = 600
+
 # Keys of torchtune's built-in configs that these recipes accept only at their "off" value.
 _UNSUPPORTED = {
-    "resume_from_checkpoint": False,
     "compile": False,
     "enable_activation_offloading": False,
     "optimizer_in_bwd": False,
     "fsdp_cpu_offload": False,
+    "enable_async_checkpointing": False,  # full_finetune_distributed's dist_epoch_K/ checkpoints
 }
 
 
@@ -146,6 +166,7 @@ class DistributedRecipeBase(FTRecipeInterface):
         self.seed = training.set_seed(
             seed=cfg.seed, debug_mode=cfg.get("cudnn_deterministic_mode", None)
         )
+        self._resume_from_checkpoint = bool(cfg.get("resume_from_checkpoint", False))
         self.epochs_run = 0
         self.total_epochs = cfg.epochs
         self.max_steps_per_epoch = cfg.max_steps_per_epoch
@@ -156,7 +177,13 @@ class DistributedRecipeBase(FTRecipeInterface):
 
     # -- to implement -------------------------------------------------------------------------
 
-    def _setup_model(self, cfg: DictConfig, base_model_state_dict: dict[str, Any]) -> nn.Module:
+    def _setup_model(
+        self,
+        cfg: DictConfig,
+        base_model_state_dict: dict[str, Any],
+        adapter_state_dict: dict[str, Any] | None = None,
+    ) -> nn.Module:
+        """Build, shard and load the model; ``adapter_state_dict`` is the resumed LoRA weights."""
         raise NotImplementedError
 
     def save_checkpoint(self, epoch: int) -> None:
@@ -165,9 +192,43 @@ class DistributedRecipeBase(FTRecipeInterface):
     # -- shared -------------------------------------------------------------------------------
 
     def load_checkpoint(self, cfg_checkpointer: DictConfig) -> dict[str, Any]:
-        """Instantiate ``cfg.checkpointer`` and return its (torchtune-format) state dict."""
-        self._checkpointer = config.instantiate(cfg_checkpointer, should_load_recipe_state=False)
-        return self._checkpointer.load_checkpoint()
+        """Instantiate ``cfg.checkpointer`` and return its (torchtune-format) state dict.
+
+        When resuming, the checkpointer also loads the recipe state (and the adapter) and this
+        recipe takes ``epochs_run``, ``seed`` and ``max_steps_per_epoch`` from it, as torchtune's do.
+
+        Raises:
+            KeyError: resuming from a file that is not a recipe state.
+            ValueError: (torchtune's checkpointer) a pinned file is missing.
+        """
+        self._checkpointer = config.instantiate(
+            cfg_checkpointer, should_load_recipe_state=self._resume_from_checkpoint
+        )
+        checkpoint_dict = self._checkpointer.load_checkpoint()
+        if self._resume_from_checkpoint:
+            self._update_recipe_state(checkpoint_dict)
+        return checkpoint_dict
+
+    def _update_recipe_state(self, ckpt: dict[str, Any]) -> None:
+        """Take the run's progress from a recipe state (torchtune 0.6.1's rules and warnings)."""
+        try:
+            self.epochs_run = ckpt[training.EPOCHS_KEY]
+            if self.seed != ckpt[training.SEED_KEY]:
+                utils.log_rank_zero(log, f"Config value for seed does not match the checkpoint value, "
+                                         f"using the checkpoint value: {ckpt[training.SEED_KEY]}")
+                self.seed = ckpt[training.SEED_KEY]
+            if self.max_steps_per_epoch != ckpt[training.MAX_STEPS_KEY]:
+                utils.log_rank_zero(log, "Config value for max_steps_per_epoch does not match the checkpoint "
+                                         f"value, using the checkpoint value: {ckpt[training.MAX_STEPS_KEY]}")
+                self.max_steps_per_epoch = ckpt[training.MAX_STEPS_KEY]
+            if self.total_epochs != ckpt[training.TOTAL_EPOCHS_KEY]:
+                utils.log_rank_zero(log, "Config value for total_epochs does not match the checkpoint value, "
+                                         f"using the config value: {self.total_epochs}")
+        except KeyError as e:
+            raise KeyError(
+                "Checkpoint does not contain the required keys needed for updating recipe state. "
+                "Are you sure you passed in the right recipe checkpoint?"
+            ) from e
 
     def setup(self, cfg: DictConfig) -> None:
         """Build logger, model, tokenizer, optimizer, loss, data and LR schedule from ``cfg``."""
@@ -179,11 +240,20 @@ class DistributedRecipeBase(FTRecipeInterface):
             save_resolved_config(cfg, self._output_dir)
 
         checkpoint_dict = self.load_checkpoint(cfg.checkpointer)
-        self._model = self._setup_model(cfg, checkpoint_dict[training.MODEL_KEY])
+        resuming = self._resume_from_checkpoint
+        self._model = self._setup_model(
+            cfg,
+            checkpoint_dict[training.MODEL_KEY],
+            checkpoint_dict.get(training.ADAPTER_KEY) if resuming else None,
+        )
         self._tokenizer = config.instantiate(cfg.tokenizer)
 
         trainable = [p for p in self._model.parameters() if p.requires_grad]
         self._optimizer = config.instantiate(cfg.optimizer, trainable)
+        if resuming:
+            training.load_from_full_optimizer_state_dict(
+                self._model, self._optimizer, checkpoint_dict[training.OPT_KEY], self._device
+            )
         utils.log_rank_zero(log, "Optimizer is initialized.")
 
         self._loss_fn = config.instantiate(cfg.loss)
@@ -191,6 +261,9 @@ class DistributedRecipeBase(FTRecipeInterface):
             self._model.set_num_output_chunks(self._loss_fn.num_output_chunks)
         utils.log_rank_zero(log, "Loss is initialized.")
 
+        # A resumed run starts epoch ``epochs_run`` at its first batch, as the uninterrupted run does
+        # (it makes a fresh iterator per epoch), so the saved data-loader state is not loaded: after a
+        # truncated epoch (max_steps_per_epoch) it holds that epoch's position, which would skip batches.
         self._dataloader = self._setup_data(
             cfg.dataset,
             shuffle=cfg.shuffle,
@@ -209,11 +282,73 @@ class DistributedRecipeBase(FTRecipeInterface):
             num_training_steps=self.total_epochs * self._steps_per_epoch,
             last_epoch=self.global_step - 1,
         )
+        if resuming and checkpoint_dict.get(LR_SCHEDULER_KEY) is not None:
+            self._lr_scheduler.load_state_dict(checkpoint_dict[LR_SCHEDULER_KEY])
         utils.log_rank_zero(log, "Learning rate scheduler is initialized.")
 
         self.ignore_labels_cache = torch.full(
             (cfg.batch_size, 1), self._loss_fn.ignore_index, device=self._device
         )
+        if resuming:
+            self._restore_rng(checkpoint_dict.get(training.RNG_KEY))
+        self._pause_after_step = int(os.environ.get(PAUSE_STEP_ENV, "0") or 0)
+
+    def _rng_state(self) -> dict[str, Any]:
+        state = {"cpu": torch.get_rng_state()}
+        if self._device.type == "cuda":
+            state["cuda"] = torch.cuda.get_rng_state(self._device)
+        return state
+
+    def _restore_rng(self, states: list[dict[str, Any]] | None) -> None:
+        """Put back this rank's RNG state of the checkpoint (dropout draws as the uninterrupted run)."""
+        if not states:
+            return
+        if len(states) != self.world_size:
+            utils.log_rank_zero(log, f"The checkpoint holds the RNG state of {len(states)} ranks, this run has "
+                                     f"{self.world_size}: random draws (dropout) will differ from the first run")
+            return
+        mine = states[self.rank]
+        torch.set_rng_state(mine["cpu"])
+        if self._device.type == "cuda" and mine.get("cuda") is not None:
+            torch.cuda.set_rng_state(mine["cuda"], self._device)
+
+    def recipe_state(self, epoch: int) -> dict[str, Any] | None:
+        """The recipe state to save after ``epoch`` (0-based), or ``None`` after the final epoch.
+
+        A collective: every rank must call it (it gathers the sharded optimizer state and every
+        rank's RNG state). Rank 0 gets the dict (torchtune 0.6.1's keys ``optimizer``, ``seed``,
+        ``epochs_run``, ``total_epochs``, ``max_steps_per_epoch``, ``dataloader``, plus
+        ``lr_scheduler`` and ``rng_state``, a list with one ``{"cpu", ["cuda"]}`` dict per rank);
+        the other ranks get ``{}``.
+        """
+        if epoch + 1 >= self.total_epochs:
+            return None
+        opt_state = training.get_full_optimizer_state_dict(
+            self._model, self._optimizer, self._is_rank_zero, device=self._device
+        )
+        rng = [None] * self.world_size
+        dist.all_gather_object(rng, self._rng_state())
+        if not self._is_rank_zero:
+            return {}
+        return {
+            training.OPT_KEY: opt_state,
+            training.SEED_KEY: self.seed,
+            training.EPOCHS_KEY: self.epochs_run,
+            training.TOTAL_EPOCHS_KEY: self.total_epochs,
+            training.MAX_STEPS_KEY: self.max_steps_per_epoch,
+            training.DATALOADER_KEY: self._dataloader.state_dict(),
+            LR_SCHEDULER_KEY: self._lr_scheduler.state_dict(),
+            training.RNG_KEY: rng,
+        }
+
+    def _pause_if_asked(self) -> None:
+        """The test-only pause (module docstring): hold every rank after the chosen step."""
+        if self.global_step != self._pause_after_step:
+            return
+        if self._is_rank_zero:
+            sys.stderr.flush()
+            Path(os.environ[PAUSE_FILE_ENV]).write_text(f"{self.global_step}\n")
+        time.sleep(_PAUSE_MAX_S)
 
     def _shard_and_load(
         self,
@@ -374,6 +509,8 @@ class DistributedRecipeBase(FTRecipeInterface):
 
                     running_loss = 0
                     num_tokens = 0
+                    if self._pause_after_step:
+                        self._pause_if_asked()
                     t0 = time.perf_counter()
 
                 if (idx + 1) // self._gradient_accumulation_steps == self.max_steps_per_epoch:

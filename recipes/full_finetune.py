@@ -14,7 +14,15 @@ Run it by path (never import it as ``recipes.full_finetune``; see ``recipes/_com
 Outputs under ``output_dir``: ``resolved_config.yaml``, ``torchtune_config.yaml``, the metric
 logger's files (``logs/log_<unix seconds>.txt`` for DiskLogger) and, per epoch, ``epoch_<N>/``
 with HF weights (``model-00001-of-00001.safetensors``, ``model.safetensors.index.json``) plus the
-non-weight files of the input checkpoint directory (config.json, tokenizer.model, ...).
+non-weight files of the input checkpoint directory (config.json, tokenizer.model, ...); after every
+epoch but the last also ``recipe_state/recipe_state.pt``. Resume exactly as torchtune's full
+fine-tunes do (the model read from ``output_dir``)::
+
+    ... resume_from_checkpoint=True \
+        checkpointer.checkpoint_files=[epoch_1/model-00001-of-00001.safetensors] \
+        checkpointer.recipe_checkpoint=recipe_state/recipe_state.pt
+
+(``tune_magic.plan.resume.preflight`` gives these for a job.)
 """
 
 import sys
@@ -30,12 +38,16 @@ from tune_magic.recipes import _common
 
 log = utils.get_logger("DEBUG")
 
+#: Read by tune_magic's resume pre-flight (tune_magic.plan.resume): torchtune 0.6.1's full
+#: fine-tune resume layout and keys, exact resume.
+TUNE_MAGIC_RESUME = "full"
+
 
 class FullFinetuneRecipe(_common.DistributedRecipeBase):
     """Full-parameter fine-tuning, FSDP2 over the process group.
 
     Config keys are those of torchtune 0.6.1's ``full_finetune_distributed`` configs (without
-    tensor parallelism, optimizer-in-backward or resume).
+    tensor parallelism, optimizer-in-backward or async checkpointing).
 
     Args:
         cfg: merged YAML + CLI config.
@@ -46,7 +58,12 @@ class FullFinetuneRecipe(_common.DistributedRecipeBase):
 
     recipe_name = "FullFinetuneRecipe"
 
-    def _setup_model(self, cfg: DictConfig, base_model_state_dict: dict[str, Any]) -> nn.Module:
+    def _setup_model(
+        self,
+        cfg: DictConfig,
+        base_model_state_dict: dict[str, Any],
+        adapter_state_dict: dict[str, Any] | None = None,
+    ) -> nn.Module:
         init_start = time.perf_counter()
         with training.set_default_dtype(self._dtype), torch.device("meta"):
             model = config.instantiate(cfg.model)
@@ -61,7 +78,8 @@ class FullFinetuneRecipe(_common.DistributedRecipeBase):
         return model
 
     def save_checkpoint(self, epoch: int) -> None:
-        """Write the full HF-format weights to ``output_dir/epoch_<epoch>`` (rank 0 writes).
+        """Write the full HF-format weights to ``output_dir/epoch_<epoch>``, and after a non-final
+        epoch the recipe state to ``output_dir/recipe_state/recipe_state.pt`` (rank 0 writes).
 
         Args:
             epoch: zero-based epoch index (names the folder).
@@ -70,11 +88,12 @@ class FullFinetuneRecipe(_common.DistributedRecipeBase):
         cpu_state_dict = training.gather_cpu_state_dict(
             self._model, self._is_rank_zero, device=self._device
         )
+        recipe_state = self.recipe_state(epoch)
         if self._is_rank_zero:
             start = time.perf_counter()
-            # Never an "intermediate" checkpoint: resuming is not supported.
+            checkpoint_dict = {training.MODEL_KEY: cpu_state_dict, **(recipe_state or {})}
             self._checkpointer.save_checkpoint(
-                {training.MODEL_KEY: cpu_state_dict}, epoch=epoch, intermediate_checkpoint=False
+                checkpoint_dict, epoch=epoch, intermediate_checkpoint=recipe_state is not None
             )
             log.info(f"Saving checkpoint took {time.perf_counter() - start:.2f} secs")
         torch.distributed.barrier()

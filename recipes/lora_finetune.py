@@ -15,7 +15,13 @@ Run it by path (never import it as ``recipes.lora_finetune``; see ``recipes/_com
 Outputs under ``output_dir``: ``resolved_config.yaml``, ``torchtune_config.yaml``, the metric
 logger's files (``logs/log_<unix seconds>.txt`` for DiskLogger) and, per epoch, ``epoch_<N>/``
 with the merged HF weights (``model-00001-of-00001.safetensors``), ``adapter_model.pt``,
-``adapter_model.safetensors`` and ``adapter_config.json``.
+``adapter_model.safetensors`` and ``adapter_config.json``; after every epoch but the last also
+``recipe_state/recipe_state.pt``. Resume exactly as torchtune's LoRA recipes do::
+
+    ... resume_from_checkpoint=True checkpointer.adapter_checkpoint=epoch_1/adapter_model.pt \
+        checkpointer.recipe_checkpoint=recipe_state/recipe_state.pt
+
+(``tune_magic.plan.resume.preflight`` gives these for a job.)
 """
 
 import sys
@@ -41,6 +47,10 @@ from tune_magic.recipes import _common
 
 log = utils.get_logger("DEBUG")
 
+#: Read by tune_magic's resume pre-flight (tune_magic.plan.resume): torchtune 0.6.1's LoRA resume
+#: layout and keys, exact resume.
+TUNE_MAGIC_RESUME = "lora"
+
 
 class LoRAFinetuneRecipe(_common.DistributedRecipeBase):
     """LoRA fine-tuning: base weights frozen, adapters trained, FSDP2 over the process group.
@@ -61,7 +71,12 @@ class LoRAFinetuneRecipe(_common.DistributedRecipeBase):
         super().__init__(cfg)
         self._save_adapter_weights_only = cfg.get("save_adapter_weights_only", False)
 
-    def _setup_model(self, cfg: DictConfig, base_model_state_dict: dict[str, Any]) -> nn.Module:
+    def _setup_model(
+        self,
+        cfg: DictConfig,
+        base_model_state_dict: dict[str, Any],
+        adapter_state_dict: dict[str, Any] | None = None,
+    ) -> nn.Module:
         cfg_model = cfg.model
         self._lora_rank = cfg_model.lora_rank
         self._lora_alpha = cfg_model.lora_alpha
@@ -84,8 +99,14 @@ class LoRAFinetuneRecipe(_common.DistributedRecipeBase):
         base_missing, base_unexpected = self._shard_and_load(
             model, cfg, base_model_state_dict, strict=False, init_before_load=init_adapters
         )
+        lora_missing = lora_unexpected = None
+        if adapter_state_dict is not None:
+            # Resuming: the saved adapters replace the freshly initialised ones.
+            lora_missing, lora_unexpected = training.load_from_full_model_state_dict(
+                model, adapter_state_dict, self._device, strict=False
+            )
         for m in model.modules():
-            if hasattr(m, "initialize_dora_magnitude"):
+            if hasattr(m, "initialize_dora_magnitude") and adapter_state_dict is None:
                 m.initialize_dora_magnitude()
         validate_missing_and_unexpected_for_lora(
             lora_attn_modules=self._lora_attn_modules,
@@ -93,6 +114,8 @@ class LoRAFinetuneRecipe(_common.DistributedRecipeBase):
             apply_lora_to_output=self._apply_lora_to_output,
             base_missing=base_missing,
             base_unexpected=base_unexpected,
+            lora_missing=lora_missing,
+            lora_unexpected=lora_unexpected,
         )
         training.validate_no_params_on_meta_device(model)
         utils.log_rank_zero(
@@ -103,10 +126,26 @@ class LoRAFinetuneRecipe(_common.DistributedRecipeBase):
         torch.distributed.barrier()
         return model
 
-    def save_checkpoint(self, epoch: int) -> None:
-        """Write merged weights, adapter weights and adapter config to ``output_dir/epoch_<epoch>``.
+    def _unaliased(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """``state_dict`` with every tensor that shares memory with the live model copied.
 
-        Every rank takes part in gathering the shards; only rank 0 writes.
+        torchtune's ``get_merged_lora_ckpt`` adds the LoRA product into the base weights in place.
+        On GPU the gathered state dict holds fresh CPU copies, but in a one-process CPU run the
+        gathered tensor *is* the model's parameter (a one-rank ``full_tensor()`` and ``.cpu()`` of a
+        CPU tensor copy nothing), and merging in place would change the base weights the run goes
+        on training with (torchtune 0.6.1's lora_finetune_single_device does this on CPU).
+        """
+        live = set()
+        for p in self._model.parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            live.add(local.untyped_storage().data_ptr())
+        return {k: v.clone() if v.untyped_storage().data_ptr() in live else v for k, v in state_dict.items()}
+
+    def save_checkpoint(self, epoch: int) -> None:
+        """Write merged weights, adapter weights and adapter config to ``output_dir/epoch_<epoch>``,
+        and after a non-final epoch the recipe state to ``output_dir/recipe_state/recipe_state.pt``.
+
+        Every rank takes part in gathering the shards and the optimizer state; only rank 0 writes.
 
         Args:
             epoch: zero-based epoch index (names the folder).
@@ -118,6 +157,7 @@ class LoRAFinetuneRecipe(_common.DistributedRecipeBase):
             device=self._device,
             adapter_weights_only=self._save_adapter_weights_only,
         )
+        recipe_state = self.recipe_state(epoch)
         if self._is_rank_zero:
             start = time.perf_counter()
             checkpoint_dict: dict[str, Any] = {}
@@ -126,7 +166,7 @@ class LoRAFinetuneRecipe(_common.DistributedRecipeBase):
             else:
                 adapter_state_dict = get_adapter_state_dict(cpu_state_dict)
                 checkpoint_dict[training.MODEL_KEY] = get_merged_lora_ckpt(
-                    cpu_state_dict, rank=self._lora_rank, alpha=self._lora_alpha
+                    self._unaliased(cpu_state_dict), rank=self._lora_rank, alpha=self._lora_alpha
                 )
             checkpoint_dict[training.ADAPTER_KEY] = adapter_state_dict
             checkpoint_dict[training.ADAPTER_CONFIG] = {
@@ -137,12 +177,12 @@ class LoRAFinetuneRecipe(_common.DistributedRecipeBase):
                 ),
                 "peft_type": "LORA",
             }
-            # Never an "intermediate" checkpoint: resuming is not supported, so optimizer and
-            # recipe state would only be dead weight.
+            if recipe_state is not None:
+                checkpoint_dict.update(recipe_state)
             self._checkpointer.save_checkpoint(
                 checkpoint_dict,
                 epoch=epoch,
-                intermediate_checkpoint=False,
+                intermediate_checkpoint=recipe_state is not None,
                 adapter_only=self._save_adapter_weights_only,
             )
             log.info(f"Saving checkpoint took {time.perf_counter() - start:.2f} secs")

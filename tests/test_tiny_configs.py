@@ -13,7 +13,7 @@ from tune_magic.paths import home
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "recipes" / "configs" / "tiny"
-NAMES = ("lora", "full", "builtin_lora")
+NAMES = ("lora", "full", "builtin_lora", "builtin_lora_single", "builtin_full_single")
 
 
 def parse(name: str, *overrides: str) -> DictConfig:
@@ -96,6 +96,10 @@ def test_defaults_cpu_for_own_recipes_cuda_for_builtin():
     assert (parse("lora").device, parse("lora").dtype) == ("cpu", "fp32")
     assert (parse("full").device, parse("full").dtype) == ("cpu", "fp32")
     assert (parse("builtin_lora").device, parse("builtin_lora").dtype) == ("cuda", "bf16")
+    # the single-device built-ins run on CPU here (their end-to-end runs: tests/e2e/test_resume_builtin.py)
+    for name in ("builtin_lora_single", "builtin_full_single"):
+        cfg = parse(name)
+        assert (cfg.device, cfg.dtype, cfg.log_peak_memory_stats) == ("cpu", "fp32", False)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -5,7 +5,8 @@
     TuneMagicError                      anything tune_magic raises on purpose
     ├── UserError                       a mistake the user can fix; the message names the fix
     │   ├── PlanError (ValueError)      bad ``tune run`` input, bad options, clashes at launch
-    │   │   └── GpuError                GPU ids that do not exist, are not visible, or are busy
+    │   │   ├── GpuError                GPU ids that do not exist, are not visible, or are busy
+    │   │   └── NothingToResume         a job's output_dir holds nothing a resume can continue from
     │   ├── JobNotFound (LookupError)   no job with that id
     │   └── StateDirError (ValueError)  ``$TUNE_MAGIC_HOME`` cannot hold job records
     └── JobStartError (RuntimeError)    the job's supervisor did not start it
@@ -29,6 +30,16 @@ class UserError(TuneMagicError):
 
 class PlanError(UserError, ValueError):
     """Bad ``tune run`` input. The message says what is wrong and how to fix it."""
+
+
+class NothingToResume(PlanError):
+    """A job's ``output_dir`` holds no checkpoint a resume can continue from (nothing saved yet, or
+    training already finished). ``fresh_start`` is True when nothing was saved, so launching the
+    job again with the same settings loses nothing."""
+
+    def __init__(self, message: str, *, fresh_start: bool = False) -> None:
+        super().__init__(message)
+        self.fresh_start = fresh_start
 
 
 class JobNotFound(UserError, LookupError):

@@ -21,8 +21,26 @@ raises and handles an exception at step 1, printing its traceback (``traceback.p
 goes on; exit_rank (with exit_code, default 3) / kill_rank: that rank calls ``sys.exit`` / sends
 itself SIGKILL after global step end_step (default 3).
 Each step's loss is start_loss / global step, so tests know the values without parsing them back.
+
+Checkpoints and resume, in torchtune 0.6.1's full fine-tune layout (so tune_magic's resume
+pre-flight reads a toy job as it reads a real one; the module declares ``TUNE_MAGIC_RESUME``):
+save_checkpoints (default false): after each epoch K (0-based) rank 0 writes
+``epoch_K/model-00001-of-00001.safetensors`` (one tensor, ``global_step``) and its
+``model.safetensors.index.json``, and after each non-final epoch ``recipe_state/recipe_state.pt``
+(torch.save of ``seed``, ``epochs_run``, ``total_epochs``, ``max_steps_per_epoch`` (= steps),
+``optimizer`` and ``dataloader``, both empty); with it, all ranks also meet at a barrier after
+every step (as a real recipe's all-reduce makes them), so no rank saves alone after another
+crashed. resume_from_checkpoint (default false): continue from ``checkpointer.recipe_checkpoint`` (default
+``recipe_state/recipe_state.pt``) and the first of ``checkpointer.checkpoint_files``, both relative
+to output_dir, at the next epoch, global step and loss going on as in an uninterrupted run.
+crash_once_file: with crash_rank, the crash happens only while this file does not exist; the
+crashing rank creates it right before raising, so a rerun or resume of the same job goes on.
+torch is imported only when world size > 1 or one of those two is on. A crash once after the
+first checkpoint, for example: ``epochs=3 steps=2 save_checkpoints=true crash_rank=1 crash_step=3
+crash_once_file=/tmp/x`` (step 3 is epoch 2's first); the resumed run passes step 3.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -35,6 +53,10 @@ from omegaconf import OmegaConf
 
 # torchtune's logger (torchtune.utils.get_logger with logging's default format), as the recipes print
 LOG_PREFIX = "INFO:torchtune.utils._logging:"
+# tune_magic's resume pre-flight reads this (tune_magic.plan.resume): full fine-tune layout and keys
+TUNE_MAGIC_RESUME = "full"
+SHARD = "model-00001-of-00001.safetensors"
+RECIPE_STATE = "recipe_state/recipe_state.pt"
 
 
 def _stamp(path, what):
@@ -57,6 +79,39 @@ def _bar(desc, n, total, elapsed):
     rate_text = f"{rate:5.2f}it/s" if rate >= 1 or not rate else f"{1 / rate:5.2f}s/it"
     return (f"{desc}: {n * 100 // total:3d}%|{'█' * filled}{' ' * (10 - filled)}| {n}/{total} "
             f"[{_clock(elapsed)}<{_clock(remaining)}, {rate_text}]")
+
+
+def _save(out, epoch, step, epochs, steps, seed):
+    """Write epoch_<epoch>/ (and the recipe state after a non-final epoch) as torchtune 0.6.1 lays them out."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder = os.path.join(out, f"epoch_{epoch}")
+    os.makedirs(folder, exist_ok=True)
+    save_file({"global_step": torch.tensor([step])}, os.path.join(folder, SHARD), metadata={"format": "pt"})
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": 8}, "weight_map": {"global_step": SHARD}}, f)
+    if epoch + 1 < epochs:
+        os.makedirs(os.path.join(out, "recipe_state"), exist_ok=True)
+        torch.save({"optimizer": {"state": {}, "param_groups": []}, "seed": seed, "epochs_run": epoch + 1,
+                    "total_epochs": epochs, "max_steps_per_epoch": steps, "dataloader": {}},
+                   os.path.join(out, RECIPE_STATE))
+
+
+def _resume(cfg, out, steps):
+    """Return (epochs done, global step) from the pinned checkpoint files."""
+    import torch
+    from safetensors.torch import load_file
+
+    ck = cfg.get("checkpointer") or {}
+    state = torch.load(os.path.join(out, ck.get("recipe_checkpoint") or RECIPE_STATE), weights_only=True)
+    files = list(ck.get("checkpoint_files") or [])
+    if not files:
+        raise ValueError("resume_from_checkpoint=True needs checkpointer.checkpoint_files=[epoch_K/...]")
+    step = int(load_file(os.path.join(out, files[0]))["global_step"][0])
+    if step != state["epochs_run"] * steps:
+        raise ValueError(f"{files[0]} is at step {step}, the recipe state at epoch {state['epochs_run']}")
+    return state["epochs_run"], step
 
 
 def main(argv):
@@ -86,13 +141,22 @@ def main(argv):
         log = open(log_path, "a")
     steps, epochs = int(cfg.steps), int(cfg.get("epochs", 1))
     checkpoint_s = float(cfg.get("checkpoint_s", 0))
-    for epoch in range(1, epochs + 1):
+    first_epoch = 1
+    if cfg.get("resume_from_checkpoint"):
+        done, _ = _resume(cfg, out, steps)
+        first_epoch = done + 1
+    once = cfg.get("crash_once_file")
+    saving = bool(cfg.get("save_checkpoints"))
+    for epoch in range(first_epoch, epochs + 1):
         started = time.monotonic()
         for n in range(1, steps + 1):
             step = (epoch - 1) * steps + n
-            if cfg.get("crash_rank") is not None and rank == int(cfg.crash_rank) and step == int(cfg.get("crash_step", 2)):
+            if (cfg.get("crash_rank") is not None and rank == int(cfg.crash_rank) and step == int(cfg.get("crash_step", 2))
+                    and not (once and os.path.exists(once))):
                 if times:
                     _stamp(times, "crash")
+                if once:
+                    open(once, "w").close()
                 raise RuntimeError(cfg.get("crash_message", "toy recipe crashed on purpose"))
             if cfg.get("handled_rank") is not None and rank == int(cfg.handled_rank) and step == 1:
                 try:
@@ -100,6 +164,8 @@ def main(argv):
                 except RuntimeError:
                     traceback.print_exc()
             time.sleep(float(cfg.step_s))
+            if saving and world > 1:
+                dist.barrier()  # ranks move together, as a real recipe's all-reduce makes them: none saves alone
             loss = float(cfg.get("start_loss", 10.0)) / step
             if rank == 0:
                 for k in range(int(cfg.get("lines_per_step", 0))):
@@ -122,6 +188,11 @@ def main(argv):
             time.sleep(checkpoint_s)
             if rank == 0:
                 print(f"{LOG_PREFIX}Saving checkpoint took {checkpoint_s:.2f} secs", file=sys.stderr, flush=True)
+        if saving:
+            if rank == 0:
+                _save(out, epoch - 1, epoch * steps, epochs, steps, cfg.get("seed", 0))
+            if world > 1:
+                dist.barrier()
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()

@@ -29,9 +29,11 @@ _SHIPPED_RECIPES: dict[str, tuple[str, ...]] = {
     "lora_finetune": ("tiny/lora",),
     "full_finetune": ("tiny/full",),
 }
-# Shipped configs written for torchtune's own recipes (for GPU nodes).
+# Shipped configs written for torchtune's own recipes (builtin_lora for GPU nodes, *_single on CPU).
 _SHIPPED_CONFIGS_FOR_BUILTIN: dict[str, tuple[str, ...]] = {
     "lora_finetune_distributed": ("tiny/builtin_lora",),
+    "lora_finetune_single_device": ("tiny/builtin_lora_single",),
+    "full_finetune_single_device": ("tiny/builtin_full_single",),
 }
 
 
