@@ -13,7 +13,11 @@ many seconds, then rank 0 prints ``Saving checkpoint took N secs``; default 0: n
 warning (each rank issues this text as a ``UserWarning`` at start, as every rank of a real job
 prints the same library warnings), long_line_chars (rank 0 prints one log line of that many
 characters, without spaces, at start),
-ignore_sigterm (each rank ignores SIGTERM, as a hung rank would), spawn_sleep (each rank starts a
+ignore_sigterm (each rank ignores SIGTERM, as a hung rank would), sigterm_exit (each rank catches
+SIGTERM, prints ``toy recipe: SIGTERM, saved and exiting`` and exits with this code, as recipes that
+save and exit cleanly do; default null: SIGTERM's default action), linger_s (after its last step and
+save, rank 0 prints ``toy recipe done`` and every rank waits this many seconds before exiting, as a
+recipe uploading its results would), spawn_sleep (each rank starts a
 ``sleep`` child in its own session, as DataLoader workers are), and write_times_file (optional, default off: a file to which rank 0 appends ``step,time.time()``
 right after each DiskLogger write and the crashing rank appends ``crash,time.time()`` right before
 it raises; the benchmarks time metric and failure latency from it). handled_rank: that rank
@@ -122,6 +126,12 @@ def main(argv):
     rank = int(os.environ.get("RANK", "0"))
     if cfg.get("ignore_sigterm"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    elif cfg.get("sigterm_exit") is not None:
+        def saved_and_exit(_signum, _frame, code=int(cfg.sigterm_exit)):
+            print("toy recipe: SIGTERM, saved and exiting", flush=True)
+            os._exit(code)
+
+        signal.signal(signal.SIGTERM, saved_and_exit)
     if cfg.get("spawn_sleep"):
         subprocess.Popen(["sleep", "600"])  # stays in this rank's session, like a DataLoader worker
     if cfg.get("warning"):
@@ -198,6 +208,7 @@ def main(argv):
         dist.destroy_process_group()
     if rank == 0:
         print("\ntoy recipe done", flush=True)
+    time.sleep(float(cfg.get("linger_s", 0)))
 
 
 if __name__ == "__main__":
