@@ -167,8 +167,10 @@ class Job:
         """The rank processes: ``{"host", "rank", "pid"}`` for a job on this machine, ``{"host",
         "rank"}`` for a job on other nodes (as its nodes reported them)."""
         r = self._record
-        if r.workers:
-            host = self.nodes[0]
+        if r.workers:  # processes recorded by pid run on this machine
+            import socket
+
+            host = next(iter(self.nodes), None) or socket.gethostname()
             return [{"host": host, "rank": w.rank, "pid": w.pid} for w in r.workers]
         return [dict(x) for x in r.rank_hosts]
 
