@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tune_magic.logs.failure import Evidence as FailureEvidence
 from tune_magic.logs.failure import FailureReason, describe_failure
+from tune_magic.logs.follow import read_rank_logs
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.outcome import Evidence, Outcome
 from tune_magic.registry.record import JobRecord
@@ -67,8 +68,6 @@ def explain(record: JobRecord, code: int | None, *, stopped: bool = False, oom=N
     """The job's :class:`~tune_magic.logs.failure.FailureReason` from the end of its log (``text``
     when already read) and of each rank's files (``--redirects``/``--tee``), with the OOM killer's
     evidence, or ``None``."""
-    from tune_magic.logs.follow import read_rank_logs
-
     rank_logs = read_rank_logs(record.rank_log_dir, record.started_at - 1) if record.rank_log_dir else None
     if text is None:
         text = read_tail(record.log_path, FAILURE_TAIL_BYTES)

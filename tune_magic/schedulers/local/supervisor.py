@@ -32,7 +32,10 @@ from pathlib import Path
 
 import psutil
 
-from tune_magic.logs import ending
+# everything this process may need later is imported now: it outlives upgrades, and a module first
+# imported after one would come from another release (0.1.0's supervisors needed shims for that)
+from tune_magic.logs import ending, follow, parse  # noqa: F401
+from tune_magic.logs.oom import OomWatch
 from tune_magic.logs.summary import SummaryTracker, write_summary
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.outcome import Evidence, Outcome, decide
@@ -251,8 +254,6 @@ class Supervisor:
             wrapper_ref = procs.ref_of(psutil.Process(wrapper.pid))
         except psutil.Error:
             wrapper_ref = ProcessRef(wrapper.pid, time.time())
-        from tune_magic.logs.oom import OomWatch
-
         oom_watch = OomWatch.start(wrapper.pid)
         self._find_agent(wrapper, wrapper_ref)
         self._tell_launcher()
