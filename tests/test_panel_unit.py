@@ -257,10 +257,11 @@ def test_FAKE_sbatch_slurm_fields_preview_sbatch_line_and_script(tmp_path, fake_
     assert panel.command_preview.value == plan.command_line().replace(plan.job_id, "<job-id>")
     assert panel.script_preview.value == plan.batch_script.replace(plan.job_id, "<job-id>")
     line = panel.command_preview.value
-    assert line.startswith("sbatch --parsable --job-name=tune_magic-<job-id> --nodes=2 ")
-    for part in ("--cpus-per-task=4", "--partition=my-part", "--time=2:00:00", "--account=proj1", "--qos=high",
-                 "--exclusive"):
-        assert part in line, line
+    assert line.startswith("sbatch --parsable ") and line.endswith("/jobs/<job-id>/job.sbatch"), line
+    head = panel.script_preview.value.splitlines()
+    for part in ("--job-name=tune_magic-<job-id>", "--nodes=2", "--cpus-per-task=4", "--partition=my-part",
+                 "--time=2:00:00", "--account=proj1", "--qos=high", "--exclusive"):
+        assert f"#SBATCH {part}" in head, head
     assert panel.script_preview.value.startswith("#!/bin/bash\n") and "'metric_logger.name=my run'" in panel.script_preview.value
     # a bad time: the reason inline, Launch disabled
     fields["time_limit"].value = "2h"

@@ -14,7 +14,8 @@ import pytest
 import tune_magic
 from tune_magic.launcher import build_plan
 from tune_magic.errors import PlanError
-from tune_magic.schedulers.slurm.script import batch_script, sbatch_argv, shell_word
+from tune_magic.schedulers.slurm.script import (batch_script, directive_word, directives, output_pattern, sbatch_argv,
+                                                shell_word)
 
 from jobhelpers import TOY_CONFIG, TOY_RECIPE, toy_args
 
@@ -49,11 +50,15 @@ def test_two_nodes_per_node_command_and_sbatch_line_FAKE_sbatch(fake_sbatch):
                                      "${SLURM_JOB_ID}", str(TOY_RECIPE), "--config"]
     assert (plan.scheduler, plan.rendezvous, plan.nnodes, plan.nproc_per_node) == ("slurm", "scheduler", "2", "8")
     job_dir = Path(os.environ["TUNE_MAGIC_HOME"]) / "jobs" / plan.job_id
-    assert plan.submit_argv == [
-        "sbatch", "--parsable", f"--job-name=tune_magic-{plan.job_id}", "--nodes=2", "--ntasks-per-node=1",
-        f"--output={job_dir}/output.log", f"--error={job_dir}/output.log", "--open-mode=append",
-        f"--chdir={os.getcwd()}", "--export=ALL", "--gpus-per-node=8", "--cpus-per-task=64", "--partition=gpu",
-        "--time=2:00:00", "--account=proj", "--no-requeue", "--qos=high", f"{job_dir}/job.sbatch"]
+    assert plan.submit_argv == ["sbatch", "--parsable", f"{job_dir}/job.sbatch"]
+    head = [line for line in plan.batch_script.splitlines() if line.startswith("#SBATCH ")]
+    assert head == [f"#SBATCH {o}" for o in (
+        f"--job-name=tune_magic-{plan.job_id}", "--nodes=2", "--ntasks-per-node=1", f"--output={job_dir}/output.log",
+        f"--error={job_dir}/output.log", "--open-mode=append", f"--chdir={os.getcwd()}", "--export=ALL",
+        "--gpus-per-node=8", "--cpus-per-task=64", "--partition=gpu", "--time=2:00:00", "--account=proj",
+        "--no-requeue", "--qos=high")]
+    lines = plan.batch_script.splitlines()
+    assert lines[0] == "#!/bin/bash" and lines[1:len(head) + 1] == head  # before any command: sbatch reads them
     assert plan.command_line() == shlex.join(plan.submit_argv)
     assert f"srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=64 --kill-on-bad-exit=1" in plan.batch_script
     assert '"${TUNE_MAGIC_RDZV_ENDPOINT}"' in plan.batch_script and '"${SLURM_JOB_ID}"' in plan.batch_script
@@ -184,9 +189,12 @@ def test_batch_script_golden_text():
         return text.replace(sys.executable, "/venv/bin/python").replace(str(TOY_RECIPE.parent), "/recipes")
 
     plan = replace(plan, argv=[fixed(a) for a in plan.argv], env={k: fixed(v) for k, v in plan.env.items()})
+    lines = directives(job_id="20261201-000000-abcdef", job_dir="/shared/tm/jobs/20261201-000000-abcdef",
+                       cwd="/work dir", nodes=2, gpus_per_node=None, cpus_per_node=4, partition="gpu", time_limit="10",
+                       account=None, user_options=[["--qos=high"], ["-C", "a100 or h100"]], requeue=False)
     text = batch_script(plan, job_id="20261201-000000-abcdef", job_dir="/shared/tm/jobs/20261201-000000-abcdef",
                         cwd="/work dir", python="/venv/bin/python", nodes=2, cpus_per_node=4, rdzv_conf="timeout=900",
-                        user_endpoint=False)
+                        user_endpoint=False, sbatch_lines=lines)
     if os.environ.get("TUNE_MAGIC_UPDATE_GOLDEN") == "1":
         GOLDEN.write_text(text)
     assert text == GOLDEN.read_text()
@@ -196,6 +204,46 @@ def test_shell_words_keep_only_the_placeholders_expandable():
     assert shell_word("${SLURM_JOB_ID}") == '"${SLURM_JOB_ID}"'
     assert shell_word("a:${TUNE_MAGIC_RDZV_ENDPOINT}") == 'a:"${TUNE_MAGIC_RDZV_ENDPOINT}"'
     assert shell_word("${HOME}") == "'${HOME}'" and shell_word("$(rm -rf /)") == "'$(rm -rf /)'"
-    assert sbatch_argv(job_id="j", job_dir="/d", script_path="/d/s", cwd="/", nodes=1, gpus_per_node=None,
-                       cpus_per_node=None, partition=None, time_limit=None, account=None, user_options=["--requeue"],
-                       requeue=True)[-2:] == ["--requeue", "/d/s"]
+    lines = directives(job_id="j", job_dir="/d", cwd="/", nodes=1, gpus_per_node=None, cpus_per_node=None,
+                       partition=None, time_limit=None, account=None, user_options=[["--requeue"]], requeue=True)
+    assert lines[-1] == "#SBATCH --requeue" and "#SBATCH --no-requeue" not in lines
+    assert sbatch_argv("/d/s") == ["sbatch", "--parsable", "/d/s"]
+
+
+@pytest.mark.parametrize("value, written", [
+    ("gpu", "gpu"), ("--qos=high", "--qos=high"), ("/work dir", '"/work dir"'), ("a#b", '"a#b"'),
+    ('say "hi"', '"say \\"hi\\""'), ("it's", '"it\'s"'), ("back\\slash", '"back\\\\slash"'), ("", '""'),
+])
+def test_directive_words_are_quoted_as_sbatchs_directive_parser_reads_them(value, written):
+    assert directive_word(value) == written
+    assert _sbatch_reads(written) == value
+
+
+def _sbatch_reads(text: str) -> str:
+    """One argument as sbatch's _get_argument (src/sbatch/opt.c, 22.05) reads it: quotes " and '
+    group, a backslash escapes the next character anywhere, an unquoted # ends the line."""
+    out, quote, escape = [], None, False
+    for c in text:
+        if escape:
+            out.append(c)
+            escape = False
+        elif c == "\\":
+            escape = True
+        elif quote:
+            if c == quote:
+                quote = None
+            else:
+                out.append(c)
+        elif c in "\"'":
+            quote = c
+        elif c == "#" or c.isspace():
+            break
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def test_a_line_break_in_an_sbatch_value_is_refused_and_a_percent_in_the_log_path_is_doubled():
+    with pytest.raises(PlanError, match="line break"):
+        directive_word("--comment=a\nb")
+    assert output_pattern("/home/50%/jobs/x/output.log") == "/home/50%%/jobs/x/output.log"

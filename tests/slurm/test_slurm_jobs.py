@@ -146,7 +146,7 @@ def test_polluted_kernel_environment_still_runs_the_two_node_job(cluster, monkey
 def test_dry_run_script_and_submitted_script_differ_only_in_the_id(cluster):
     args = toy_args("steps=2", nproc=1)
     plan = tune_magic.launch(args, scheduler="slurm", nodes=2, cpus_per_node=1, dry_run=True)
-    assert plan.batch_script and plan.sbatch_argv[0] == "sbatch" and plan.job_id in plan.batch_script
+    assert plan.batch_script and plan.submit_argv[0] == "sbatch" and plan.job_id in plan.batch_script
     job = launch(cluster, args, sbatch=["--hold"])
     submitted = (job.dir / slurm_sched.SCRIPT).read_text()
     assert submitted == plan.batch_script.replace(plan.job_id, job.id)
@@ -231,8 +231,8 @@ def test_cluster_notebook_runs_the_two_node_job_and_the_70b_dry_run(cluster, tin
     assert f"nodes: {' '.join(sorted(cluster.node_names))}" in result and "step 5 loss " in result
     assert "0@" in result and "1@" in result
     dry = text("dry-run")
-    assert dry.startswith("sbatch --parsable") and "--gpus-per-node=8" in dry and "--partition=gpu" in dry
-    assert "--time=2:00:00" in dry and "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=64" in dry
+    assert dry.startswith("sbatch --parsable") and "#SBATCH --gpus-per-node=8" in dry and "#SBATCH --partition=gpu" in dry
+    assert "#SBATCH --time=2:00:00" in dry and "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=64" in dry
     assert "nodes: 2  processes per node: 8  rendezvous: scheduler" in text("dry-run-result")
 
 
@@ -249,11 +249,11 @@ def test_a_launcher_killed_after_sbatch_leaves_a_job_that_is_found_by_name(clust
                        env={**os.environ, faultpoints.KILL_ENV: "sbatch-returned"}, capture_output=True, timeout=120)
     assert p.returncode == -9, p.stderr[-2000:]
     (new,) = [r for r in jobstore.list_records() if r.id not in before]
-    assert new.slurm_job_id is None and new.status == "pending"  # the id never got written
+    assert new.backend.get("job_id") is None and new.status == "pending"  # the id never got written
     job = J.get_job(new.id)
     cluster.started.append(job)
     assert job.wait(TIMEOUT) == "succeeded", job.tail(30)
-    assert job.slurm_job_id is not None and job.record.slurm_job_id == job.slurm_job_id
+    assert job.engine_id is not None and job.record.backend["job_id"] == job.engine_id
 
 
 def test_a_job_squeue_no_longer_lists_without_an_exit_file_is_unknown_then_failed(cluster, monkeypatch):
@@ -263,7 +263,8 @@ def test_a_job_squeue_no_longer_lists_without_an_exit_file_is_unknown_then_faile
     rec = jobstore.read(job.dir)
     ghost_dir = job.dir.parent / (job.id[:-6] + "0g0s7e")
     ghost_dir.mkdir()
-    rec.id, rec.status, rec.slurm_job_id, rec.returncode, rec.ended_at = ghost_dir.name, "running", "999999", None, None
+    rec.id, rec.status, rec.returncode, rec.ended_at = ghost_dir.name, "running", None, None
+    rec.backend = {**rec.backend, "job_id": "999999"}
     rec.log_path = str(ghost_dir / "output.log")
     jobstore.write_record(ghost_dir, rec)
     ghost = J.get_job(ghost_dir.name)
@@ -284,7 +285,7 @@ def test_a_job_squeue_no_longer_lists_without_an_exit_file_is_unknown_then_faile
 
 def test_a_slurm_job_with_a_damaged_record_is_still_found_stopped_and_kept_until_then(cluster):
     job = launch(cluster, toy_args("steps=2", nproc=1), sbatch=["--hold"])
-    slurm_id = job.slurm_job_id
+    slurm_id = job.engine_id
     (job.dir / jobstore.RECORD).write_text("garbage")
     r = subprocess.run([sys.executable, "-m", "tune_magic", "rm", job.id], capture_output=True, text=True,
                        timeout=TIMEOUT)

@@ -4,6 +4,9 @@ Launch submits one two-node job whose row the panel's table shows to the end."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import time
 
 import pytest
@@ -21,20 +24,23 @@ def test_panel_launches_one_two_node_job_on_the_cluster(cluster, tmp_path):
     panel = Panel(cwd=tmp_path)
     job = None
     try:
-        assert panel.slurm_available
+        assert "slurm" in panel.schedulers_offered
+        fields = panel.scheduler_fields["slurm"]
         panel.recipe.value = str(TOY_RECIPE)
         panel.config.value = str(TOY_CONFIG)
         panel.overrides.value = "steps=3 step_s=0.2"
         panel.name.value = "from the panel"
         panel.scheduler.value = "slurm"
-        assert panel.partition.options == (cluster.partition,)  # the cluster's sinfo, its * removed
-        panel.partition.value = cluster.partition
-        panel.nodes.value = 2
-        panel.cpus_per_node.value = 1
-        panel.time_limit.value = "10"
+        assert fields["partition"].options == (cluster.partition,)  # the cluster's sinfo, its * removed
+        fields["partition"].value = cluster.partition
+        fields["nodes"].value = 2
+        fields["cpus_per_node"].value = 1
+        fields["time_limit"].value = "10"
         preview, script = panel.command_preview.value, panel.script_preview.value
-        assert preview.startswith("sbatch --parsable --job-name=tune_magic-<job-id> --nodes=2 ")
-        assert f"--partition={cluster.partition}" in preview and "--time=10" in preview
+        assert preview == f"sbatch --parsable {Path(os.environ['TUNE_MAGIC_HOME'])}/jobs/<job-id>/job.sbatch", preview
+        for line in ("#SBATCH --job-name=tune_magic-<job-id>", "#SBATCH --nodes=2",
+                     f"#SBATCH --partition={cluster.partition}", "#SBATCH --time=10"):
+            assert line in script.splitlines(), (line, script)
         panel.launch_button.click()
         assert panel.error.value == "", panel.error.value
         (job,) = panel.launched

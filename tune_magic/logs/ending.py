@@ -100,8 +100,11 @@ def evidence(job_dir: Path, record: JobRecord, returncode: int | None, *, verdic
     signalled = None
     if (returncode not in (0, None) or verdict == "failed") and not stop:
         text = read_tail(record.log_path, FAILURE_TAIL_BYTES)
-        signalled = agent_signal(text)
         reason = explain(record, returncode, oom=oom, pid=pid, text=text)
+        # a signal to the agent counts only when it is the first failure: srun's --kill-on-bad-exit
+        # also signals the other nodes' agents after a rank somewhere raised
+        if reason is None or (reason.exc_type or "").endswith("SignalException"):
+            signalled = agent_signal(text)
     ev = Evidence(returncode=returncode, stop_requested=stop, finished_at_stop=bool(record.finished_at_stop),
                   verdict=verdict, verdict_reason=verdict_reason, signalled=signalled,
                   failure_line=(reason.line_on_host() if with_host else reason.line) if reason is not None else None,

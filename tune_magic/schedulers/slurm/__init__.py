@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -35,7 +36,7 @@ from tune_magic.schedulers.base import Scheduler, SchedulerOptions
 from tune_magic.schedulers.slurm.plan import place
 from tune_magic.schedulers.slurm import options as sopts
 from tune_magic.schedulers.slurm import squeue as sq
-from tune_magic.schedulers.slurm.script import batch_script, sbatch_argv
+from tune_magic.schedulers.slurm.script import batch_script, directives, sbatch_argv
 from tune_magic.schedulers.slurm.tail import TAIL_RULES
 
 #: Seconds between squeue queries in one process (all live SLURM jobs in one query).
@@ -152,6 +153,20 @@ def find_by_name(job_id: str, env: Mapping[str, str]) -> str | None:
     return ids[0] if r.returncode == 0 and ids else None
 
 
+def _directive_names(script: str) -> set[str]:
+    """The long names of the sbatch options a batch script's ``#SBATCH`` lines set."""
+    names: set[str] = set()
+    for line in script.splitlines():
+        if not line.startswith("#SBATCH "):
+            continue
+        for word in shlex.split(line[len("#SBATCH "):], comments=True):
+            if word.startswith("--"):
+                names.add(word[2:].split("=", 1)[0])
+            elif word.startswith("-") and len(word) > 1:
+                names.update(sopts.short_names(word))
+    return names
+
+
 def _gpus_asked(options: SchedulerOptions, words: tuple[str, ...]) -> bool:
     if options.get("gpus_per_node"):
         return True
@@ -210,14 +225,14 @@ class SlurmScheduler(Scheduler):
         warnings += env_warnings
         if shutil.which("sbatch", path=env.get("PATH")) is None:  # a dry run still shows the script
             warnings.append("sbatch is not on PATH here: " + _CLIENTS_MISSING.split(" on PATH: ", 1)[1])
+        lines = directives(job_id=plan.job_id, job_dir=str(job_dir), cwd=plan.cwd or os.getcwd(), nodes=nodes,
+                           gpus_per_node=options.get("gpus_per_node"), cpus_per_node=options.get("cpus_per_node"),
+                           partition=options.get("partition"), time_limit=time_limit, account=options.get("account"),
+                           user_options=[shlex.split(v) for v in options.get("sbatch", ())], requeue=extra.requeue)
         script = batch_script(plan, job_id=plan.job_id, job_dir=str(job_dir), cwd=plan.cwd or os.getcwd(),
                               python=sys.executable, nodes=nodes, cpus_per_node=options.get("cpus_per_node"),
-                              rdzv_conf=plan.rdzv_conf, user_endpoint=plan.rendezvous == "user")
-        argv = sbatch_argv(job_id=plan.job_id, job_dir=str(job_dir), script_path=str(job_dir / SCRIPT),
-                           cwd=plan.cwd or os.getcwd(), nodes=nodes, gpus_per_node=options.get("gpus_per_node"),
-                           cpus_per_node=options.get("cpus_per_node"), partition=options.get("partition"),
-                           time_limit=time_limit, account=options.get("account"), user_options=extra.argv,
-                           requeue=extra.requeue)
+                              rdzv_conf=plan.rdzv_conf, user_endpoint=plan.rendezvous == "user", sbatch_lines=lines)
+        argv = sbatch_argv(str(job_dir / SCRIPT))
         return {"batch_script": script, "submit_argv": argv, "warnings": warnings}
 
     def submit(self, job_dir: Path, record: JobRecord, plan, options: SchedulerOptions, env: Mapping[str, str],
@@ -230,6 +245,8 @@ class SlurmScheduler(Scheduler):
             f.write(plan.batch_script)
         client_env, _ = sopts.sbatch_env(env)
         client_env.pop("CUDA_VISIBLE_DEVICES", None)  # the kernel's GPUs are not the job's: SLURM allocates them
+        for name in sopts.env_variables_of(_directive_names(plan.batch_script)):
+            client_env.pop(name, None)  # sbatch would let it win over the script's #SBATCH line
         try:
             r = _run(list(plan.submit_argv), client_env)
         except subprocess.TimeoutExpired:

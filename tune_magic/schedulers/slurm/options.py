@@ -114,10 +114,12 @@ class SbatchOptions:
             would, so ``--sbatch='--constraint a100'`` gives two words).
         requeue: the user asked for requeue (``--requeue``, not undone by a later
             ``--no-requeue``); without it the scheduler submits with ``--no-requeue``.
+        long_names: the long names of the options given (``qos`` for ``-q``/``--qos``).
     """
 
     argv: tuple[str, ...] = ()
     requeue: bool = False
+    long_names: frozenset[str] = frozenset()
 
 
 def _resolve_long(name: str, written: str) -> str | None:
@@ -165,6 +167,7 @@ def check_sbatch_options(values: list[str] | tuple[str, ...] | None) -> SbatchOp
     """
     argv: list[str] = []
     requeue = False
+    names: set[str] = set()
     for written in values or ():
         try:
             words = shlex.split(written)
@@ -179,6 +182,7 @@ def check_sbatch_options(values: list[str] | tuple[str, ...] | None) -> SbatchOp
                 name, eq, _ = word[2:].partition("=")
                 long_name = _resolve_long(name, written)
                 if long_name is not None:
+                    names.add(long_name)
                     _check_allowed(long_name, written)
                     kind = SBATCH_LONG_OPTIONS[long_name]
                     if kind == "none" and eq:
@@ -196,6 +200,7 @@ def check_sbatch_options(values: list[str] | tuple[str, ...] | None) -> SbatchOp
                         requeue = False
                 i += 1
             elif word.startswith("-") and len(word) > 1 and word != "--":
+                names.update(short_names(word))
                 i += _check_short_group(word, words, i, written)
             else:
                 raise PlanError(
@@ -203,7 +208,20 @@ def check_sbatch_options(values: list[str] | tuple[str, ...] | None) -> SbatchOp
                     "option with its value, e.g. --sbatch=--qos=high or --sbatch=--constraint=a100"
                 )
         argv.extend(words)
-    return SbatchOptions(tuple(argv), requeue)
+    return SbatchOptions(tuple(argv), requeue, frozenset(names))
+
+
+def short_names(word: str) -> list[str]:
+    """The long names of ``-abc``'s options (up to the first that takes a value: the rest is it)."""
+    out = []
+    for letter in word[1:]:
+        name = SBATCH_SHORT_OPTIONS.get(letter)
+        if name is None:
+            break
+        out.append(name)
+        if SBATCH_LONG_OPTIONS[name] != "none":
+            break
+    return out
 
 
 def _check_short_group(word: str, words: list[str], i: int, written: str) -> int:
@@ -354,6 +372,23 @@ def sbatch_env(env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
         if name in env
     ]
     return out, warnings
+
+
+# sbatch's input environment variables whose name is not SBATCH_ + the option's name (sbatch(1))
+_ENV_NAMES = {"time": ("SBATCH_TIMELIMIT",), "mem": ("SBATCH_MEM_PER_NODE",), "array": ("SBATCH_ARRAY_INX",),
+              "requeue": ("SBATCH_REQUEUE", "SBATCH_NO_REQUEUE"), "no-requeue": ("SBATCH_REQUEUE", "SBATCH_NO_REQUEUE"),
+              "verbose": ("SBATCH_DEBUG",)}
+
+
+def env_variables_of(long_names) -> set[str]:
+    """The ``SBATCH_*`` variables that set the sbatch options ``long_names`` (``partition`` ->
+    ``SBATCH_PARTITION``, ``time`` -> ``SBATCH_TIMELIMIT``). sbatch lets such a variable win over a
+    ``#SBATCH`` line, so the scheduler drops them from the environment it submits with when the
+    batch script sets the option: what the user asked for explicitly is what runs."""
+    out: set[str] = set()
+    for name in long_names:
+        out.update(_ENV_NAMES.get(name, ("SBATCH_" + name.upper().replace("-", "_"),)))
+    return out
 
 
 # --- the scheduler's own launch options (declared once; see tune_magic.plan.options) -------------

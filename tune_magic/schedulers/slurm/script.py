@@ -9,8 +9,12 @@ and overrides the local scheduler would launch (one command builder). It ends wi
 exit code, written to ``exit_code`` in the job directory first (the same JSON the local exit
 wrapper writes), so the outcome never depends on accounting.
 
-The user's and the scheduler's options go on the sbatch command line (so ``SBATCH_*`` variables
-only fill what nobody set); none are ``#SBATCH`` lines.
+The scheduler's and the user's options are ``#SBATCH`` lines at the top of the script (as
+torchtune's own ``.slurm`` files, submitit and torchx write them), so ``sbatch job.sbatch`` alone,
+run by hand, reproduces the job; the command tune_magic runs is ``sbatch --parsable job.sbatch``.
+sbatch lets an ``SBATCH_*`` variable win over a ``#SBATCH`` line, so the scheduler submits without
+the variables of the options the script sets (:func:`.options.env_variables_of`): ``SBATCH_*``
+still fill in only what neither the user nor the scheduler set.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import re
 import shlex
 from typing import Sequence
 
+from tune_magic.errors import PlanError
 from tune_magic.plan.model import LaunchPlan
 
 #: Shell variables a plan's argv may name (rendered so the shell expands them on each node).
@@ -55,7 +60,8 @@ def shell_line(argv: Sequence[str], indent: str = "    ", width: int = 100) -> s
 
 
 def batch_script(plan: LaunchPlan, *, job_id: str, job_dir: str, cwd: str, python: str, nodes: int,
-                 cpus_per_node: int | None, rdzv_conf: str | None, user_endpoint: bool) -> str:
+                 cpus_per_node: int | None, rdzv_conf: str | None, user_endpoint: bool,
+                 sbatch_lines: Sequence[str] = ()) -> str:
     """The batch script text (bash).
 
     Args:
@@ -71,6 +77,8 @@ def batch_script(plan: LaunchPlan, *, job_id: str, job_dir: str, cwd: str, pytho
         rdzv_conf: the user's ``--rdzv-conf`` (merged with the scheduler's on each node), or ``None``.
         user_endpoint: the user gave ``--rdzv-endpoint``: it goes unchanged to every node (no port
             picked, no ``is_host``).
+        sbatch_lines: the ``#SBATCH`` lines (:func:`directives`), placed right after the first line
+            (sbatch reads directives only before the first command).
     """
     env_lines = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in plan.env.items())
     srun = ["srun", f"--nodes={nodes}", "--ntasks-per-node=1"]
@@ -81,9 +89,10 @@ def batch_script(plan: LaunchPlan, *, job_id: str, job_dir: str, cwd: str, pytho
         srun.append("--user-endpoint")
     srun += ["--", *plan.argv]
     conf = f"export TUNE_MAGIC_RDZV_CONF={shlex.quote(rdzv_conf)}\n" if rdzv_conf else ""
+    head = "".join(f"{line}\n" for line in sbatch_lines)
     return f"""#!/bin/bash
-# tune_magic job {job_id}: one torchrun agent per node on {nodes} node(s).
-# Written by tune_magic (the SLURM scheduler); submitted with sbatch, options on its command line.
+{head}# tune_magic job {job_id}: one torchrun agent per node on {nodes} node(s).
+# Written by tune_magic (the SLURM scheduler); sbatch this file to run the job again.
 set -u
 cd {shlex.quote(cwd)} || exit 1
 {env_lines}
@@ -103,27 +112,45 @@ exit "$rc"
 """
 
 
-def sbatch_argv(*, job_id: str, job_dir: str, script_path: str, cwd: str, nodes: int,
-                gpus_per_node: int | None, cpus_per_node: int | None, partition: str | None,
-                time_limit: str | None, account: str | None, user_options: Sequence[str],
-                requeue: bool) -> list[str]:
-    """The sbatch command: the scheduler's options, then the user's (``--sbatch=...``), then the
-    script. The job's output file is the job's combined log (``output.log`` in its directory)."""
-    argv = ["sbatch", "--parsable", f"--job-name=tune_magic-{job_id}", f"--nodes={nodes}", "--ntasks-per-node=1",
-            f"--output={job_dir}/output.log", f"--error={job_dir}/output.log", "--open-mode=append",
-            f"--chdir={cwd}", "--export=ALL"]
-    if gpus_per_node:
-        argv.append(f"--gpus-per-node={gpus_per_node}")
-    if cpus_per_node:
-        argv.append(f"--cpus-per-task={cpus_per_node}")
-    if partition:
-        argv.append(f"--partition={partition}")
-    if time_limit:
-        argv.append(f"--time={time_limit}")
-    if account:
-        argv.append(f"--account={account}")
+def directive_word(value: str) -> str:
+    """``value`` as one argument of an ``#SBATCH`` line, as sbatch's directive parser reads it
+    (``_get_argument`` in src/sbatch/opt.c, 22.05): double quotes group, a backslash escapes the
+    next character (inside quotes too), an unquoted ``#`` ends the line."""
+    if any(c in "\n\r\0" for c in value):
+        raise PlanError(f"{value!r}: a line break cannot be part of an sbatch option (the batch script's #SBATCH "
+                        "lines hold one option a line); remove it")
+    if value and not any(c.isspace() or c in "\"'\\#" for c in value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def output_pattern(path: str) -> str:
+    """``path`` as sbatch's ``--output`` takes it: ``%`` starts a filename pattern there (``%j``,
+    ``%N``...), so a ``%`` that is part of the path is written ``%%``."""
+    return path.replace("%", "%%")
+
+
+def directives(*, job_id: str, job_dir: str, cwd: str, nodes: int, gpus_per_node: int | None,
+               cpus_per_node: int | None, partition: str | None, time_limit: str | None, account: str | None,
+               user_options: Sequence[Sequence[str]], requeue: bool) -> list[str]:
+    """The batch script's ``#SBATCH`` lines: the scheduler's options, then the user's (one line
+    per ``--sbatch=`` value, its words as given). The job's output file is the job's combined log
+    (``output.log`` in its directory)."""
+    log = output_pattern(f"{job_dir}/output.log")
+    opts = [f"--job-name=tune_magic-{job_id}", f"--nodes={nodes}", "--ntasks-per-node=1", f"--output={log}",
+            f"--error={log}", "--open-mode=append", f"--chdir={cwd}", "--export=ALL"]
+    for flag, value in (("--gpus-per-node", gpus_per_node), ("--cpus-per-task", cpus_per_node),
+                        ("--partition", partition), ("--time", time_limit), ("--account", account)):
+        if value:
+            opts.append(f"{flag}={value}")
     if not requeue:
-        argv.append("--no-requeue")
-    argv += list(user_options)
-    argv.append(script_path)
-    return argv
+        opts.append("--no-requeue")
+    lines = [f"#SBATCH {directive_word(o)}" for o in opts]
+    lines += ["#SBATCH " + " ".join(directive_word(w) for w in words) for words in user_options if words]
+    return lines
+
+
+def sbatch_argv(script_path: str) -> list[str]:
+    """The command that submits the batch script: its options are its own ``#SBATCH`` lines;
+    ``--parsable`` makes sbatch answer with the job id alone."""
+    return ["sbatch", "--parsable", script_path]
