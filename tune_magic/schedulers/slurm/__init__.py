@@ -116,7 +116,10 @@ class SqueueWatcher:
         if jobs is None:  # older or odd squeue: the plain format
             try:
                 r = _run(sq.squeue_argv(ids, json_output=False), env)
-                jobs = sq.parse_squeue_format(r.stdout) if r.returncode in (0, 1) else None
+                # exit 1 lists nothing when the ids are unknown; an unreachable controller or a
+                # timeout also exits 1, and that is no answer at all
+                answered = r.returncode == 0 or (r.returncode == 1 and "Invalid job id" in r.stderr)
+                jobs = sq.parse_squeue_format(r.stdout) if answered else None
             except (OSError, subprocess.SubprocessError, sq.SqueueParseError, ValueError):
                 jobs = None
         if jobs is None:
@@ -306,6 +309,7 @@ class SlurmScheduler(Scheduler):
             return changes
         if job is None:
             return {**changes, **self._not_listed(job_dir, record, slurm_id)}
+        # a requeued job's log holds its earlier attempt: SLURM's fresh word outvotes it
         return {**changes, **self._listed(job_dir, record, job, started)}
 
     def _end(self, job_dir: Path, record: JobRecord, evidence: Evidence) -> dict[str, Any]:
@@ -337,7 +341,7 @@ class SlurmScheduler(Scheduler):
         time_limit = record.scheduler_options.get("time_limit")
         said = sq.job_outcome(job, stopped_by_us=stop, time_limit=time_limit)
         changes: dict[str, Any] = {"nodes": list(job.nodes)} if job.nodes else {}
-        if said.status is Status.PENDING and started:  # a cached squeue answer older than the start
+        if said.status is Status.PENDING and started and not job.restart_count:  # an answer older than the start
             changes.update(status=RUNNING, pending_reason=None)
         elif said.status is Status.PENDING:
             changes.update(status=PENDING, pending_reason=said.reason)

@@ -75,6 +75,8 @@ class SlurmJob:
         time_limit_minutes: the time limit in minutes; None if unlimited or not given.
         exit_code: the batch script's exit code, if squeue gave one (JSON only), else None.
         signal: the signal that ended the batch script (23.11+ JSON only), else None.
+        restart_count: how many times SLURM requeued the job (JSON ``restart_cnt``), 0 when
+            squeue did not say.
     """
 
     job_id: str
@@ -87,6 +89,7 @@ class SlurmJob:
     time_limit_minutes: int | None = None
     exit_code: int | None = None
     signal: int | None = None
+    restart_count: int = 0
 
 
 @dataclass(frozen=True)
@@ -257,6 +260,7 @@ def parse_job_json(job: dict) -> SlurmJob:
         time_limit_minutes=None if infinite else limit,
         exit_code=code,
         signal=sig,
+        restart_count=_number(job.get("restart_cnt"))[1] or 0,
     )
 
 
