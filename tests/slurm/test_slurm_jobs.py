@@ -106,7 +106,7 @@ def test_cli_stop_of_a_running_two_node_job_leaves_nothing(cluster, ignore_sigte
 
 def test_a_rank_raising_on_the_second_node_names_rank_host_and_exception(cluster):
     job = launch(cluster, toy_args("crash_rank=1", "steps=5", nproc=1))
-    assert job.wait(TIMEOUT) == "failed"
+    assert job.wait(TIMEOUT) == "failed", "\n".join(job.tail(80))
     host = next(w["host"] for w in job.workers if w["rank"] == 1)
     assert "rank 1" in job.error and "RuntimeError: toy recipe crashed on purpose" in job.error, job.error
     assert host in job.error, job.error
@@ -145,7 +145,7 @@ def test_polluted_kernel_environment_still_runs_the_two_node_job(cluster, monkey
 
 def test_dry_run_script_and_submitted_script_differ_only_in_the_id(cluster):
     args = toy_args("steps=2", nproc=1)
-    plan = tune_magic.launch(args, scheduler="slurm", nodes=2, cpus_per_node=1, dry_run=True)
+    plan = tune_magic.launch(args, scheduler="slurm", nodes=2, cpus_per_node=1, sbatch=["--hold"], dry_run=True)
     assert plan.batch_script and plan.submit_argv[0] == "sbatch" and plan.job_id in plan.batch_script
     job = launch(cluster, args, sbatch=["--hold"])
     submitted = (job.dir / slurm_sched.SCRIPT).read_text()
