@@ -102,9 +102,10 @@ class Outcome:
 
 def _terminated(ev: Evidence) -> bool:
     """The job ended by a termination signal (SIGTERM/SIGINT/SIGHUP) rather than a crash."""
+    # only a negative code is "killed by a signal": a shell's or srun's 128+N is also what a task
+    # killed by the launcher itself returns (srun --kill-on-bad-exit after another rank failed)
     code = ev.returncode
-    by_code = code is not None and (-code in TERMINATION_SIGNALS or code - 128 in TERMINATION_SIGNALS)
-    return by_code or (ev.signalled in TERMINATION_SIGNALS)
+    return (code is not None and -code in TERMINATION_SIGNALS) or ev.signalled in TERMINATION_SIGNALS
 
 
 def decide(ev: Evidence) -> Outcome | None:
