@@ -9,6 +9,7 @@ import os
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 import tune_magic
@@ -51,6 +52,12 @@ def test_a_job_whose_node_failed_failed_saying_so(cluster):
     (node,) = job.nodes
     try:
         cluster.client(["scontrol", "update", f"nodename={node}", "state=down", "reason=tm-outcome-test"])
+        for p in cluster.node_processes(node):  # the node's crash takes the job's processes with it
+            try:
+                if p.name() != "slurmd":
+                    p.kill()
+            except psutil.Error:
+                pass
         assert job.wait(TIMEOUT) == "failed", job.tail(15)
         assert job.error == "NODE_FAIL: a node of the job failed"
     finally:

@@ -3,9 +3,12 @@
 ::
 
     pending ──> running ──> succeeded | failed | stopped      (terminal: never left)
-       │           │
-       │           └──> unknown ──> succeeded | failed | stopped
+       │ ^         │
+       │ └─────────┴──> unknown ──> succeeded | failed | stopped
        └──────────────> (any terminal state; e.g. a pending SLURM job cancelled)
+
+``running`` (or ``unknown``) goes back to ``pending`` only when the engine confirms that it queued
+the job again (a SLURM requeue: preemption, ``scontrol requeue``, a node failure with requeue).
 
 ``unknown`` means: the supervisor and the job's processes are gone and no exit code is known
 yet. It is not terminal: an exit code that turns up later (the job's exit file) settles it.
@@ -56,8 +59,8 @@ STATUSES = tuple(Status)
 # allowed moves (a move to the same status is always allowed and changes nothing)
 _ALLOWED: dict[Status, frozenset[Status]] = {
     Status.PENDING: frozenset({Status.RUNNING, Status.UNKNOWN} | _TERMINAL),
-    Status.RUNNING: frozenset({Status.UNKNOWN} | _TERMINAL),
-    Status.UNKNOWN: frozenset({Status.RUNNING} | _TERMINAL),
+    Status.RUNNING: frozenset({Status.UNKNOWN, Status.PENDING} | _TERMINAL),  # pending: a confirmed requeue
+    Status.UNKNOWN: frozenset({Status.RUNNING, Status.PENDING} | _TERMINAL),
     Status.SUCCEEDED: frozenset(),
     Status.FAILED: frozenset(),
     Status.STOPPED: frozenset(),
