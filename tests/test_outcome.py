@@ -28,6 +28,8 @@ LINE = "rank 1: RuntimeError: boom"
     (Evidence(returncode=1, verdict="timeout", verdict_reason="hit the --time limit 10", signalled=15),
      Outcome(F, "hit the --time limit 10", 1)),  # the engine's own word beats the signal it sent
     (Evidence(verdict="node_fail"), Outcome(F, "node fail")),
+    (Evidence(returncode=0, verdict="node_fail", verdict_reason="NODE_FAIL: a node of the job failed"),
+     Outcome(F, "NODE_FAIL: a node of the job failed", 0)),  # srun exits 0 when a node of its step fails
     (Evidence(verdict="failed", failure_line=LINE), Outcome(F, LINE)),
     # a stop asked before the end
     (Evidence(returncode=1, stop_requested=True), Outcome(X, None, 1)),

@@ -30,9 +30,9 @@ def test_slurm_jobs_of_0_1_0_are_followed_settled_and_stopped_after_an_upgrade(c
     site = install_legacy(tmp_path / "site")
     long_id = _submit_old(site, *toy_args("steps=400", "step_s=0.2").split())
     short_id = _submit_old(site, *toy_args("steps=12", "step_s=0.5").split())
+    old = json.loads((jobstore.job_dir(long_id) / jobstore.RECORD).read_text())  # before today's code reads it
     for job_id in (long_id, short_id):
         cluster.started.append(tune_magic.get_job(job_id))
-    old = json.loads((jobstore.job_dir(long_id) / jobstore.RECORD).read_text())
     assert old["schema"] == 2 and old["slurm_job_id"] and "backend" not in old
     assert "#SBATCH" not in (jobstore.job_dir(long_id) / "job.sbatch").read_text()  # 0.1.0's script
     wait_for(lambda: tune_magic.get_job(long_id).summary().step, "a step of the old job", TIMEOUT)

@@ -11,8 +11,9 @@ stop was asked, what the job's log showed at that moment, the engine's own verdi
 2. A stop asked before the job ended gives ``stopped`` (its exit code kept), unless the job exited
    0 and, when the stop was asked, its log showed its last planned step and the save that follows
    it (a run that had finished its work: ``succeeded``).
-3. No stop asked: exit 0 is ``succeeded``; an engine's verdict of its own (time limit, node
-   failure, out of memory) is ``failed`` with that reason; an end by a termination signal nobody in
+3. No stop asked: an engine's verdict of its own (time limit, node failure, out of memory) is
+   ``failed`` with that reason, even with exit code 0 (srun exits 0 when a node of its step fails,
+   measured on SLURM 22.05); else exit 0 is ``succeeded``; an end by a termination signal nobody in
    tune_magic sent (SIGTERM/SIGINT/SIGHUP, or the engine's ``CANCELLED``) is ``stopped`` with the
    reason :data:`CANCELLED_OUTSIDE`; any other end is ``failed`` with the log's failure line (or the
    exit code in words).
@@ -126,10 +127,10 @@ def decide(ev: Evidence) -> Outcome | None:
         if code == 0 and ev.finished_at_stop:
             return Outcome(Status.SUCCEEDED, None, 0)
         return Outcome(Status.STOPPED, None, code)
+    if ev.verdict in (TIMEOUT, NODE_FAIL, OUT_OF_MEMORY):  # even over exit 0: srun exits 0 on a node failure
+        return Outcome(Status.FAILED, ev.verdict_reason or ev.verdict.replace("_", " "), code)
     if code == 0:
         return Outcome(Status.SUCCEEDED, None, 0)
-    if ev.verdict in (TIMEOUT, NODE_FAIL, OUT_OF_MEMORY):
-        return Outcome(Status.FAILED, ev.verdict_reason or ev.verdict.replace("_", " "), code)
     if ev.verdict == CANCELLED or _terminated(ev):
         return Outcome(Status.STOPPED, CANCELLED_OUTSIDE, code)
     reason = ev.failure_line or ev.verdict_reason or (exit_text(code) if code is not None else "failed")

@@ -285,8 +285,9 @@ class SlurmScheduler(Scheduler):
         changes, started = self._from_log(job_dir, record)
         exit_info = jobstore.read_exit_code(job_dir)
         if exit_info is not None:
+            verdict, verdict_reason = self._failure_verdict(record)
             evidence, reason = ending.evidence(job_dir, record, exit_info.returncode, nothing_runs=True,
-                                               with_host=True)
+                                               with_host=True, verdict=verdict, verdict_reason=verdict_reason)
             ending.keep_failure(job_dir, reason)
             return {**changes, **ending.changes(decide(evidence), record, exit_info.ended_at), "pending_reason": None}
         env = _client_env(None, record)
@@ -311,6 +312,19 @@ class SlurmScheduler(Scheduler):
             return {**changes, **self._not_listed(job_dir, record, slurm_id)}
         # a requeued job's log holds its earlier attempt: SLURM's fresh word outvotes it
         return {**changes, **self._listed(job_dir, record, job, started)}
+
+    def _failure_verdict(self, record: JobRecord) -> tuple[str | None, str | None]:
+        """SLURM's own failure verdict on a job that left an exit file (a time limit, a node failure,
+        out of memory: the exit file alone can say 0 then), from the shared squeue answer; ``(None,
+        None)`` when squeue has none or does not answer."""
+        slurm_id = self.engine_id(record)
+        job = WATCHER.get(slurm_id, _client_env(None, record)) if slurm_id else None
+        if not job:
+            return None, None
+        said = sq.job_outcome(job, time_limit=record.scheduler_options.get("time_limit"))
+        if said.verdict in (outcome.TIMEOUT, outcome.NODE_FAIL, outcome.OUT_OF_MEMORY):
+            return said.verdict, said.reason
+        return None, None
 
     def _end(self, job_dir: Path, record: JobRecord, evidence: Evidence) -> dict[str, Any]:
         """Record fields for the end :func:`decide` makes of ``evidence`` (``{}``: not ended)."""
