@@ -318,7 +318,10 @@ class SlurmScheduler(Scheduler):
         out of memory: the exit file alone can say 0 then), from the shared squeue answer; ``(None,
         None)`` when squeue has none or does not answer."""
         slurm_id = self.engine_id(record)
-        job = WATCHER.get(slurm_id, _client_env(None, record)) if slurm_id else None
+        if not slurm_id:
+            return None, None
+        WATCHER.forget()  # once per job's end: an answer from before the exit file may predate the failure
+        job = WATCHER.get(slurm_id, _client_env(None, record))
         if not job:
             return None, None
         said = sq.job_outcome(job, time_limit=record.scheduler_options.get("time_limit"))
