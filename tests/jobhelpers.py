@@ -1,4 +1,5 @@
-"""Helpers shared by the job tests (not tests themselves)."""
+"""Helpers shared by the tests in every folder (not tests themselves): where the test data and the
+toy recipe are, processes of a job, a FAKE nvidia-smi."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from pathlib import Path
 import psutil
 
 HERE = Path(__file__).parent
+#: the repository root and the captured logs and samples (tests/data/), for tests in any folder
+REPO = HERE.parent
+DATA = HERE / "data"
 TOY_RECIPE = HERE / "recipes" / "toy_recipe.py"
 TOY_CONFIG = HERE / "recipes" / "toy.yaml"
 

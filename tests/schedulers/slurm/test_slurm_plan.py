@@ -17,9 +17,7 @@ from tune_magic.errors import PlanError
 from tune_magic.schedulers.slurm.script import (batch_script, directive_word, directives, output_pattern, sbatch_argv,
                                                 shell_word)
 
-from jobhelpers import TOY_CONFIG, TOY_RECIPE, toy_args
-
-HERE = Path(__file__).parent
+from jobhelpers import DATA, TOY_CONFIG, TOY_RECIPE, toy_args
 
 
 @pytest.fixture
@@ -175,7 +173,7 @@ def test_own_options_after_a_torchrun_option_get_put_it_first():
     assert own == {"scheduler": "slurm", "nodes": "2", "sbatch": ["--qos=a", "-x"]} and rest == ["r", "--config", "c"]
 
 
-GOLDEN = HERE / "data" / "slurm" / "batch_script.golden"
+GOLDEN = DATA / "slurm" / "batch_script.golden"
 
 
 def test_batch_script_golden_text():

@@ -1,4 +1,4 @@
-"""tune_magic.logs.oom without a real OOM kill (the real one is tests/e2e/test_oom.py).
+"""tune_magic.logs.oom without a real OOM kill (the real one is tests/e2e/test_oom_killer.py).
 
 The cgroup files here are written in the kernel's documented formats (Documentation/admin-guide/
 cgroup-v2.rst ``memory.events``; cgroup-v1/memory.rst ``memory.oom_control``)."""

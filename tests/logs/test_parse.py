@@ -28,6 +28,8 @@ from tune_magic.logs.parse import (
     strip_prefixes,
 )
 
+from jobhelpers import DATA
+
 NAN = float("nan")
 INF = float("inf")
 
@@ -576,9 +578,7 @@ def _steps(n: int = 8) -> list[tuple]:
 @pytest.mark.parametrize("name", ["tee3_metrics", "tee3_filter0_metrics", "filter0_metrics"])
 def test_captured_tee_and_rank_filter_logs(name):
     # real torchrun --tee 3 / --tee 3 --local-ranks-filter 0 / --local-ranks-filter 0 runs, 8 steps
-    from pathlib import Path
-
-    text = (Path(__file__).parent / "data" / f"{name}.log").read_text()
+    text = (DATA / f"{name}.log").read_text()
     points, parser = parse_text(text)
     metric = sorted((p for p in points if p.source != "progress"), key=lambda p: (p.step, p.source, p.name))
     assert_points(metric, sorted(_steps(), key=lambda w: (w[0], w[4], w[1])))

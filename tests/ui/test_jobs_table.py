@@ -3,7 +3,7 @@ place by one thread, new jobs shown, removed ones hidden. Built in the test proc
 
 Job records are written here by hand into a registry of the test's own; a "running" one names this
 test process as its supervisor (FAKE: no job process runs), so the table follows it through its
-summary file exactly as it follows a supervised job. Real jobs: tests/e2e/test_jobs_table_live.py.
+summary file exactly as it follows a supervised job. Real jobs: tests/e2e/test_panel.py.
 """
 
 from __future__ import annotations

@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from tune_magic.logs.follow import JobMetricsFollower
 
-DATA = Path(__file__).parent / "data" / "lora_2proc_5steps"
+from jobhelpers import DATA as TEST_DATA
+
+DATA = TEST_DATA / "lora_2proc_5steps"
 DISKLOGGER = next(DATA.glob("log_*.txt"))
 OUTPUT_LOG = DATA / "output.log"
 

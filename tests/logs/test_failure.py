@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -18,7 +17,8 @@ from tune_magic.logs.failure import Evidence, FailureReason, describe_failure, f
 from tune_magic.logs.follow import read_rank_logs
 from tune_magic.logs.oom import OomEvidence
 
-DATA = Path(__file__).parent / "data"
+from jobhelpers import DATA
+
 
 COLLECTIVE = "waiting for the other ranks (one of them stalled, crashed, or ran different code); " \
              "the limit is init_process_group's timeout"

@@ -26,7 +26,7 @@ from tune_magic.plan import toolcache
 
 from tune_magic.plan import torchrun_options
 
-REPO = Path(__file__).resolve().parents[1]
+from jobhelpers import REPO
 
 
 def _clear_process_caches() -> None:

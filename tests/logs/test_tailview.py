@@ -15,7 +15,8 @@ from tune_magic.logs.parse import strip_prefixes
 from tune_magic.logs.tailview import CHECKPOINT_RULE, TailRule, apply_rule, display_tail
 from tune_magic.schedulers.slurm.tail import TAIL_RULES as SLURM_TAIL_RULES
 
-DATA = Path(__file__).parent / "data"
+from jobhelpers import DATA, REPO
+
 
 # torchrun's own traceback when it gets SIGTERM (torch 2.13, captured from a stopped toy job here)
 SIGNAL_TRACEBACK = """\
@@ -266,7 +267,7 @@ def test_checkpoint_lines_are_torchtunes_own_words():
     site = Path(sysconfig.get_paths()["purelib"])
     files = [*(site / "torchtune" / "training" / "checkpointing").glob("*.py"),
              site / "recipes" / "lora_finetune_single_device.py", site / "recipes" / "lora_finetune_distributed.py",
-             *(Path(__file__).parents[1] / "recipes").glob("*.py")]
+             *(REPO / "recipes").glob("*.py")]
     # the string literals of the source (adjacent ones joined, f-strings' fixed parts), one per line
     source = "\n".join(node.value for p in files for node in ast.walk(ast.parse(p.read_text()))
                        if isinstance(node, ast.Constant) and isinstance(node.value, str))

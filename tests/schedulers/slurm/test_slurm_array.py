@@ -3,7 +3,6 @@ ids, MaxArraySize). Pure; the squeue text is tests/data/slurm/squeue_22.05_array
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -27,7 +26,9 @@ from tune_magic.schedulers.slurm.array import (
 )
 from tune_magic.schedulers.slurm.squeue import SqueueParseError, parse_squeue_format
 
-DATA = Path(__file__).parent / "data" / "slurm"
+from jobhelpers import DATA as TEST_DATA
+
+DATA = TEST_DATA / "slurm"
 
 
 def sections() -> dict[str, str]:

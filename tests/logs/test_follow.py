@@ -29,6 +29,8 @@ from tune_magic.logs.follow import (
 )
 from tune_magic.logs.parse import MetricPoint, parse_text
 
+from jobhelpers import DATA
+
 NAN = float("nan")
 INF = float("inf")
 BAR = ":  {p}%|{h}| {n}/10 [00:0{n}<00:01,  1.00it/s]"
@@ -547,8 +549,6 @@ def test_finish_with_a_named_metric_file_that_does_not_exist(tmp_path):
 
 
 # -- per-rank files under torchrun's --log-dir (--redirects / --tee) --------------------------------
-
-DATA = Path(__file__).parent / "data"
 
 
 def _capture_steps(n: int = 8) -> list[tuple]:

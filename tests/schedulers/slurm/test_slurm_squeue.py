@@ -6,7 +6,6 @@ Samples and how they were made: tests/data/slurm/README.md.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -26,7 +25,9 @@ from tune_magic.schedulers.slurm.squeue import (
 )
 from tune_magic.registry.status import Status
 
-DATA = Path(__file__).parent / "data" / "slurm"
+from jobhelpers import DATA as TEST_DATA
+
+DATA = TEST_DATA / "slurm"
 NODES = ("tmnode1", "tmnode2")
 
 
