@@ -34,12 +34,17 @@ import subprocess
 import sys
 import time
 import urllib.request
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 import tune_magic
 
+import waiting
+
+#: this file's waits are polled every 0.5 s unless a wait says otherwise (each poll queries the page)
+wait_for = partial(waiting.wait_for, interval=0.5)
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts" / "browser"
 CARDS = ARTIFACTS / "cards"  # the card test's screenshots (the tables test has its own folder)
@@ -119,17 +124,17 @@ class Lab:
              f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}",
              f"--ServerApp.root_dir={root}"] + (["--allow-root"] if os.geteuid() == 0 else []),
             cwd=root, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
+
+        def answering() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"JupyterLab exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
                 self.api("GET", "/api/status")
-                return
             except OSError:
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"JupyterLab did not answer in {SERVER_START_S} s:\n{self.log_tail()}")
-                time.sleep(0.5)
+                return False
+            return True
+
+        wait_for(answering, SERVER_START_S, what="JupyterLab to answer", describe=self.log_tail)
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}{'&' if '?' in path else '?'}token={self.token}"
@@ -298,17 +303,6 @@ def _loss(state: dict) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def _wait_for(what: str, check, timeout_s: float, poll_s: float = 0.5, describe=lambda: ""):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{describe()}")
-        time.sleep(poll_s)
-
-
 def _distinct_int_ticks(ticks) -> bool:
     return bool(ticks) and all(re.fullmatch(r"-?\d+", t) for t in ticks) and len(set(ticks)) == len(ticks) and \
         [int(t) for t in ticks] == sorted(int(t) for t in ticks)
@@ -327,13 +321,13 @@ def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
     page.locator(".jp-StatusBar-Widget", has_text=re.compile(r"\|\s*Idle")).first.wait_for(timeout=KERNEL_READY_S * MS)
     timings["lab+kernel ready"] = time.monotonic() - t0
     page.keyboard.press("Control+b")  # collapse the left sidebar: more room for the cards
-    _wait_for("the left sidebar to collapse", lambda: page.locator("#jp-left-stack").is_hidden(), 10)
+    wait_for(lambda: page.locator("#jp-left-stack").is_hidden(), 10, what="the left sidebar to collapse")
     page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
 
     cards = page.locator(".tune-magic-card")
-    _wait_for("three job cards", lambda: cards.count() == 3, CARDS_S,
-              describe=lambda: page.locator(".jp-OutputArea").all_inner_texts())
+    wait_for(lambda: cards.count() == 3, CARDS_S, what="three job cards",
+             describe=lambda: page.locator(".jp-OutputArea").all_inner_texts())
     timings["cards shown"] = time.monotonic() - t0
     a, b, c = cards.nth(0), cards.nth(1), cards.nth(2)
     for card in (a, b, c):
@@ -360,8 +354,8 @@ def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
         # about a second after its start-up, so at least one of them is seen before its end
         return len(shown["b"]) >= 3 and len(shown["a"]) >= 1
 
-    _wait_for("the running cards to show their steps (b: 3 different ones)", watch, STEPS_S, poll_s=0.25,
-              describe=lambda: json.dumps({"shown": shown, "a": _card_state(a), "b": _card_state(b)}, indent=1))
+    wait_for(watch, STEPS_S, interval=0.25, what="the running cards to show their steps (b: 3 different ones)",
+             describe=lambda: json.dumps({"shown": shown, "a": _card_state(a), "b": _card_state(b)}, indent=1))
     timings["steps rose"] = time.monotonic() - t0
     for key, seq in shown.items():
         steps = [st for st, _ in seq]
@@ -372,15 +366,15 @@ def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
 
     # the charts draw the curve: a line path and one marker per logged step; the step axis has
     # integer tick labels, each once (was "1 2 2 3 3 ... 8 8")
-    charts = _wait_for("points on both charts",
-                       lambda: (lambda s: s if all(x["dots"] >= 2 and x["line_d"].count("L") >= 1 for x in s) else None)(
-                           [_card_state(a), _card_state(b)]),
-                       30, describe=lambda: json.dumps([_card_state(a), _card_state(b)], indent=1))
+    charts = wait_for(
+        lambda: (lambda s: s if all(x["dots"] >= 2 and x["line_d"].count("L") >= 1 for x in s) else None)(
+            [_card_state(a), _card_state(b)]),
+        30, what="points on both charts", describe=lambda: json.dumps([_card_state(a), _card_state(b)], indent=1))
     for card, s in zip((a, b), charts):
         assert s["dots"] <= (_step(s) or 0) + 1, s  # not more markers than steps
         # an axis mid-transition may briefly hold old and new ticks; settled, each is there once
-        _wait_for("integer step ticks, each once", lambda: _distinct_int_ticks(_card_state(card)["ticks"]), 5,
-                  describe=lambda: json.dumps(_card_state(card)["ticks"]))
+        wait_for(lambda: _distinct_int_ticks(_card_state(card)["ticks"]), 5, what="integer step ticks, each once",
+                 describe=lambda: json.dumps(_card_state(card)["ticks"]))
     assert a.locator("svg .axis").count() >= 2  # x and y axes drawn
     # where the whole run is: epoch of epochs, step of steps, steps this epoch, elapsed, ETA
     sb = _card_state(b)
@@ -390,8 +384,8 @@ def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
     _shot(page, "cards/02-card-b-running", b)
 
     # the failed card (the stand-in's rank 1 raises): its first line is the job's error
-    sc = _wait_for("card c to read 'failed'", lambda: (lambda s: s if s["status"] == "failed" else None)(_card_state(c)),
-                   STEPS_S, describe=lambda: json.dumps(_card_state(c), indent=1))
+    sc = wait_for(lambda: (lambda s: s if s["status"] == "failed" else None)(_card_state(c)), STEPS_S,
+                  what="card c to read 'failed'", describe=lambda: json.dumps(_card_state(c), indent=1))
     assert "rank 1" in sc["first_line"] and "RuntimeError: toy recipe crashed on purpose" in sc["first_line"], sc
     assert not sc["button_visible"], sc  # no Stop on an ended job
     # the whole traceback is behind a toggle: collapsed, and shown on a click
@@ -409,13 +403,13 @@ def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
     assert LONG_LINE in _card_state(b)["log"].replace("\n", "")  # the 400-character line is on the card
     b.locator("button.widget-button", has_text="Stop").click()  # (bqplot's toolbar has buttons too)
     t_click = time.monotonic()
-    _wait_for("card b to read 'stopped'", lambda: _card_state(b)["status"] == "stopped", STOP_S,
-              describe=lambda: json.dumps(_card_state(b), indent=1))
+    wait_for(lambda: _card_state(b)["status"] == "stopped", STOP_S, what="card b to read 'stopped'",
+             describe=lambda: json.dumps(_card_state(b), indent=1))
     timings["stop click -> 'stopped' shown"] = time.monotonic() - t_click
     assert tune_magic.get_job(b_id).status == "stopped"
-    sb = _wait_for("card b's tail to end with torchrun's stop",
-                   lambda: (lambda s: s if "stopped its workers" in s["log"] else None)(_card_state(b)), 15,
-                   describe=lambda: json.dumps(_card_state(b), indent=1))
+    sb = wait_for(lambda: (lambda s: s if "stopped its workers" in s["log"] else None)(_card_state(b)), 15,
+                  what="card b's tail to end with torchrun's stop",
+                  describe=lambda: json.dumps(_card_state(b), indent=1))
     assert "SignalException" in Path(tune_magic.get_job(b_id).log_path).read_text()  # in the log file ...
     assert "SignalException" not in sb["log"] and "Traceback" not in sb["log"], sb["log"]  # ... not on the card
     assert not sb["button_visible"], json.dumps({k: v for k, v in sb.items() if k != "text"}, indent=1)
@@ -432,10 +426,10 @@ def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
     _shot(page, "cards/05-card-b-stopped", b)
 
     # a runs to its end: A_STEPS steps on its chart
-    _wait_for("card a to read 'succeeded'", lambda: _card_state(a)["status"] == "succeeded", STEPS_S,
-              describe=lambda: json.dumps(_card_state(a), indent=1))
-    sa = _wait_for("card a's last step", lambda: (lambda s: s if _step(s) == A_STEPS and s["dots"] == A_STEPS else None)(
-        _card_state(a)), 15, describe=lambda: json.dumps(_card_state(a), indent=1))
+    wait_for(lambda: _card_state(a)["status"] == "succeeded", STEPS_S, what="card a to read 'succeeded'",
+             describe=lambda: json.dumps(_card_state(a), indent=1))
+    sa = wait_for(lambda: (lambda s: s if _step(s) == A_STEPS and s["dots"] == A_STEPS else None)(
+        _card_state(a)), 15, what="card a's last step", describe=lambda: json.dumps(_card_state(a), indent=1))
     assert _distinct_int_ticks(sa["ticks"]) and int(sa["ticks"][-1]) <= A_STEPS, sa["ticks"]
     assert re.search(rf"epoch 1/1 · step {A_STEPS}/{A_STEPS} · loss [\d.]+ · {A_STEPS}/{A_STEPS} this epoch · took ",
                      sa["progress"] or ""), sa["progress"]
@@ -555,8 +549,8 @@ def _charts_laid_out(root) -> None:
         fits = ("f => { const bg = f.querySelector('rect.plotarea_background'); if (!bg) return true; "
                 "const gap = f.getBoundingClientRect().right - bg.getBoundingClientRect().right; "
                 "return gap >= -1 && gap <= 80; }")
-        _wait_for("a chart to take its new width", lambda: fig.evaluate(fits), 15,
-                  describe=lambda: fig.evaluate("f => f.getBoundingClientRect().width"))
+        wait_for(lambda: fig.evaluate(fits), 15, what="a chart to take its new width",
+                 describe=lambda: fig.evaluate("f => f.getBoundingClientRect().width"))
 
 
 def _shot_whole(page, name: str, locator, width: int) -> None:
@@ -574,7 +568,7 @@ def _left_sidebar_collapsed(page) -> None:
     shown = "() => { const s = document.querySelector('#jp-left-stack'); return !!s && s.offsetWidth > 0; }"
     if page.evaluate(shown):
         page.keyboard.press("Control+b")
-    _wait_for("the left sidebar to collapse", lambda: not page.evaluate(shown), 10)
+    wait_for(lambda: not page.evaluate(shown), 10, what="the left sidebar to collapse")
 
 
 @pytest.mark.timeout(420)
@@ -597,14 +591,14 @@ def test_live_jobs_table_and_panel_layout_in_jupyterlab(lab, page, new_jobs):
     page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
     tables, panels = page.locator(".tune-magic-jobs"), page.locator(".tune-magic-panel")
-    _wait_for("%tune_jobs and two panels", lambda: tables.count() == 3 and panels.count() == 2, CARDS_S,
-              describe=lambda: page.locator(".jp-OutputArea").all_inner_texts())
+    wait_for(lambda: tables.count() == 3 and panels.count() == 2, CARDS_S, what="%tune_jobs and two panels",
+             describe=lambda: page.locator(".jp-OutputArea").all_inner_texts())
     jobs_table, panel = tables.nth(0), panels.nth(0)
     assert "Error displaying widget" not in page.locator(".jp-Notebook").inner_text()
 
     # rows: finished ones without a Stop button, the failed one with its reason under it
     for job in done:
-        r = _wait_for(f"row {job.id}", lambda: _row(jobs_table, job.id), 30)
+        r = wait_for(lambda: _row(jobs_table, job.id), 30, what=f"row {job.id}")
         assert (r["status"], r["step"], r["buttons"], r["reason_shown"]) == ("succeeded", "6", 0, False), r
     r = _row(jobs_table, crashed.id)
     assert r["status"] == "failed" and r["buttons"] == 0 and r["reason_shown"], r
@@ -622,8 +616,8 @@ def test_live_jobs_table_and_panel_layout_in_jupyterlab(lab, page, new_jobs):
                 seen[key].append(r["step"])
         return all(len(v) >= 3 for v in seen.values())
 
-    _wait_for("the running job's step to change 3 times in both tables", steps_move, STEPS_S, poll_s=0.3,
-              describe=lambda: json.dumps({"seen": seen, "row": _row(jobs_table, running.id)}))
+    wait_for(steps_move, STEPS_S, interval=0.3, what="the running job's step to change 3 times in both tables",
+             describe=lambda: json.dumps({"seen": seen, "row": _row(jobs_table, running.id)}))
     for steps in seen.values():
         assert [int(s) for s in steps] == sorted(int(s) for s in steps), seen
     r = _row(jobs_table, running.id)
@@ -652,8 +646,8 @@ def test_live_jobs_table_and_panel_layout_in_jupyterlab(lab, page, new_jobs):
         _shot(page, f"tables/03-tune-jobs-{width}", jobs_table)
     lay = panel.evaluate(_LAYOUT_JS)
     # the compare chart: integer steps, each label once; the legend above the plot, not over the curves
-    ticks = _wait_for("the chart's step ticks", lambda: (lambda t: t if t and len(t) >= 2 else None)(
-        panel.evaluate(_LAYOUT_JS)["ticks"]), 30)
+    ticks = wait_for(lambda: (lambda t: t if t and len(t) >= 2 else None)(
+        panel.evaluate(_LAYOUT_JS)["ticks"]), 30, what="the chart's step ticks")
     assert all(re.fullmatch(r"\d+", t) for t in ticks) and len(set(ticks)) == len(ticks), ticks
     assert [int(t) for t in ticks] == sorted(int(t) for t in ticks)
     assert lay["legend"]["items"] == 2 and all(n in lay["legend"]["text"] for n in CMP_NAMES), lay["legend"]
@@ -678,8 +672,8 @@ def test_live_jobs_table_and_panel_layout_in_jupyterlab(lab, page, new_jobs):
     row_index = jobs_table.evaluate(
         f"t => [...t.querySelectorAll('.tm-cell-id')].findIndex(e => e.textContent.trim() === {json.dumps(running.id)})")
     jobs_table.locator(".tm-cell-stop").nth(row_index).locator("button").click()
-    _wait_for("the row to read stopped", lambda: (_row(jobs_table, running.id) or {}).get("status") == "stopped",
-              STOP_S, describe=lambda: json.dumps(_row(jobs_table, running.id)))
+    wait_for(lambda: (_row(jobs_table, running.id) or {}).get("status") == "stopped", STOP_S,
+             what="the row to read stopped", describe=lambda: json.dumps(_row(jobs_table, running.id)))
     assert tune_magic.get_job(running.id).status == "stopped"
     assert _row(jobs_table, running.id)["buttons"] == 0
     _shot(page, "tables/05-tune-jobs-after-stop", jobs_table)

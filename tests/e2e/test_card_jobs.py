@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import re
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from tune_magic.ui.views import JobCard
 
+import waiting
 from jobhelpers import toy_args
 
 TIMEOUT = 180
@@ -37,12 +39,8 @@ def started():
         job.stop(grace_s=2)
 
 
-def wait_for(pred, timeout=TIMEOUT, what="condition", poll_s=0.05):
-    deadline = time.monotonic() + timeout
-    while not (value := pred()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(poll_s)
-    return value
+#: this file's waits: TIMEOUT s deadlines, polled every 50 ms
+wait_for = partial(waiting.wait_for, timeout=TIMEOUT, interval=0.05)
 
 
 def shown(widget) -> str:
@@ -70,7 +68,7 @@ def test_progress_and_saving_checkpoint_during_the_save(ip, started):
     wait_for(lambda: log.read_text().count("Saving checkpoint. This may take some time") == 2 or None,
              what="the second save's line in the log")
     wait_for(lambda: saw(r"^saving checkpoint… · epoch 2/2 · step 6/6 · loss 1\.6667 · 3/3 this epoch"),
-             what="saving checkpoint… on the card", timeout=10, poll_s=0.02)
+             what="saving checkpoint… on the card", timeout=10, interval=0.02)
     while "Saving checkpoint took" not in log.read_text().split("Saving checkpoint. This may")[-1]:
         assert saw(r"^saving checkpoint…"), progress  # all through the save
         assert job.status == "running"

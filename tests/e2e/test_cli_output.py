@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ import tune_magic
 from tune_magic.ui.cli import CHUNK_BYTES
 
 from jobhelpers import toy_args
+from waiting import wait_for
 
 CLI = [sys.executable, "-m", "tune_magic"]
 TIMEOUT = 180
@@ -26,13 +26,6 @@ MEASURE = ("import resource, subprocess, sys\n"
            "rc = subprocess.call(sys.argv[1:])\n"
            "sys.stderr.write(f'\\nMAXRSS_KIB={resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}\\n')\n"
            "sys.exit(rc)\n")
-
-
-def wait_until(pred, what: str, timeout: float = TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -47,7 +40,7 @@ def launched():
 def finished_toy_job(launched, name=None, *overrides):
     job = tune_magic.launch(toy_args("steps=1", "step_s=0", *overrides, nproc=None), name=name)
     launched.append(job)
-    wait_until(lambda: job.status != "running", f"job {job.id} to end")
+    wait_for(lambda: job.status != "running", timeout=TIMEOUT, what=f"job {job.id} to end")
     assert job.status == "succeeded", job.record.error
     return job
 
@@ -115,7 +108,7 @@ def test_logs_follow_streams_a_200_mb_log_of_a_running_job_in_bounded_memory(lau
     small_peak, *_ = measured([*CLI, "logs", "-f", anchor.id])
     job = tune_magic.launch(toy_args("steps=4", "step_s=1", nproc=None))
     launched.append(job)
-    wait_until(lambda: Path(job.log_path).exists(), "the log to appear")
+    wait_for(lambda: Path(job.log_path).exists(), timeout=TIMEOUT, what="the log to appear")
     grow(job.log_path, BIG)
     assert job.status == "running"
     peak, size, sha, _ = measured([*CLI, "logs", "-f", job.id])
@@ -157,7 +150,7 @@ def test_run_wait_stops_following_a_log_replaced_by_a_link(launched, tmp_path):
         job = tune_magic.get_job(p.stdout.readline().strip())
         launched.append(job)
         log = Path(job.log_path)
-        wait_until(lambda: "Loss" in log.read_text(), f"job {job.id} to log a step")
+        wait_for(lambda: "Loss" in log.read_text(), timeout=TIMEOUT, what=f"job {job.id} to log a step")
         link = log.with_name("link.tmp")
         link.symlink_to(secret)
         os.replace(link, log)  # the job still writes to the file it opened; the name is a link now

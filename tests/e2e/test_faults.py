@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -24,24 +25,19 @@ from tune_magic import faultpoints
 from tune_magic.registry import store as jobstore
 from tune_magic.schedulers.local import procs
 
+import waiting
 from jobhelpers import toy_args
 
 TIMEOUT = 120
 
 
-def wait_for(cond, timeout: float = 60, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+#: this file's waits: 60 s deadlines unless a test says less, polled every 50 ms
+wait_for = partial(waiting.wait_for, timeout=60, interval=0.05)
 
 
 def started(job: J.Job, n: int = 2) -> J.Job:
     wait_for(lambda: len(job.refresh().record.workers) >= n and job.record.rendezvous_endpoint,
-             what=f"{n} workers of {job.id}: {job.tail(10)}")
+             what=f"{n} workers of {job.id}", describe=lambda: job.tail(10))
     return job
 
 
@@ -124,7 +120,7 @@ def test_nothing_left_and_no_exit_code_is_outcome_unknown(cleanup_jobs):
     everything = [job.record.supervisor.pid, wrapper, *members(job)]
     for pid in everything:
         os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: job.refresh().status != "running", 30, "status change")
+    wait_for(lambda: job.refresh().status != "running", timeout=30, what="status change")
     assert job.status == "unknown"
     assert job.status.label == "outcome unknown"
     assert "outcome unknown" in cli("jobs").stdout
@@ -147,7 +143,7 @@ def test_damaged_record_never_makes_a_live_job_unstoppable(cleanup_jobs):
     same = J.get_job(job.id)
     assert members(same) != []
     # the supervisor rewrites it within a couple of seconds
-    wait_for(lambda: not J.Job(job.dir).damaged, 5, "the record's repair")
+    wait_for(lambda: not J.Job(job.dir).damaged, timeout=5, what="the record's repair")
     assert jobstore.read(job.dir).status == "running"
     record.write_text("{")
     r = cli("stop", "--all")
@@ -161,13 +157,13 @@ def test_deleted_job_directory_is_recreated_and_the_job_stays_stoppable(cleanup_
     cleanup_jobs.append(job)
     shutil.rmtree(job.dir)
     t0 = time.monotonic()
-    wait_for(lambda: (job.dir / jobstore.RECORD).exists(), 5, "the directory's return")
+    wait_for(lambda: (job.dir / jobstore.RECORD).exists(), timeout=5, what="the directory's return")
     assert time.monotonic() - t0 < 5
     assert job.id in [j.id for j in J.jobs()]
     again = J.get_job(job.id)
     assert again.record.log_lost_at is not None and again.status == "running"
     log = Path(again.log_path)
-    wait_for(lambda: "filler line" in log.read_text(), 10, "new log lines")
+    wait_for(lambda: "filler line" in log.read_text(), timeout=10, what="new log lines")
     assert "the log before this moment is gone" in log.read_text().splitlines()[0]
     assert again.stop(grace_s=2) == "stopped"
     assert members(again) == []
@@ -200,12 +196,8 @@ def _registry_is_consistent(root: Path) -> str | None:
 
 
 def _check_within_5s(root: Path, what: str) -> None:
-    deadline = time.monotonic() + 5
-    problem = _registry_is_consistent(root)
-    while problem and time.monotonic() < deadline:
-        time.sleep(0.1)
-        problem = _registry_is_consistent(root)
-    assert problem is None, f"{what}: {problem}"
+    wait_for(lambda: _registry_is_consistent(root) is None, timeout=5, interval=0.1,
+             what=f"a consistent registry: {what}", describe=lambda: _registry_is_consistent(root))
 
 
 def test_launcher_killed_at_any_moment_leaves_a_consistent_registry(tmp_path, monkeypatch):

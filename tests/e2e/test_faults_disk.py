@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 import faults
 from jobhelpers import toy_args
+from waiting import wait_for
 
 PY = sys.executable
 
@@ -30,16 +30,6 @@ def _on_disk(ns, env, job_id) -> dict:
     return json.loads(r.stdout)
 
 
-def _wait(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
-
-
 def test_full_disk_loses_no_outcome_and_stop_still_works(tmp_path):
     faults.require()
     home = tmp_path / "home"
@@ -54,7 +44,8 @@ def test_full_disk_loses_no_outcome_and_stop_still_works(tmp_path):
 
         finishing = launch("steps=40", "step_s=0.25", f"output_dir={out}/a")
         stopping = launch("steps=100000", "step_s=0.1", f"output_dir={out}/b")
-        _wait(lambda: all(len(_on_disk(ns, env, j)["workers"]) == 2 for j in (finishing, stopping)), 90, "workers")
+        wait_for(lambda: all(len(_on_disk(ns, env, j)["workers"]) == 2 for j in (finishing, stopping)),
+                 timeout=90, interval=0.5, what="workers")
         ns.fill(home)
         assert ns.run(["sh", "-c", f"echo x > {home}/probe"], env=env).returncode != 0  # really full
 
@@ -71,12 +62,14 @@ def test_full_disk_loses_no_outcome_and_stop_still_works(tmp_path):
 
         # the other job ends by itself while the disk is full; listings show its end at once
         # (the exit file was made with room for the code) — nothing says "running" for ever
-        ended = _wait(lambda: (s := _status(ns, env)[finishing])[0] != "running" and s, 90, "the end")
+        ended = wait_for(lambda: (s := _status(ns, env)[finishing])[0] != "running" and s,
+                         timeout=90, interval=0.5, what="the end")
         assert ended[0] in ("succeeded", "failed") and ended[1] is not None
         assert _on_disk(ns, env, finishing)["status"] == "running"  # not yet written: no room
 
         ns.run(["rm", "-f", f"{home}/{faults.FILL_NAME}"], env=env)
-        _wait(lambda: _on_disk(ns, env, finishing)["status"] != "running", 30, "the supervisor's retried write")
+        wait_for(lambda: _on_disk(ns, env, finishing)["status"] != "running", timeout=30, interval=0.5,
+                 what="the supervisor's retried write")
         final = _on_disk(ns, env, finishing)
         assert [final["status"], final["returncode"]] == ended
         assert _on_disk(ns, env, stopping)["status"] == "stopped"

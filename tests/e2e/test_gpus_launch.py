@@ -4,7 +4,6 @@ against a FAKE nvidia-smi listing 4 GPUs (there is no GPU here)."""
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -15,13 +14,12 @@ from tune_magic.schedulers.local.gpus import GpuError
 from tune_magic.ui.watch import JobWatcher
 
 from jobhelpers import fake_gpu_uuid, toy_args
+from waiting import wait_for
 
 
 def workers_environ(job, timeout=60):
-    deadline = time.monotonic() + timeout
-    while len(job.refresh().record.workers) < int(job.record.nproc_per_node):
-        assert time.monotonic() < deadline, job.tail(20)
-        time.sleep(0.1)
+    wait_for(lambda: len(job.refresh().record.workers) >= int(job.record.nproc_per_node), timeout=timeout,
+             what=f"every worker of {job.id}", describe=lambda: job.tail(20))
     return [dict(kv.split(b"=", 1) for kv in Path(f"/proc/{w.pid}/environ").read_bytes().split(b"\0") if b"=" in kv)
             for w in job.record.workers]
 

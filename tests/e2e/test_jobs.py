@@ -27,6 +27,7 @@ from tune_magic.registry import store as jobstore
 from tune_magic.errors import PlanError
 
 from jobhelpers import listening_on, processes_mentioning, toy_args
+from waiting import wait_for
 
 LORA = "--nproc_per_node 2 lora_finetune --config tiny/lora max_steps_per_epoch=6"
 TIMEOUT = 240
@@ -75,9 +76,7 @@ def test_negative_control_shared_master_port_second_fails_eaddrinuse(tiny_assets
     port = free_port()
     a = L.launch(f"--master_port {port} {LORA.replace('max_steps_per_epoch=6', 'max_steps_per_epoch=200')}")
     cleanup_jobs.append(a)
-    deadline = time.monotonic() + 60
-    while not listening_on(port) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: listening_on(port), timeout=60, what=f"job {a.id}'s rendezvous to listen on port {port}")
     with pytest.raises(PlanError, match=f"port {port} of your rendezvous endpoint is the rendezvous of running job"):
         L.launch(f"--master_port {port} {LORA}")  # refused before it starts ...
     b = L.launch(f"--master_port {port} {LORA}", force=True)  # ... unless forced: then it fails as it would
@@ -93,10 +92,8 @@ def test_stop_leaves_no_process_and_frees_the_port_5_times(cleanup_jobs):
     for attempt in range(5):
         job = L.launch(toy_args("steps=1000", "step_s=0.1"))
         cleanup_jobs.append(job)
-        deadline = time.monotonic() + 60
-        while len(job.refresh().record.workers) < 2 or not job.record.rendezvous_endpoint:
-            assert time.monotonic() < deadline, job.tail(20)
-            time.sleep(0.1)
+        wait_for(lambda: len(job.refresh().record.workers) >= 2 and job.record.rendezvous_endpoint, timeout=60,
+                 what=f"2 workers and the endpoint of {job.id}", describe=lambda: job.tail(20))
         port = int(job.rendezvous_endpoint.rsplit(":", 1)[1])
         pids = [w.pid for w in job.record.workers] + [job.pid]
         assert all(psutil.pid_exists(p) for p in pids)
@@ -108,10 +105,7 @@ def test_stop_leaves_no_process_and_frees_the_port_5_times(cleanup_jobs):
 def test_stop_real_lora_job(tiny_assets, cleanup_jobs):
     job = L.launch(LORA.replace("max_steps_per_epoch=6", "max_steps_per_epoch=500"))
     cleanup_jobs.append(job)
-    deadline = time.monotonic() + 120
-    while len(job.refresh().record.workers) < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    wait_for(lambda: len(job.refresh().record.workers) >= 2, timeout=120, interval=0.2, what=f"2 workers of {job.id}")
     assert job.stop(grace_s=10) == "stopped"
     assert_no_orphans(job)
 
@@ -120,10 +114,8 @@ def test_case7_gpus_reach_the_workers_environment_only(fake_gpus, cleanup_jobs):
     before = dict(os.environ)
     job = L.launch(toy_args("steps=1000", "step_s=0.1", nproc=None), gpus="2,3")
     cleanup_jobs.append(job)
-    deadline = time.monotonic() + 60
-    while len(job.refresh().record.workers) < 2:
-        assert time.monotonic() < deadline, job.tail(20)
-        time.sleep(0.1)
+    wait_for(lambda: len(job.refresh().record.workers) >= 2, timeout=60, what=f"2 workers of {job.id}",
+             describe=lambda: job.tail(20))
     for w in job.record.workers:
         environ = Path(f"/proc/{w.pid}/environ").read_bytes().split(b"\0")
         assert b"CUDA_VISIBLE_DEVICES=2,3" in environ
@@ -207,10 +199,8 @@ def test_job_outlives_its_launcher_and_is_managed_from_another_process(how, clea
         assert job.tail(1) == ["toy recipe done"]
     else:
         assert job.status == "running"
-        deadline = time.monotonic() + 60
-        while "|" not in "".join(job.tail(5)):  # followed: its progress shows up
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        wait_for(lambda: "|" in "".join(job.tail(5)), timeout=60, interval=0.2,  # followed: its progress shows up
+                 what=f"progress in {job.id}'s log")
         assert job.stop(grace_s=5) == "stopped"
         assert_no_orphans(job)
 
@@ -305,10 +295,13 @@ def test_supervisor_keeps_the_summary_current(cleanup_jobs):
 
     job = L.launch(toy_args("steps=25", "step_s=0.2"))
     cleanup_jobs.append(job)
-    deadline = time.monotonic() + 60
-    while (read_summary(job.dir) is None or (read_summary(job.dir).step or 0) < 3):
-        assert time.monotonic() < deadline and job.status == "running", job.tail(10)
-        time.sleep(0.1)
+    def three_steps() -> bool:
+        if read_summary(job.dir) is not None and (read_summary(job.dir).step or 0) >= 3:
+            return True
+        assert job.status == "running", job.tail(10)  # still running while it gets there
+        return False
+
+    wait_for(three_steps, timeout=60, what=f"step 3 in {job.id}'s summary", describe=lambda: job.tail(10))
     live = read_summary(job.dir)
     assert job.status == "running" and live.loss == 10.0 / live.step  # the stand-in's loss is 10/step
     assert job.wait(TIMEOUT) == "succeeded"
@@ -321,10 +314,8 @@ def test_endpoint_with_port_0_records_the_real_address_and_workers_are_exactly_t
     job = L.launch("--rdzv-endpoint localhost:0 --rdzv-backend c10d "
                    + toy_args("steps=1000", "step_s=0.1", "spawn_sleep=true"))
     cleanup_jobs.append(job)
-    deadline = time.monotonic() + 60
-    while len(job.refresh().record.workers) < 2 or job.record.rendezvous_endpoint == "localhost:0":
-        assert time.monotonic() < deadline, job.tail(20)
-        time.sleep(0.1)
+    wait_for(lambda: len(job.refresh().record.workers) >= 2 and job.record.rendezvous_endpoint != "localhost:0",
+             timeout=60, what=f"2 workers and the real endpoint of {job.id}", describe=lambda: job.tail(20))
     ranks = {}
     for child in psutil.Process(job.pid).children():
         env = child.environ()

@@ -19,6 +19,7 @@ from tune_magic.schedulers.local import procs
 
 from jobhelpers import processes_mentioning, toy_args, write_fake_nvidia_smi
 from kernelhelpers import IOPubCounter, Kernel
+from waiting import wait_for
 
 TIMEOUT = 240
 # Jupyter server's defaults (ServerApp.iopub_msg_rate_limit / iopub_data_rate_limit, 3 s window)
@@ -60,10 +61,7 @@ def test_interrupt_restart_and_no_prints_from_threads(kernel):
 
     # case 14: while the card's thread updates it, another cell's output stays empty
     card_step = f"getattr(__import__('tune_magic.ui.views').ui.views.JobCard.for_job('{job_id}').snapshot, 'step', None)"
-    deadline = time.monotonic() + TIMEOUT
-    while kernel.value(card_step) is None:
-        assert time.monotonic() < deadline, "the card never showed a step"
-        time.sleep(0.5)
+    wait_for(lambda: kernel.value(card_step) is not None, timeout=TIMEOUT, interval=0.5, what="a step on the card")
     before = kernel.value(card_step)
     quiet = kernel.run("import time; time.sleep(3); print('only this')")
     assert quiet.stdout == "only this\n" and quiet.stderr == "" and quiet.data == []
@@ -93,10 +91,8 @@ def test_interrupt_restart_and_no_prints_from_threads(kernel):
     stopped = kernel.run(f"%tune_stop {job_id}")
     assert stopped.stdout.strip() == f"{job_id} stopped"
     assert job.status == "stopped"
-    deadline = time.monotonic() + 30
-    while processes_mentioning(job_id):
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    wait_for(lambda: not processes_mentioning(job_id), timeout=30, interval=0.2, what=f"no process of {job_id}",
+             describe=lambda: processes_mentioning(job_id))
 
 
 def test_300k_lines_stay_within_iopub_limits(kernel):
@@ -107,10 +103,8 @@ def test_300k_lines_stay_within_iopub_limits(kernel):
     job = J.get_job(job_id)
     assert job.wait(TIMEOUT) == "succeeded"
     card = f"__import__('tune_magic.ui.views').ui.views.JobCard.for_job('{job_id}')"
-    deadline = time.monotonic() + TIMEOUT
-    while not kernel.value(f"{card}.watcher.finished"):  # the card read the log to its end
-        assert time.monotonic() < deadline, "the card never finished reading the log"
-        time.sleep(0.5)
+    wait_for(lambda: kernel.value(f"{card}.watcher.finished"), timeout=TIMEOUT, interval=0.5,
+             what="the card to read the log to its end")
     time.sleep(0.5)
     end = time.monotonic()
     log_lines = sum(1 for _ in open(job.log_path, "rb"))

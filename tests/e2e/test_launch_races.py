@@ -27,6 +27,7 @@ from tune_magic.errors import PlanError
 from tune_magic.schedulers.local.gpus import GpuError
 
 from jobhelpers import toy_args
+from waiting import wait_for
 
 LONG = toy_args("steps=1000", "step_s=0.1", nproc=None)
 #: Seconds a launch that passed the clash check waits before registering: without the lock, the
@@ -202,10 +203,7 @@ def test_a_fixed_port_used_by_a_running_job_is_refused(cleanup_jobs):
         port = s.getsockname()[1]
     first = L.launch(f"--master-port {port} " + toy_args("steps=1000", "step_s=0.1"))
     cleanup_jobs.append(first)
-    deadline = time.monotonic() + 60
-    while not first.refresh().record.workers:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_for(lambda: first.refresh().record.workers, timeout=60, what=f"the workers of {first.id}")
     for args in (f"--master-port {port} ", f"--rdzv-endpoint localhost:{port} --rdzv-backend c10d "):
         with pytest.raises(PlanError, match=f"port {port} of your rendezvous endpoint is the rendezvous of running job"):
             L.launch(args + toy_args("steps=2"))

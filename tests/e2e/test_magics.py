@@ -6,7 +6,7 @@ expected curve is known without parsing the log.
 
 from __future__ import annotations
 
-import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -18,6 +18,7 @@ from tune_magic.registry import store as jobstore
 from tune_magic.plan.model import LaunchPlan
 from tune_magic.ui.views import JobCard
 
+import waiting
 from jobhelpers import TOY_CONFIG, processes_mentioning, toy_args
 
 TIMEOUT = 180
@@ -41,11 +42,8 @@ def started():
         job.stop(grace_s=2)
 
 
-def wait_for(pred, timeout=TIMEOUT, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+#: this file's waits: TIMEOUT s deadlines, polled every 100 ms
+wait_for = partial(waiting.wait_for, timeout=TIMEOUT, interval=0.1)
 
 
 def record_ids():

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 import tune_magic.job as J
 
 from kernelhelpers import Kernel
+from waiting import wait_for
 
 TIMEOUT = 240
 
@@ -56,25 +55,27 @@ def test_panel_preview_launch_twice_compare_and_invalid_endpoint(kernel):
     ports = {j.rendezvous_endpoint.rsplit(":", 1)[1] for j in jobs}
     assert len(ports) == 2
 
-    deadline = time.monotonic() + 60
-    while True:
-        series = kernel.value("{k: [list(p) for p in v] for k, v in panel.series.items()}")
-        if all(len(series.get(i, [])) == 4 for i in ids):
-            break
-        assert time.monotonic() < deadline, series
-        time.sleep(0.5)
+    points = "{k: [list(p) for p in v] for k, v in panel.series.items()}"
+
+    def all_four_points() -> dict | None:
+        series = kernel.value(points)
+        return series if all(len(series.get(i, [])) == 4 for i in ids) else None
+
+    series = wait_for(all_four_points, timeout=60, interval=0.5, what="4 points of each job in the panel's series",
+                      describe=lambda: kernel.value(points))
     assert sorted(series) == sorted(ids)
     for i in ids:
         assert [s for s, _ in series[i]] == [1, 2, 3, 4]
     marks = kernel.value("[len(m.y) for m in panel.chart.marks]")
     assert marks == [4, 4]
     # the same table, never refreshed by hand, reads succeeded once its refresher has run
-    deadline = time.monotonic() + 10
-    while True:
-        table = kernel.value(f"{{i: panel.jobs_table.summaries[i][1:3] for i in {ids!r}}}")
-        if all(table[i] == ["succeeded", 4] for i in ids):
-            break
-        assert time.monotonic() < deadline, table
-        time.sleep(0.5)
+    summaries = f"{{i: panel.jobs_table.summaries[i][1:3] for i in {ids!r}}}"
+
+    def both_succeeded() -> bool:
+        table = kernel.value(summaries)
+        return all(table[i] == ["succeeded", 4] for i in ids)
+
+    wait_for(both_succeeded, timeout=10, interval=0.5, what="succeeded at step 4 in the panel's table",
+             describe=lambda: kernel.value(summaries))
     lines = {line.split()[0]: line.split()[1:4] for line in kernel.value("panel.jobs_table.text()").splitlines()}
     assert all(lines[i] == ["lora_finetune", "succeeded", "4"] for i in ids), lines

@@ -15,6 +15,7 @@ import errno
 import os
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -26,15 +27,13 @@ from tune_magic.job import Job
 from tune_magic.registry.store import JobRecord
 from tune_magic.ui.watch import JobWatcher
 
+import waiting
+
 inotify_simple = pytest.importorskip("inotify_simple")
 
 
-def wait_for(pred, timeout: float = 10.0, what: str = "the condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
+#: this file's waits: 10 s deadlines, polled every 10 ms (a notification is seen within milliseconds)
+wait_for = partial(waiting.wait_for, timeout=10.0, interval=0.01)
 
 
 def metric_line(step: int) -> str:

@@ -5,7 +5,6 @@ shows squeue's reason and a Stop button, a running two-node job its nodes, and t
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
@@ -13,17 +12,10 @@ import tune_magic
 from tune_magic.ui.views import JobCard
 
 from jobhelpers import toy_args
+from waiting import wait_for
 
 pytestmark = pytest.mark.slurm
 TIMEOUT = 240
-
-
-def wait_for(pred, what: str, timeout: float = TIMEOUT):
-    deadline = time.monotonic() + timeout
-    while not (value := pred()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
-    return value
 
 
 def shown(widget) -> str:
@@ -41,14 +33,15 @@ def test_pending_reason_nodes_and_the_cpus_warning_on_cards(cluster):
 
     running_card = JobCard(blocker, watch=False)
     wait_for(lambda: running_card.watcher.poll_once().status == "running" and running_card.snapshot.nodes,
-             "the blocker running on its nodes")
+             timeout=TIMEOUT, interval=0.5, what="the blocker running on its nodes")
     nodes = blocker.nodes
     assert len(nodes) == 2 and running_card.snapshot.nodes == tuple(nodes)
     assert shown(running_card.notes).splitlines()[0] == "nodes " + ", ".join(nodes)
     assert running_card.stop_button.layout.display is None
 
     card = JobCard(waiting, watch=False)
-    wait_for(lambda: card.watcher.poll_once().status == "pending" and card.snapshot.pending_reason, "a pending reason")
+    wait_for(lambda: card.watcher.poll_once().status == "pending" and card.snapshot.pending_reason,
+             timeout=TIMEOUT, interval=0.5, what="a pending reason")
     reason = card.snapshot.pending_reason
     assert reason in ("Resources", "Priority"), reason
     assert shown(card.progress).startswith(f"waiting in the queue: {reason} · ")

@@ -7,13 +7,13 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 import slurmcluster
+from waiting import wait_for
 
 HERE = Path(__file__).parent
 NODE_LINE = re.compile(r"^node (\S+) (\S+) (\S+) (\S+)$", re.M)
@@ -109,18 +109,17 @@ def test_node_processes_sees_a_jobs_processes_on_each_node_until_cancelled(slurm
     c = slurm_cluster
     job = c.sbatch(["--nodes=2", "--wrap=srun --ntasks-per-node=1 sleep 300"])
     c.wait_job(job, timeout=30, states=("RUNNING",))
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
+    def sleeps_on_each_node() -> dict | None:
         sleeps = {n: [p for p in c.node_processes(n) if p.name() == "sleep"] for n in c.node_names}
-        if all(sleeps.values()):
-            break
-        time.sleep(0.2)
+        return sleeps if all(sleeps.values()) else None
+
+    sleeps = wait_for(sleeps_on_each_node, timeout=15, interval=0.2, what="the job's sleep on each node",
+                      describe=lambda: {n: [p.name() for p in c.node_processes(n)] for n in c.node_names})
     assert all(sleeps.values()), sleeps
     c.client(["scancel", job])
     assert c.wait_job(job, timeout=30) == "CANCELLED"
-    deadline = time.monotonic() + 20  # KillWait=10
-    while time.monotonic() < deadline and any(c.node_processes(n) for n in c.node_names):
-        time.sleep(0.2)
+    wait_for(lambda: not any(c.node_processes(n) for n in c.node_names), timeout=20, interval=0.2,  # KillWait=10
+             what="no process left on the nodes")
     assert {n: [p.name() for p in c.node_processes(n)] for n in c.node_names} == {n: [] for n in c.node_names}
 
 

@@ -25,6 +25,7 @@ from tune_magic.errors import PlanError
 from tune_magic.schedulers import slurm as slurm_sched
 
 from jobhelpers import toy_args
+from waiting import wait_for
 
 pytestmark = pytest.mark.slurm
 TIMEOUT = 240
@@ -37,10 +38,8 @@ def launch(c, args: str, **kw) -> J.Job:
 
 
 def wait_status(job: J.Job, wanted, timeout=TIMEOUT) -> str:
-    deadline = time.monotonic() + timeout
-    while job.status not in wanted:
-        assert time.monotonic() < deadline, f"{job.id} still {job.status}: {job.tail(20)}"
-        time.sleep(0.5)
+    wait_for(lambda: job.status in wanted, timeout=timeout, interval=0.5, what=f"{job.id} to be {'/'.join(wanted)}",
+             describe=lambda: f"{job.id} still {job.status}: {job.tail(20)}")
     return job.status
 
 
@@ -92,10 +91,8 @@ def test_cli_stop_of_a_running_two_node_job_leaves_nothing(cluster, ignore_sigte
     job = launch(cluster, toy_args("steps=100000", "step_s=0.2", f"ignore_sigterm={str(ignore_sigterm).lower()}",
                                    nproc=1))
     wait_status(job, ("running",))
-    deadline = time.monotonic() + 120
-    while len(job.refresh().workers) < 2:  # both ranks started on their nodes
-        assert time.monotonic() < deadline, job.tail(30)
-        time.sleep(0.5)
+    wait_for(lambda: len(job.refresh().workers) >= 2, timeout=120, interval=0.5,  # both ranks started on their nodes
+             what=f"both ranks of {job.id}", describe=lambda: job.tail(30))
     assert job_processes(cluster, job)
     r = subprocess.run([sys.executable, "-m", "tune_magic", "stop", "--grace", "2", job.id], capture_output=True,
                        text=True, timeout=TIMEOUT)
@@ -119,10 +116,8 @@ def test_pending_with_a_reason_then_runs_and_a_pending_job_is_cancelled(cluster)
     wait_status(blocker, ("running",))
     waiting = launch(cluster, toy_args("steps=2", nproc=1))
     cancelled = launch(cluster, toy_args("steps=2", nproc=1))
-    deadline = time.monotonic() + 60
-    while not (waiting.status == "pending" and waiting.pending_reason):
-        assert time.monotonic() < deadline, (waiting.status, waiting.pending_reason)
-        time.sleep(0.5)
+    wait_for(lambda: waiting.status == "pending" and waiting.pending_reason, timeout=60, interval=0.5,
+             what=f"{waiting.id} pending with a reason", describe=lambda: (waiting.status, waiting.pending_reason))
     assert waiting.pending_reason in ("Resources", "Priority"), waiting.pending_reason
     assert waiting.nodes == []
     with pytest.raises(PlanError, match="stop it first"):
@@ -270,10 +265,8 @@ def test_a_job_squeue_no_longer_lists_without_an_exit_file_is_unknown_then_faile
     ghost = J.get_job(ghost_dir.name)
     cluster.started.append(ghost)
     slurm_sched.WATCHER.forget()
-    deadline = time.monotonic() + 30
-    while ghost.status != "unknown":
-        assert time.monotonic() < deadline, ghost.status
-        time.sleep(0.5)
+    wait_for(lambda: ghost.status == "unknown", timeout=30, interval=0.5, what="the ghost job's outcome unknown",
+             describe=lambda: ghost.status)
     assert ghost.status.label == "outcome unknown"
     monkeypatch.setattr(slurm_sched, "MISSING_GRACE_S", 0.0)
     slurm_sched.WATCHER.forget()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
@@ -12,6 +11,7 @@ import tune_magic.job as J
 
 from jobhelpers import toy_args
 from kernelhelpers import Kernel
+from waiting import wait_for
 
 pytestmark = pytest.mark.slurm
 TIMEOUT = 180
@@ -44,13 +44,13 @@ def _follow_and_stop(c, env, job_id, tmp_path):
         assert job_id in listed and ("pending" in listed or "running" in listed)
         k.run(f"%tune_logs {job_id}")
         k.run(f"from tune_magic.ui.views import JobCard; card = JobCard.for_job({job_id!r})")
-        deadline = time.monotonic() + TIMEOUT
-        while True:
+
+        def at_step_2() -> bool:
             step = k.value("card.snapshot.step if card.snapshot else None")
-            if step is not None and step >= 2:
-                break
-            assert time.monotonic() < deadline, k.value("card.text()")
-            time.sleep(1)
+            return step is not None and step >= 2
+
+        wait_for(at_step_2, timeout=TIMEOUT, interval=1, what="step 2 on the card",
+                 describe=lambda: k.value("card.text()"))
         assert k.value("card.snapshot.status") == "running"
         out = k.run(f"%tune_stop --grace 2 {job_id}").stdout
         assert out.split() == [job_id, "stopped"], out

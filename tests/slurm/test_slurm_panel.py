@@ -7,14 +7,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import time
-
 import pytest
 
 from tune_magic.ui.panel import Panel
 from tune_magic.schedulers import slurm as slurm_sched
 
 from jobhelpers import TOY_CONFIG, TOY_RECIPE
+from waiting import wait_for
 
 pytestmark = pytest.mark.slurm
 TIMEOUT = 240
@@ -50,10 +49,9 @@ def test_panel_launches_one_two_node_job_on_the_cluster(cluster, tmp_path):
         assert job.id in panel.jobs_table.rows  # in the panel's table at once
         assert job.wait(TIMEOUT) == "succeeded", job.tail(30)
         assert sorted(job.nodes) == sorted(cluster.node_names)
-        deadline = time.monotonic() + 15
-        while panel.jobs_table.summaries[job.id][1:3] != ("succeeded", 3):
-            assert time.monotonic() < deadline, panel.jobs_table.summaries[job.id]
-            time.sleep(0.5)
+        wait_for(lambda: panel.jobs_table.summaries[job.id][1:3] == ("succeeded", 3), timeout=15, interval=0.5,
+                 what=f"{job.id} succeeded at step 3 in the panel's table",
+                 describe=lambda: panel.jobs_table.summaries[job.id])
     finally:
         if job is not None and job.status in ("pending", "running"):
             job.stop(grace_s=1)

@@ -23,6 +23,8 @@ from tune_magic.logs import summary as S
 from tune_magic.registry.store import JobRecord, ProcessRef
 from tune_magic.ui.views import JobsTable
 
+from waiting import wait_for
+
 
 @pytest.fixture
 def root(tmp_path, monkeypatch):
@@ -177,9 +179,8 @@ def test_the_refresher_is_one_named_daemon_thread_at_most_once_a_second(root):
     (thread,) = [t for t in threading.enumerate() if t.name not in before]
     assert thread.name.startswith("tune_magic-jobs-table-") and thread.daemon
     set_summary(root, "r1", 2, 2.5)
-    deadline = time.monotonic() + 10
-    while ">2<" not in table.rows["r1"]["step"].value and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: ">2<" in table.rows["r1"]["step"].value, timeout=10, interval=0.1,
+             what="step 2 in r1's row")
     assert ">2<" in table.rows["r1"]["step"].value  # updated without a call from here
     time.sleep(2.2)
     table.close()
