@@ -120,6 +120,22 @@ def tiny_assets(session_home):
     return make_assets()
 
 
+@pytest.fixture(scope="session")
+def ip():
+    """The process's one IPython shell, with ``%load_ext tune_magic`` (run_cell_magic, user_ns, ...).
+
+    IPython's test shell (``IPython.testing.globalipapp``, a ``TerminalInteractiveShell``): a process
+    has one shell, so every test that needs one takes this fixture. Loading the extension again is
+    harmless (it registers once). A fresh shell in a fresh process: tests/e2e/test_first_launch.py.
+    """
+    from IPython import get_ipython
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython() or get_ipython()  # start_ipython answers None once the shell exists
+    shell.run_line_magic("load_ext", "tune_magic")
+    return shell
+
+
 @pytest.fixture
 def cleanup_jobs():
     """Collect jobs a test starts; stop any still running at the end so no test leaks processes."""

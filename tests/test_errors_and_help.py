@@ -19,15 +19,6 @@ from tune_magic.ui.magics import empty_cell_to_line
 from jobhelpers import toy_args
 
 
-@pytest.fixture(scope="module")
-def ip():
-    from IPython.testing.globalipapp import get_ipython, start_ipython
-
-    shell = start_ipython() or get_ipython()  # one global shell per process, whoever started it
-    shell.run_line_magic("load_ext", "tune_magic")
-    return shell
-
-
 @pytest.mark.parametrize("exc,bases", [
     (errors.PlanError, (errors.UserError, errors.TuneMagicError, ValueError)),
     (errors.JobNotFound, (errors.UserError, errors.TuneMagicError, LookupError)),

@@ -24,16 +24,6 @@ from jobhelpers import TOY_CONFIG, processes_mentioning, toy_args
 TIMEOUT = 180
 
 
-@pytest.fixture(scope="module")
-def ip():
-    from IPython import get_ipython
-    from IPython.testing.globalipapp import start_ipython
-
-    shell = start_ipython() or get_ipython()  # one shell per process: another module may have started it
-    shell.run_line_magic("load_ext", "tune_magic")
-    return shell
-
-
 @pytest.fixture
 def started():
     jobs = []

@@ -152,13 +152,9 @@ def test_a_value_with_spaces_reaches_the_recipe_as_one_argument(tmp_path):
     assert OmegaConf.to_container(conf)["metric_logger"]["name"] == "my run"
 
 
-def test_magic_cell_body_value_with_spaces_and_a_field():
+def test_magic_cell_body_value_with_spaces_and_a_field(ip, monkeypatch):
     """In %%tune_run, a body line ``metric_logger.name={who} run`` expands and stays one argument."""
-    from IPython.testing.globalipapp import get_ipython, start_ipython
-
-    ip = start_ipython() or get_ipython()
-    ip.run_line_magic("load_ext", "tune_magic")
-    ip.user_ns["who"] = "my"
+    monkeypatch.setitem(ip.user_ns, "who", "my")
     plan = ip.run_cell_magic("tune_run", "--dry-run lora_finetune_distributed --config llama3_2/1B_lora",
                              "seed=1 epochs=2\nmetric_logger.name={who} run  # a comment\n")
     i = plan.argv.index("seed=1")

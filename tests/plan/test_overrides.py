@@ -282,12 +282,9 @@ def test_cli_exits_2_with_one_paragraph_naming_the_quoted_form():
     assert "model.lora_rank=`a" in r.stderr and "model.lora_rank='`a'" in r.stderr
 
 
-def test_magic_turns_it_into_a_usage_error_and_takes_the_quoted_form():
+def test_magic_turns_it_into_a_usage_error_and_takes_the_quoted_form(ip):
     from IPython.core.error import UsageError
-    from IPython.testing.globalipapp import get_ipython, start_ipython
 
-    ip = start_ipython() or get_ipython()  # one global shell per process, whoever started it
-    ip.run_line_magic("load_ext", "tune_magic")
     with pytest.raises(UsageError, match=r"override lr=&x: .*type lr=\"'&x'\"\)"):
         ip.run_line_magic("tune_run", f"--dry-run {BUILTIN} lr=&x")
     with pytest.raises(UsageError, match=r"cell line 1: override lr=@x"):
