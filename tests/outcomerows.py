@@ -6,10 +6,11 @@ outcome rule (tune_magic.registry.outcome.decide) decides for both."""
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass
 
 from tune_magic.registry.outcome import CANCELLED_OUTSIDE
+
+from waiting import wait_for
 
 
 @dataclass(frozen=True)
@@ -63,26 +64,11 @@ def reason_of(error: str | None) -> str | None:
     return _ON_HOST.sub("", error) if error else error
 
 
-def wait_for(predicate, what: str, timeout: float = 180.0, poll_s: float = 0.2):
-    """Poll ``predicate`` until it returns something true; return that.
-
-    Raises:
-        AssertionError: not within ``timeout`` seconds (naming ``what``).
-    """
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def play(row: Row, job, cancel_outside, timeout: float = 240.0) -> None:
     """Do ``row``'s action on the running ``job`` and wait for its end. ``cancel_outside(job)``
     ends the job the way someone else would on this scheduler."""
     if row.action in ("stop", "cancel_outside"):
-        wait_for(lambda: job.summary().step, "the first step", timeout)
+        wait_for(lambda: job.summary().step, timeout=timeout, interval=0.2, what="the first step")
         if row.action == "stop":
             job.stop(grace_s=10)
         else:
@@ -91,6 +77,7 @@ def play(row: Row, job, cancel_outside, timeout: float = 240.0) -> None:
         job.wait(timeout)
         job.stop(grace_s=5)
     elif row.action == "stop_after_save":
-        wait_for(lambda: "toy recipe done" in "\n".join(job.tail(20)), "the run's end and its save", timeout)
+        wait_for(lambda: "toy recipe done" in "\n".join(job.tail(20)), timeout=timeout, interval=0.2,
+                 what="the run's end and its save")
         job.stop(grace_s=10)
     job.wait(timeout)

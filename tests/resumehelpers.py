@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 
 import tune_magic.job as J
 from tune_magic.plan.resume import RECIPE_STATE, ResumePreflight, preflight
+
+from waiting import wait_for
 
 TIMEOUT = 600
 #: Keep the datasets library off the network and out of the user's cache.
@@ -51,11 +52,14 @@ def preflight_of(job: J.Job, output_dir: Path, overrides: list[str], **kw) -> Re
 
 
 def wait_for_file(path: Path, job: J.Job, timeout: float = TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
+    """Wait until ``path`` exists; fails at once if ``job`` stops running first."""
+    def appeared() -> bool:
+        if path.exists():
+            return True
         assert job.status == "running", (job.status, "\n".join(job.tail(40)))
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.1)
+        return False
+
+    wait_for(appeared, timeout=timeout, interval=0.1, what=f"{path} to appear")
 
 
 def assert_same(resumed: dict[int, float], reference: dict[int, float], steps: range, tol: float = 1e-6) -> None:

@@ -19,22 +19,13 @@ from tune_magic import schedulers
 from tune_magic.errors import PlanError
 
 from jobhelpers import toy_args
+from waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 TIMEOUT = 180
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "thirdsched"
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def ip():
-    from IPython import get_ipython
-    from IPython.testing.globalipapp import start_ipython
-
-    shell = start_ipython() or get_ipython()  # one shell per process
-    shell.run_line_magic("load_ext", "tune_magic")
-    return shell
 
 
 @pytest.fixture
@@ -116,12 +107,8 @@ def test_a_job_runs_end_to_end_through_the_magic_and_is_listed_followed_and_stop
     cleanup_jobs.append(job)
     assert (job.scheduler, job.record.scheduler_options, job.engine_id) == ("third", {"niceness": 5, "label": "exp1"},
                                                                             "exp1")
-    import time
-
-    deadline = time.monotonic() + TIMEOUT
-    while not job.record.workers and time.monotonic() < deadline:
-        time.sleep(0.2)
-        job.refresh()
+    wait_for(lambda: job.refresh().record.workers, timeout=TIMEOUT, interval=0.2,
+             what="the supervisor to find the ranks")
     assert job.record.workers, "the supervisor never found the ranks"
     assert psutil.Process(job.pid).nice() == 5  # the option reached the processes
     listed = subprocess.run([sys.executable, "-m", "tune_magic", "jobs", "--json"], capture_output=True, text=True,

@@ -5,7 +5,6 @@ supervisors keep writing their records to the end."""
 from __future__ import annotations
 
 import json
-import time
 
 import psutil
 import pytest
@@ -15,6 +14,7 @@ from tune_magic.registry import store as jobstore
 
 from jobhelpers import toy_args
 from upgradehelpers import install_legacy, legacy_cli, upgrade_in_place
+from waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 TIMEOUT = 180
@@ -24,16 +24,6 @@ def _launch_old(site, *words: str) -> str:
     r = legacy_cli(site, "run", *words)
     assert r.returncode == 0, r.stderr
     return r.stdout.split()[0]
-
-
-def _wait(predicate, what: str, timeout: float = TIMEOUT):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_jobs_started_by_0_1_0_are_listed_followed_stopped_and_settled_after_an_upgrade_in_place(tmp_path):
@@ -46,7 +36,8 @@ def test_jobs_started_by_0_1_0_are_listed_followed_stopped_and_settled_after_an_
     before = {r["id"]: r for r in json.loads(legacy_cli(site, "jobs", "--json").stdout)}
     assert before[done_id]["status"] == "succeeded"
     assert json.loads((jobstore.job_dir(long_id) / jobstore.RECORD).read_text())["schema"] == 2
-    _wait(lambda: tune_magic.get_job(long_id).summary().step, "a step of the old long job")
+    wait_for(lambda: tune_magic.get_job(long_id).summary().step, timeout=TIMEOUT, interval=0.2,
+             what="a step of the old long job")
 
     upgrade_in_place(site)  # the running 0.1.0 supervisors keep the modules they imported
 

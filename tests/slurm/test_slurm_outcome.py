@@ -16,7 +16,8 @@ import tune_magic
 from tune_magic.schedulers import slurm as slurm_sched
 
 from jobhelpers import toy_args
-from outcomerows import LONG, SHARED, Row, play, reason_of, wait_for
+from outcomerows import LONG, SHARED, Row, play, reason_of
+from waiting import wait_for
 
 pytestmark = pytest.mark.slurm
 TIMEOUT = 240
@@ -48,7 +49,7 @@ def test_a_job_at_its_time_limit_failed_saying_so(cluster):
 
 def test_a_job_whose_node_failed_failed_saying_so(cluster):
     job = _launch(cluster, LONG)
-    wait_for(lambda: _running(job), "the first step")
+    wait_for(lambda: _running(job), timeout=180, interval=0.2, what="the first step")
     (node,) = job.nodes
     try:
         cluster.client(["scontrol", "update", f"nodename={node}", "state=down", "reason=tm-outcome-test"])
@@ -66,17 +67,17 @@ def test_a_job_whose_node_failed_failed_saying_so(cluster):
 
 def test_a_requeued_job_is_pending_again_whatever_its_log_held(cluster):
     job = _launch(cluster, LONG, sbatch=["--requeue"])
-    wait_for(lambda: _running(job), "the first step")
+    wait_for(lambda: _running(job), timeout=180, interval=0.2, what="the first step")
     cluster.client(["scontrol", "requeue", job.engine_id])
     slurm_sched.WATCHER.forget()
-    wait_for(lambda: job.status == "pending", "pending after the requeue", 60)
+    wait_for(lambda: job.status == "pending", timeout=60, interval=0.2, what="pending after the requeue")
     assert job.summary().step  # the first attempt's steps are in the log, and do not outvote SLURM
     assert job.stop(grace_s=2) == "stopped"
 
 
 def test_no_answer_from_squeue_never_ends_a_job(cluster, tmp_path, monkeypatch):
     job = _launch(cluster, LONG)
-    wait_for(lambda: _running(job), "the first step")
+    wait_for(lambda: _running(job), timeout=180, interval=0.2, what="the first step")
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "squeue").write_text("#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm controller "
