@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-# Shared helper modules (jobhelpers, waiting, kernelhelpers, faults, slurmcluster) import from tests/ in
-# every subfolder. Test folders have no __init__.py (pytest's default import mode), so test file names
+# Shared helper modules (jobhelpers, waiting, kernelhelpers, faults, slurmcluster, outcomerows, ...) import
+# from tests/ in every subfolder. Test folders have no __init__.py (pytest's default import mode), so test file names
 # must be unique across folders; pytest refuses a duplicate at collection.
 sys.path.insert(0, str(Path(__file__).parent))
 
