@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import tune_magic.job as J
+import tune_magic.launcher as L
 from tune_magic.plan.resume import RECIPE_STATE, ResumePreflight, preflight
 
 from waiting import wait_for
@@ -21,7 +22,7 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 def run_job(args: str, *, env: dict[str, str] | None = None, cleanup: list | None = None,
             expect: str = "succeeded") -> J.Job:
     """Launch ``args`` (``tune run`` words) through ``tune_magic.launch`` and wait for it."""
-    job = J.launch(args, env={**os.environ, **OFFLINE, **(env or {})})
+    job = L.launch(args, env={**os.environ, **OFFLINE, **(env or {})})
     if cleanup is not None:
         cleanup.append(job)
     status = job.wait(TIMEOUT)

@@ -76,7 +76,7 @@ def test_two_processes_resume_exactly(tiny_assets, tmp_path, tmp_path_factory, c
 
 
 def test_a_run_stopped_by_sigterm_in_epoch_3_resumes_in_place(tiny_assets, tmp_path, tmp_path_factory, cleanup_jobs):
-    import tune_magic.job as J
+    import tune_magic.launcher as L
     from resumehelpers import OFFLINE
     import os
 
@@ -84,7 +84,7 @@ def test_a_run_stopped_by_sigterm_in_epoch_3_resumes_in_place(tiny_assets, tmp_p
     out, paused = tmp_path / "out", tmp_path / "paused"
     ov = overrides(4, out)
     args = "--nproc_per_node 1 full_finetune --config tiny/full " + " ".join(ov)
-    job = J.launch(args, env={**os.environ, **OFFLINE, "TUNE_MAGIC_TEST_PAUSE_AFTER_STEP": "10",
+    job = L.launch(args, env={**os.environ, **OFFLINE, "TUNE_MAGIC_TEST_PAUSE_AFTER_STEP": "10",
                               "TUNE_MAGIC_TEST_PAUSE_FILE": str(paused)})
     cleanup_jobs.append(job)
     wait_for_file(paused, job)  # epochs 1 and 2 saved, steps 9 and 10 of epoch 3 done
