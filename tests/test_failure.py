@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tune_magic.logs.failure import Evidence, FailureReason, describe_failure, failure_line, parse_reports
-from tune_magic.logs.follow import read_rank_logs
+from tune_magic.logs.logfiles import read_rank_logs
 from tune_magic.logs.oom import OomEvidence
 
 DATA = Path(__file__).parent / "data"

@@ -67,7 +67,7 @@ def explain(record: JobRecord, code: int | None, *, stopped: bool = False, oom=N
     """The job's :class:`~tune_magic.logs.failure.FailureReason` from the end of its log (``text``
     when already read) and of each rank's files (``--redirects``/``--tee``), with the OOM killer's
     evidence, or ``None``."""
-    from tune_magic.logs.follow import read_rank_logs
+    from tune_magic.logs.logfiles import read_rank_logs
 
     rank_logs = read_rank_logs(record.rank_log_dir, record.started_at - 1) if record.rank_log_dir else None
     if text is None:

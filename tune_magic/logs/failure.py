@@ -26,7 +26,7 @@ Formats read (torch 2.13 and earlier 2.x, measured here; see tests/data):
   file ``{"message": {"message": "RuntimeError: boom", "extraInfo": {"py_callstack": ...}}}`` and
   ``traceback`` holds the traceback, indented by two spaces.
 * Python tracebacks, with or without the ``[rankN]: `` prefix of ``init_process_group``'s
-  excepthook and torchrun ``--tee``'s ``[defaultN]:`` (see :func:`tune_magic.logs.parse.strip_prefixes`);
+  excepthook and torchrun ``--tee``'s ``[defaultN]:`` (see :func:`tune_magic.logs.lineformat.strip_prefixes`);
   a rank that fails before ``init_process_group`` has no ``[rankN]:`` prefix.
 * Known messages: CUDA out of memory, gloo and NCCL (watchdog) collective timeouts, rendezvous
   timeouts, ``EADDRINUSE`` on a fixed port.
@@ -60,7 +60,7 @@ import signal
 from dataclasses import asdict, dataclass
 from typing import Mapping
 
-from tune_magic.logs.parse import split_prefixed, strip_ansi, strip_prefixes
+from tune_magic.logs.lineformat import split_prefixed, strip_ansi, strip_prefixes
 from tune_magic.logs.oom import OomEvidence
 
 __all__ = [
@@ -654,7 +654,7 @@ def describe_failure(
         log_text: the end of the job's combined stdout+stderr (a few hundred KiB is plenty).
         rank_logs: the ends of the per-rank files torchrun writes with ``--redirects``/``--tee``
             and ``--log-dir`` (stdout then stderr of one rank), keyed by *local* rank; see
-            :func:`tune_magic.logs.follow.read_rank_logs`.
+            :func:`tune_magic.logs.logfiles.read_rank_logs`.
         evidence: what else is known (stopped by the user, OOM evidence, return code).
 
     Returns:
