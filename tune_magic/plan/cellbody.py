@@ -10,7 +10,7 @@ override whose value is the rest of the line as typed (``metric_logger.name=my r
 Under sweep mode (``parse_cell_body(text, sweep=True)``) override lines keep where the shell
 quotes were (:class:`~tune_magic.plan.shellwords.Word`), so ``tag="a,b"`` stays one value while
 ``lr=1e-4,3e-4`` is an axis, and a YAML body's top-level ``sweep:`` mapping is taken out of the
-config (:mod:`tune_magic.plan.sweep`). Without sweep mode a YAML body with a ``sweep:`` mapping is
+config (:mod:`tune_magic.plan.sweepsection`). Without sweep mode a YAML body with a ``sweep:`` mapping is
 refused: it would reach the recipe as an unknown key and one job would run.
 """
 
@@ -23,7 +23,8 @@ from typing import Any, Mapping
 
 from tune_magic.errors import PlanError
 from tune_magic.plan.shellwords import Word, split_words
-from tune_magic.plan.sweep import split_sweep_section, word_axis
+from tune_magic.plan.axes import word_axis
+from tune_magic.plan.sweepsection import split_sweep_section
 from tune_magic.plan.words import check_override
 
 _OVERRIDE_LINE = re.compile(r"^[~+]?[A-Za-z_][\w.\[\]\-]*(=|$)")
@@ -45,7 +46,7 @@ class CellBody:
         words: under sweep mode, ``overrides`` as :class:`~tune_magic.plan.shellwords.Word`
             objects (where each line's shell quotes were); else empty.
         sweep: under sweep mode, the axes of a YAML body's ``sweep:`` mapping, ``[(key, [item
-            texts])]`` (see :func:`tune_magic.plan.sweep.split_sweep_section`); else empty.
+            texts])]`` (see :func:`tune_magic.plan.sweepsection.split_sweep_section`); else empty.
     """
 
     overrides: list[str] = field(default_factory=list)
@@ -60,7 +61,7 @@ def parse_cell_body(text: str | None, *, sweep: bool = False) -> CellBody:
     Args:
         text: the cell body (``None`` or blank for none).
         sweep: sweep mode (``--sweep``): override words that are axes
-            (:func:`tune_magic.plan.sweep.word_axis`) are not checked here (each of their items
+            (:func:`tune_magic.plan.axes.word_axis`) are not checked here (each of their items
             is, by :func:`tune_magic.plan.sweep.plan_sweep`), ``words`` keeps the shell quotes,
             and a YAML body's top-level ``sweep:`` mapping goes to ``sweep``, out of
             ``config_yaml``.

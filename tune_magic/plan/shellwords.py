@@ -4,7 +4,7 @@
 :func:`tune_magic.plan.words.split_args` and the ``%%tune_run`` line use), and for each word the
 positions of the characters that were typed inside quotes or after a backslash. ``shlex`` throws
 that away, but a sweep needs it: ``tag="a,b"`` is one value, ``tag=a,b`` two (see
-:mod:`tune_magic.plan.sweep`).
+:mod:`tune_magic.plan.axes`).
 """
 
 from __future__ import annotations
