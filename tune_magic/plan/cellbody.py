@@ -83,20 +83,38 @@ def parse_cell_body(text: str | None, *, sweep: bool = False) -> CellBody:
     if not meaningful:
         return CellBody()
     if all(_OVERRIDE_LINE.match(line) and (": " not in line.split("=", 1)[0]) for _, line in meaningful):
-        overrides: list[str] = []
-        words: list[Word] = []
-        for i, line in meaningful:
-            for word in (override_line_words(line, i) if sweep else map(Word, override_line(line, i))):
-                token = word.text
-                try:
-                    # one with {name} is checked once expanded, when the plan is built; an axis item by item
-                    if not _FIELD.search(token) and not (sweep and word_axis(word) is not None):
-                        check_override(token)
-                except PlanError as exc:
-                    raise PlanError(f"cell line {i}: {exc}") from None
-                overrides.append(token)
-                words.append(word)
-        return CellBody(overrides=overrides, words=tuple(words) if sweep else ())
+        return _override_body(meaningful, sweep)
+    data = _load_yaml_body(text)
+    if not sweep:
+        if isinstance(data.get("sweep"), dict) and data["sweep"]:
+            raise PlanError("the cell body has a sweep: mapping, which only a sweep reads: add --sweep to run its "
+                            "trials, or remove it. Nothing was started.")
+        return CellBody(config_yaml=text)
+    rest, axes = split_sweep_section(text)
+    return CellBody(config_yaml=rest, sweep=tuple((key, tuple(items)) for key, items in axes))
+
+
+def _override_body(meaningful: list[tuple[int, str]], sweep: bool) -> CellBody:
+    """An override body: each ``(cell line number, line)``'s words, checked (see :func:`parse_cell_body`)."""
+    overrides: list[str] = []
+    words: list[Word] = []
+    for i, line in meaningful:
+        for word in (override_line_words(line, i) if sweep else map(Word, override_line(line, i))):
+            token = word.text
+            try:
+                # one with {name} is checked once expanded, when the plan is built; an axis item by item
+                if not _FIELD.search(token) and not (sweep and word_axis(word) is not None):
+                    check_override(token)
+            except PlanError as exc:
+                raise PlanError(f"cell line {i}: {exc}") from None
+            overrides.append(token)
+            words.append(word)
+    return CellBody(overrides=overrides, words=tuple(words) if sweep else ())
+
+
+def _load_yaml_body(text: str) -> dict:
+    """A YAML body read as a mapping, refused as :func:`parse_cell_body` says when it is not a
+    usable config (the YAML error's cell line, OmegaConf's refusal, not a mapping, an empty path)."""
     import yaml
 
     try:
@@ -121,13 +139,7 @@ def parse_cell_body(text: str | None, *, sweep: bool = False) -> CellBody:
             f"got a YAML {type(data).__name__}"
         )
     _refuse_empty_paths(yaml.compose(text, Loader=yaml.SafeLoader))
-    if not sweep:
-        if isinstance(data.get("sweep"), dict) and data["sweep"]:
-            raise PlanError("the cell body has a sweep: mapping, which only a sweep reads: add --sweep to run its "
-                            "trials, or remove it. Nothing was started.")
-        return CellBody(config_yaml=text)
-    rest, axes = split_sweep_section(text)
-    return CellBody(config_yaml=rest, sweep=tuple((key, tuple(items)) for key, items in axes))
+    return data
 
 
 def _refuse_empty_paths(node, prefix: str = "") -> None:
