@@ -22,7 +22,7 @@ from tune_magic.ui.textfmt import NAME_WIDTH, PATH_WIDTH, cell, escape, table
 EXIT_USAGE = 2
 
 
-class CliError(UserError):
+class CliError(UserError, ValueError):
     """A user mistake on the command line: printed as one paragraph, exit 2."""
 
 
