@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from tune_magic.errors import PlanError
-from tune_magic.plan.pool import parse_gpu_spec as parse_gpus  # noqa: F401  (ids and ranges: 0,1 or 0-3)
 from tune_magic.plan.torchrun_options import TorchrunOption, lookup
 
 # Options that change what the training script *is*; tune_magic always launches a recipe file.

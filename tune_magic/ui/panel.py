@@ -26,7 +26,7 @@ from tune_magic.job import Job, jobs
 from tune_magic.launcher import launch
 from tune_magic import schedulers
 from tune_magic.ui.textfmt import cut
-from tune_magic.ui.views import MAX_TICKS, JobsTable, int_ticks  # noqa: F401 (one tick rule for card and comparison chart)
+from tune_magic.ui.views import JobsTable, int_ticks  # one tick rule for card and comparison chart
 from tune_magic.ui.watch import JobWatcher
 
 #: How deep recipe/config files are looked for under the working directory.

@@ -25,7 +25,7 @@ from tune_magic.schedulers.local.gpus import gpus_label
 from tune_magic.job import Job, jobs
 from tune_magic.registry.status import Status
 from tune_magic.ui.textfmt import cut, escape, table
-from tune_magic.ui.watch import JobSnapshot, JobWatcher, progress_summary
+from tune_magic.ui.watch import JobSnapshot, JobWatcher
 
 #: Longest log line shown in a card, in characters (the full line stays on disk).
 MAX_LINE_CHARS = 400
