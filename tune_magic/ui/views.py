@@ -242,11 +242,7 @@ class JobCard(widgets.VBox):
                 lines.append(f"(whole traceback: tune-magic logs {snap.job_id} --error)")
         elif snap.status == Status.STOPPED:
             lines.append("stopped by the user" + ("" if snap.step is None else f" at step {snap.step}"))
-        details = [gpus_label(snap.gpus, snap.physical_gpus) or None,
-                   f"rendezvous {snap.endpoint}" if snap.endpoint else None,
-                   f"output_dir {snap.output_dir}" if snap.output_dir else None]
-        if any(details):
-            lines.append("  ".join(d for d in details if d))
+        lines += snap.placement()
         lines += snap.notes()
         lines.append(snap.progress_text())
         return "\n".join(lines + list(snap.tail[-5:]))
