@@ -1,7 +1,7 @@
 """Measure tune_magic's log parser and follower on large generated torchtune logs.
 
 (a) parse: a 1,000,000-line DiskLogger file (``Step N | loss:X lr:Y tokens_per_second_per_gpu:Z ``,
-    the torchtune 0.6.1 format) parsed with ``tune_magic.logs.parse.parse_file``, reported in lines/s
+    the torchtune 0.6.1 format) parsed with ``tune_magic.logs.readers.parse_file``, reported in lines/s
     beside ``grep -c 'loss:'`` on the same file in the same run. Two parser figures: points kept
     as columns (``MetricBatch``, the parser's native output) and points materialised as
     ``MetricPoint`` objects. Each side's best of ``--repeat`` runs (the machine may be shared).
@@ -79,7 +79,7 @@ def _best(fn, repeat: int) -> tuple[float, float]:
 
 
 def bench_parse(tmp: Path, repeat: int) -> dict:
-    from tune_magic.logs.parse import parse_file
+    from tune_magic.logs.readers import parse_file
 
     path = tmp / "log_1732912345.txt"
     _write_disklogger(path, PARSE_LINES)

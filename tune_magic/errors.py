@@ -8,8 +8,20 @@
     │   │   ├── GpuError                GPU ids that do not exist, are not visible, or are busy
     │   │   └── NothingToResume         a job's output_dir holds nothing a resume can continue from
     │   ├── JobNotFound (LookupError)   no job with that id
-    │   └── StateDirError (ValueError)  ``$TUNE_MAGIC_HOME`` cannot hold job records
-    └── JobStartError (RuntimeError)    the job's supervisor did not start it
+    │   ├── StateDirError (ValueError)  ``$TUNE_MAGIC_HOME`` cannot hold job records
+    │   ├── AmbiguousNameError          a recipe/config name in both torchtune and tune_magic
+    │   │   (LookupError)
+    │   └── CliError (ValueError)       a command-line mistake (``tune-magic``)
+    ├── JobStartError (RuntimeError)    the job's supervisor did not start it
+    ├── CorruptRecord (ValueError)      a job record missing, unreadable or invalid
+    └── SqueueParseError (ValueError)   the SLURM scheduler's: squeue answered in an unreadable form
+
+The classes outside this module live with their code: ``GpuError`` in
+:mod:`tune_magic.schedulers.local.gpus`, ``AmbiguousNameError`` in :mod:`tune_magic.plan.catalog`,
+``CliError`` in :mod:`tune_magic.ui.cli`, ``CorruptRecord`` in :mod:`tune_magic.registry.record`,
+and engine-specific ones in their scheduler's package (``SqueueParseError`` in
+:mod:`tune_magic.schedulers.slurm.squeue`). ``tests/test_errors_tree.py`` checks that every
+exception class the package defines is in this tree.
 
 Each public exception keeps a builtin base as well (``PlanError`` is still a ``ValueError``,
 ``JobNotFound`` a ``LookupError``), so code written against the builtins keeps working. The

@@ -318,7 +318,7 @@ class Job:
 
     def metric_points(self) -> list:
         """Read the job's logs to their current end; return its merged metric points
-        (:class:`tune_magic.logs.parse.MetricPoint`, sorted by step then name).
+        (:class:`tune_magic.logs.points.MetricPoint`, sorted by step then name).
 
         Sources: the DiskLogger file (found from the log's ``Writing logs to`` line, else the newest
         ``log_*`` in the job's metric-log dir created after its start) and the progress bar in the
@@ -345,7 +345,7 @@ class Job:
         Raises:
             ImportError: pandas is not installed (``pip install pandas``).
         """
-        from tune_magic.logs.follow import points_to_frame
+        from tune_magic.logs.export import points_to_frame
 
         return points_to_frame(self.metric_points())
 

@@ -161,6 +161,9 @@ def launch(
 ) -> "Job | LaunchPlan":
     """Launch a ``tune run``-style job in the background and return at once.
 
+    Long: the public API's documented arguments and their type checks; the steps are
+    :func:`_dry_run` and :func:`_register_and_submit`.
+
     Args:
         args: ``[TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]`` (see
             :func:`build_plan`).

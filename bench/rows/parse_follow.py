@@ -1,7 +1,7 @@
 """Row 5: parser throughput vs ``grep -c 'loss:'``, and the follower's memory vs ``tail -F``.
 
 Both measured by ``bench/bench_parse.py`` (see its docstring): (a) a 1,000,000-line DiskLogger file
-parsed by ``tune_magic.logs.parse.parse_file`` (best of N runs per side); (b) a fresh process follows
+parsed by ``tune_magic.logs.readers.parse_file`` (best of N runs per side); (b) a fresh process follows
 a 1 GB combined job log (``--quick``: 100 MB) plus the 100,000-line metric file it names with
 ``JobMetricsFollower`` until caught up; its RSS growth over its RSS after imports, beside the RSS of
 ``tail -n +1 -F`` reading the same log.

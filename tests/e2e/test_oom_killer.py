@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tune_magic.logs.failure import Evidence, describe_failure, parse_reports
+from tune_magic.logs.failure import Evidence, describe_failure
+from tune_magic.logs.reports import parse_reports
 from tune_magic.logs.oom import OomWatch, cgroup_dirs, read_oom_kill_count
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -13,8 +13,9 @@ import shutil
 
 import pytest
 
-from tune_magic.logs.failure import Evidence, FailureReason, describe_failure, failure_line, parse_reports
-from tune_magic.logs.follow import read_rank_logs
+from tune_magic.logs.failure import Evidence, FailureReason, describe_failure, failure_line
+from tune_magic.logs.reports import parse_reports
+from tune_magic.logs.logfiles import read_rank_logs
 from tune_magic.logs.oom import OomEvidence
 
 from jobhelpers import DATA

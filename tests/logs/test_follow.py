@@ -18,16 +18,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tune_magic.logs.follow import (
-    JobMetricsFollower,
-    LineFollower,
-    MetricStore,
-    find_metric_file,
-    points_to_csv,
-    points_to_frame,
-    points_to_json,
-)
-from tune_magic.logs.parse import MetricPoint, parse_text
+from tune_magic.logs.export import points_to_csv, points_to_frame, points_to_json
+from tune_magic.logs.follow import JobMetricsFollower
+from tune_magic.logs.linefollow import LineFollower
+from tune_magic.logs.logfiles import find_metric_file
+from tune_magic.logs.metricstore import MetricStore
+from tune_magic.logs.points import MetricPoint
+from tune_magic.logs.readers import parse_text
 
 from jobhelpers import DATA
 
@@ -561,7 +558,7 @@ def _capture_steps(n: int = 8) -> list[tuple]:
 
 
 def test_rank_log_files_layout_of_torch_2_13():
-    from tune_magic.logs.follow import rank_log_files
+    from tune_magic.logs.logfiles import rank_log_files
 
     files = rank_log_files(DATA / "tee3_metrics")
     assert [(f.local_rank, f.stream, f.attempt, f.label) for f in files] == [
@@ -623,7 +620,7 @@ def test_rank_files_that_appear_later_are_followed(tmp_path):
 
 
 def test_read_rank_logs_keys_by_local_rank_stdout_then_stderr(tmp_path):
-    from tune_magic.logs.follow import read_rank_logs
+    from tune_magic.logs.logfiles import read_rank_logs
 
     logs = read_rank_logs(DATA / "redirects3_metrics")
     assert sorted(logs) == [0, 1]

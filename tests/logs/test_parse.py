@@ -12,21 +12,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tune_magic.logs.parse import (
-    MetricPoint,
-    LogParser,
-    RecordSplitter,
+from tune_magic.logs.lineformat import (
     find_log_path,
-    parse_disklogger_line,
-    parse_file,
-    parse_jsonl_line,
     parse_progress,
-    parse_text,
     parse_value,
     split_prefixed,
     strip_ansi,
     strip_prefixes,
 )
+from tune_magic.logs.parse import LogParser
+from tune_magic.logs.points import MetricPoint
+from tune_magic.logs.readers import parse_disklogger_line, parse_file, parse_jsonl_line, parse_text
+from tune_magic.logs.records import RecordSplitter
 
 from jobhelpers import DATA
 

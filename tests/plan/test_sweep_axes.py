@@ -13,17 +13,8 @@ from tune_magic.errors import PlanError
 from tune_magic.launcher import build_plan
 from tune_magic.plan.words import check_override
 from tune_magic.plan.shellwords import Word, split_words
-from tune_magic.plan.sweep import (
-    MAX_TRIALS,
-    looks_like_axis,
-    parse_max_trials,
-    parse_range,
-    plan_sweep,
-    refused_axis_key,
-    short_keys,
-    split_items,
-    word_axis,
-)
+from tune_magic.plan.axes import looks_like_axis, parse_range, refused_axis_key, split_items, word_axis
+from tune_magic.plan.sweep import MAX_TRIALS, parse_max_trials, plan_sweep, short_keys
 
 LAUNCH = "--nproc_per_node 1 lora_finetune --config tiny/lora"
 

@@ -16,7 +16,8 @@ from tune_magic.plan.cellbody import (
     parse_cell_body,
 )
 from tune_magic.plan.shellwords import Word, split_words
-from tune_magic.plan.sweep import plan_sweep, split_sweep_section
+from tune_magic.plan.sweep import plan_sweep
+from tune_magic.plan.sweepsection import split_sweep_section
 
 LAUNCH = ["lora_finetune", "--config", "tiny/lora"]
 

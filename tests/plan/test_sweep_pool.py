@@ -8,7 +8,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tune_magic.errors import PlanError
-from tune_magic.plan.words import parse_gpus
 from tune_magic.plan.pool import Slots, parse_count, parse_gpu_spec, plan_slots
 from tune_magic.plan.sweep import check_sweep_rendezvous
 
@@ -52,11 +51,12 @@ def test_bad_gpu_specs(spec, message):
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 64), unique=True, max_size=10))
-def test_gpu_spec_reads_every_list_that_parse_gpus_reads(ids):
-    """A drop-in for parse_gpus: the same answer on lists, as a string and as ids."""
+def test_gpu_spec_reads_a_plain_list_as_its_ids_in_order(ids):
+    """A list without ranges (what --gpus took before ranges) reads as its ids in the order given,
+    as a string and as ids; an empty one is no list."""
     text = ",".join(map(str, ids))
-    assert parse_gpu_spec(text) == parse_gpus(text)
-    assert parse_gpu_spec(ids) == parse_gpus(ids)
+    assert parse_gpu_spec(text) == (ids or None)
+    assert parse_gpu_spec(ids) == (ids or None)
 
 
 # --- slots --------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tune_magic.logs.failure import Evidence as FailureEvidence
 from tune_magic.logs.failure import FailureReason, describe_failure
-from tune_magic.logs.follow import read_rank_logs
+from tune_magic.logs.logfiles import read_rank_logs
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.outcome import Evidence, Outcome
 from tune_magic.registry.record import JobRecord

@@ -1,35 +1,10 @@
 """Say why a job failed: one plain line for the user, and the whole traceback one step away.
 
 Pure text processing, apart from reading torchelastic's error files when a report names one.
-Formats read (torch 2.13 and earlier 2.x, measured here; see tests/data):
-
-* torchrun's failure report, printed by the agent when a worker fails (``ChildFailedError``)::
-
-      Failures:
-      [1]:
-        time      : 2026-12-01_03:59:29
-        host      : localhost
-        rank      : 0 (local_rank: 0)
-        exitcode  : -15 (pid: 10413)  (SIGTERM)
-        error_file: <N/A>
-        traceback : Signal 15 (SIGTERM) received by PID 10413
-      ------------------------------------------------------------
-      Root Cause (first observed failure):
-      [0]:
-        ...
-        rank      : 1 (local_rank: 1)
-        exitcode  : 1 (pid: 10414)
-        error_file: <N/A>
-        traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
-
-  With ``@record`` on the worker's entry point, ``error_file`` names torchelastic's JSON error
-  file ``{"message": {"message": "RuntimeError: boom", "extraInfo": {"py_callstack": ...}}}`` and
-  ``traceback`` holds the traceback, indented by two spaces.
-* Python tracebacks, with or without the ``[rankN]: `` prefix of ``init_process_group``'s
-  excepthook and torchrun ``--tee``'s ``[defaultN]:`` (see :func:`tune_magic.logs.parse.strip_prefixes`);
-  a rank that fails before ``init_process_group`` has no ``[rankN]:`` prefix.
-* Known messages: CUDA out of memory, gloo and NCCL (watchdog) collective timeouts, rendezvous
-  timeouts, ``EADDRINUSE`` on a fixed port.
+Built on torchrun's failure report (:mod:`tune_magic.logs.reports`) and the tracebacks found in
+the log by process (:mod:`tune_magic.logs.tracebacks`); this module chooses the failing rank and
+phrases the reason. Known messages are phrased with their fix: CUDA out of memory, gloo and NCCL
+(watchdog) collective timeouts, rendezvous timeouts, ``EADDRINUSE`` on a fixed port.
 
 The failing rank is the root cause of torchrun's report; when a log holds several reports
 (several agents, e.g. one per node under ``srun``), a rank that raised wins over ranks that died
@@ -39,37 +14,26 @@ rank's ``[rankN]:`` lines, of its per-rank log file (``--redirects``/``--tee`` w
 ``--log-dir``), of its ``[defaultN]:`` lines, the last unprefixed worker traceback, and last the
 log's last exception line.
 
-A traceback the process *survived* is never the failure: one a recipe printed from its own
-``except`` (``traceback.print_exc()``) and went on from. It is survived when more output of the
-same process follows it: for an unprefixed traceback any later unprefixed line, for a
-``[rankN]:`` / ``[defaultN]:`` one a later line of that rank; torchrun's and torch's own log lines
-(``W1201 12:00:00.000 123 torch/...``, ``[rank0]:[W1201 ...]``, ``WARNING:torch...``), the
-``OMP_NUM_THREADS`` banner, torchrun's ``ChildFailedError`` traceback and its report do not
-count. Unprefixed output cannot be told apart by process, so an unprefixed traceback is given
-to a rank the report says exited with a code other than 1 (Python's code for an uncaught
-exception), or to a one-process job that did, only when it is the last worker output in the log
-(other ranks' prefixed tracebacks aside); a process killed by a signal is reported as killed by
-that signal.
+A traceback the process survived is never the failure (see :mod:`tune_magic.logs.tracebacks`);
+a process killed by a signal is reported as killed by that signal.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 from dataclasses import asdict, dataclass
 from typing import Mapping
 
-from tune_magic.logs.parse import split_prefixed, strip_ansi, strip_prefixes
 from tune_magic.logs.oom import OomEvidence
+from tune_magic.logs.reports import ReportEntry, parse_reports, read_error_file
+from tune_magic.logs.tracebacks import TB_HEAD, LogStreams, Traceback, find_tracebacks, split_exception
 
 __all__ = [
     "FailureReason",
     "Evidence",
-    "ReportEntry",
     "describe_failure",
     "failure_line",
-    "parse_reports",
     "KINDS",
 ]
 
@@ -88,25 +52,6 @@ KINDS = (
 
 #: Longest message kept in :attr:`FailureReason.line`, in characters.
 LINE_MAX = 300
-
-_TB_HEAD = "Traceback (most recent call last):"
-_CHAIN = (
-    "During handling of the above exception, another exception occurred:",
-    "The above exception was the direct cause of the following exception:",
-)
-_FIELD_RE = re.compile(r"^\s{0,4}(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
-_ENTRY_RE = re.compile(r"^\s{0,4}\[(\d+)\]:\s*$")
-_RANK_RE = re.compile(r"(-?\d+)(?:\s*\(local_rank:\s*(\d+)\))?")
-_EXIT_RE = re.compile(r"(-?\d+)(?:\s*\(pid:\s*(\d+)\))?")
-# A line that is only an exception: "KeyError: 'x'", "Exception: x", "pkg.mod.SomeError",
-# "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError".
-_EXC_LINE_RE = re.compile(
-    r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Za-z_]\w*)?(?:Error|Exception|Exit|Interrupt|Failure))"
-    r"(?::\s?(?P<msg>.*))?$"
-)
-# Inside a traceback any name can be the exception ("StopIteration", "KeyboardInterrupt"...).
-_TB_EXC_RE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
-_WRAPPER = "ChildFailedError"
 
 _CUDA_OOM_NEW_RE = re.compile(
     r"Tried to allocate (?P<want>[\d.]+ \w+)\. GPU (?P<gpu>\d+) has a total capac\w* of (?P<total>[\d.]+ \w+) "
@@ -188,281 +133,6 @@ class Evidence:
     pid: int | None = None
 
 
-@dataclass(frozen=True)
-class ReportEntry:
-    """One failure entry of torchrun's report.
-
-    Attributes:
-        rank: global rank. local_rank: rank on its node. host: as printed.
-        exitcode: negative for a signal. pid: the worker's pid.
-        error_file: path, or ``None`` for ``<N/A>``.
-        message: the ``traceback`` field (several lines when an error file exists).
-        time: as printed (``2026-12-01_03:59:29``), or ``None``.
-        root: whether it is its report's root cause.
-        report: index of its report in the log (0 = first).
-    """
-
-    rank: int
-    local_rank: int | None
-    host: str | None
-    exitcode: int | None
-    pid: int | None
-    error_file: str | None
-    message: str
-    time: str | None
-    root: bool
-    report: int
-
-
-def parse_reports(text: str) -> list[ReportEntry]:
-    """Return every failure entry of every torchrun report in ``text``, in log order."""
-    entries: list[ReportEntry] = []
-    report, in_root = -1, False
-    cur: dict | None = None
-    last_field = None
-
-    def close() -> None:
-        nonlocal cur
-        if cur is not None and "rank" in cur:
-            rank_m = _RANK_RE.match(cur.get("rank", ""))
-            exit_m = _EXIT_RE.match(cur.get("exitcode", ""))
-            if rank_m:
-                ef = cur.get("error_file", "").strip()
-                entries.append(ReportEntry(
-                    rank=int(rank_m[1]),
-                    local_rank=int(rank_m[2]) if rank_m[2] else None,
-                    host=cur.get("host", "").strip() or None,
-                    exitcode=int(exit_m[1]) if exit_m else None,
-                    pid=int(exit_m[2]) if exit_m and exit_m[2] else None,
-                    error_file=None if ef in ("", "<N/A>") else ef,
-                    message="\n".join(cur.get("traceback_lines", [])).strip("\n"),
-                    time=cur.get("time", "").strip() or None,
-                    root=cur["root"],
-                    report=cur["report"],
-                ))
-        cur = None
-
-    for raw in text.splitlines():
-        line = raw.rstrip("\r")
-        stripped = line.strip()
-        if stripped == "Failures:":
-            close()
-            report, in_root = report + 1, False
-            continue
-        if stripped == "Root Cause (first observed failure):":
-            close()
-            if report < 0:
-                report = 0
-            in_root = True
-            continue
-        if report < 0:
-            continue
-        if _ENTRY_RE.match(line):
-            close()
-            cur = {"root": in_root, "report": report}
-            last_field = None
-            continue
-        if cur is None:
-            continue
-        if stripped and set(stripped) <= {"=", "-"}:
-            close()
-            continue
-        m = _FIELD_RE.match(line)
-        if m and m[1] not in cur:
-            last_field = m[1]
-            cur[m[1]] = m[2].strip() if m[1] != "traceback" else m[2]
-            if m[1] == "traceback":
-                cur["traceback_lines"] = [m[2].rstrip()]
-            continue
-        if last_field == "traceback" and (line.startswith("  ") or not stripped):
-            cur["traceback_lines"].append(line[2:].rstrip())
-            continue
-        close()
-    close()
-    return entries
-
-
-# -- tracebacks ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Traceback:
-    text: str
-    exc_type: str
-    message: str
-    order: int  # position in the log (line index of its last line), to find the last one
-    first: int = -1  # line index of its first line (-1: not from a log)
-
-
-def _tracebacks(lines: list[tuple[int, str]]) -> list[_Traceback]:
-    """Find the Python tracebacks in one stream's lines (``(index in log, text)``, prefixes gone)."""
-    out: list[_Traceback] = []
-    n = len(lines)
-    i = 0
-    chain_start: int | None = None
-    while i < n:
-        if lines[i][1].rstrip() != _TB_HEAD:
-            i += 1
-            continue
-        start = i if chain_start is None else chain_start
-        j = i + 1
-        while j < n and lines[j][1][:1] in (" ", "\t"):
-            j += 1
-        if j >= n:
-            break
-        m = _TB_EXC_RE.match(lines[j][1].rstrip())
-        if m is None or lines[j][1].rstrip() == _TB_HEAD:
-            chain_start = None
-            i = j
-            continue
-        k = j + 1
-        while k < n and k - j <= 50 and lines[k][1][:1] in (" ", "\t") and lines[k][1].strip():
-            k += 1  # an indented continuation of a multi-line message
-        msg_lines = [m["msg"] or ""] + [line.strip() for _, line in lines[j + 1 : k]]
-        # a chained exception continues after "During handling..." / "The above exception..."
-        nxt = k
-        while nxt < n and not lines[nxt][1].strip():
-            nxt += 1
-        if nxt < n and lines[nxt][1].strip() in _CHAIN:
-            chain_start = start
-            i = nxt + 1
-            continue
-        chain_start = None
-        text = "\n".join(line.rstrip() for _, line in lines[start:k])
-        out.append(_Traceback(text, m["type"], "\n".join(msg_lines).strip(), lines[k - 1][0], lines[start][0]))
-        i = k
-    return out
-
-
-def _exception_lines(lines: list[tuple[int, str]]) -> list[_Traceback]:
-    """Lines that are an exception by themselves (outside tracebacks, e.g. logged errors)."""
-    out = []
-    for idx, line in lines:
-        m = _EXC_LINE_RE.match(line.strip())
-        if m and not m["type"].endswith(_WRAPPER):
-            out.append(_Traceback(line.strip(), m["type"], (m["msg"] or "").strip(), idx, idx))
-    return out
-
-
-# Lines that torchrun or torch write, not the worker's own code: glog-style lines of torchrun's
-# agent and torch ("W1201 03:59:43.187000 10635 torch/..."), torch's C++ log lines
-# ("[W1201 ...]", after a [rankN]: prefix), Python logging's default format of older torch
-# ("WARNING:torch.distributed.run:..."), and the OMP_NUM_THREADS banner.
-_TOOL_LINE_RE = re.compile(
-    r"^(?:\s*[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ |\[[IWEF]\d{4} \d\d:\d\d:\d\d|"
-    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):torch[.:]|\*+\s*$|Setting OMP_NUM_THREADS environment variable )"
-)
-_REPORT_WORDS = ("Failures:", "Root Cause (first observed failure):", "<NO_OTHER_FAILURES>")
-
-
-def _report_end(lines: list[tuple[int, str]], i: int) -> int:
-    """Index (in ``lines``) just past the report that follows torchrun's ``ChildFailedError:``
-    line at ``i``: its rules, title, entries and their fields."""
-    j = i + 1
-    while j < len(lines):
-        raw = lines[j][1]
-        s = raw.strip()
-        if (not s or set(s) <= {"=", "-"} or s.endswith(" FAILED") or s in _REPORT_WORDS
-                or _ENTRY_RE.match(raw) or _FIELD_RE.match(raw) or raw.startswith("  ")):
-            j += 1
-            continue
-        break
-    return j
-
-
-# Where another process's output is glued onto a line that had no newline yet (a progress bar
-# redrawn with \r): "1|1|Loss: 10.0: 20%|[rank1]: Traceback (most recent call last):". Cut before
-# a [rankN]: prefix, or a traceback's first line, that is not at the start of the line nor right
-# after another prefix ("[default1]:[rank1]: ", "[rank1]: Traceback").
-_GLUED_RE = re.compile(r"(?<=.)(?<!\]:)(?<!\]: )(?=\[rank\d+\]: |Traceback \(most recent call last\):)")
-
-
-class _Log:
-    """The log's lines split into streams by prefix: ``("rank", N)`` for ``[rankN]:`` lines,
-    ``("local", N)`` for ``[defaultN]:``-only lines, ``("plain", None)`` for the rest."""
-
-    def __init__(self, text: str) -> None:
-        self.streams: dict[tuple, list[tuple[int, str]]] = {}
-        self.all: list[tuple[int, str]] = []
-        self._who: list[tuple[int | None, int | None]] = []  # (rank, local rank) of each line
-        locals_of: dict[int, set[int]] = {}
-        idx = 0
-        lines = strip_ansi(text).replace("\r\n", "\n").replace("\r", "\n").split("\n")
-        for raw in (part for line in lines for part in _GLUED_RE.split(line)):
-            pieces = split_prefixed(raw) if raw.startswith("[") else []
-            for piece in [p + t for p, t in pieces] or [raw]:
-                rank, local, body = strip_prefixes(piece)
-                key = ("rank", rank) if rank is not None else ("local", local) if local is not None else ("plain", None)
-                self.streams.setdefault(key, []).append((idx, body))
-                self.all.append((idx, body))
-                self._who.append((rank, local))
-                if rank is not None and local is not None:
-                    locals_of.setdefault(rank, set()).add(local)
-                idx += 1
-        self._locals_of = locals_of
-        self._found: dict[tuple, list[_Traceback]] = {
-            k: _tracebacks(lines) for k, lines in self.streams.items()}
-        # what a worker wrote: not blank, not torch's or torchrun's own lines, not torchrun's
-        # ChildFailedError traceback and report; prefixed tracebacks (a crash) marked apart
-        self._tool: set[int] = {i for i, body in self.all if not body.strip() or _TOOL_LINE_RE.match(body)}
-        self._crash: set[int] = set()
-        self._last_cache: dict[tuple | None, int] = {}
-        plain = self.streams.get(("plain", None), [])
-        pos = {line_idx: n for n, (line_idx, _) in enumerate(plain)}
-        for k, tbs in self._found.items():
-            for tb in tbs:
-                if tb.exc_type.endswith(_WRAPPER) and k == ("plain", None):
-                    end = _report_end(plain, pos[tb.order])
-                    last = plain[end - 1][0] if end > pos[tb.order] else tb.order
-                    self._tool.update(i for i, _ in plain if tb.first <= i <= last)
-                elif k[0] != "plain":
-                    self._crash.update(range(tb.first, tb.order + 1))
-
-    def _same_process(self, key: tuple, line: int) -> bool:
-        rank, local = self._who[line]
-        if key[0] == "plain":
-            return rank is None and local is None
-        if key[0] == "rank":
-            return rank == key[1] or (rank is None and local in self._locals_of.get(key[1], ()))
-        return local == key[1]
-
-    def _last_written(self, key: tuple | None) -> int:
-        """Index of the last line a worker wrote: of stream ``key``'s process, or (``None``) of
-        any process, other ranks' prefixed tracebacks aside; -1 if none."""
-        if key not in self._last_cache:
-            self._last_cache[key] = max(
-                (i for i in range(len(self.all)) if i not in self._tool
-                 and (self._same_process(key, i) if key is not None else i not in self._crash)), default=-1)
-        return self._last_cache[key]
-
-    def survived(self, key: tuple, tb: _Traceback) -> bool:
-        """Whether the process that printed ``tb`` (in stream ``key``) wrote more after it."""
-        return self._last_written(key) > tb.order
-
-    def last_output(self, tb: _Traceback) -> bool:
-        """Whether no worker wrote anything after ``tb`` (other ranks' prefixed tracebacks aside)."""
-        return self._last_written(None) <= tb.order
-
-    def tracebacks(self, key: tuple | None = None, *, survived: bool = True) -> list[tuple[tuple, _Traceback]]:
-        """``(stream key, traceback)`` of one stream (or all), torchrun's own wrapper left out,
-        in log order; with ``survived=False`` only those the process did not go on from."""
-        keys = [key] if key is not None else list(self.streams)
-        found = [(k, tb) for k in keys for tb in self._found.get(k, [])
-                 if not tb.exc_type.endswith(_WRAPPER) and (survived or not self.survived(k, tb))]
-        return sorted(found, key=lambda kt: kt[1].order)
-
-    def last_traceback(self, key: tuple | None = None, *, survived: bool = True) -> _Traceback | None:
-        """The last traceback of one stream (or of any stream); see :meth:`tracebacks`."""
-        found = self.tracebacks(key, survived=survived)
-        return found[-1][1] if found else None
-
-    def exception_lines(self, keys: list[tuple]) -> list[_Traceback]:
-        """Lines of these streams that are an exception by themselves, outside every traceback."""
-        inside = {i for k in keys for tb in self._found.get(k, []) for i in range(tb.first, tb.order + 1)}
-        lines = sorted(x for k in keys for x in self.streams.get(k, []) if x[0] not in inside)
-        return _exception_lines(lines)
-
-
 # -- plain lines --------------------------------------------------------------------------------
 
 
@@ -524,28 +194,6 @@ def _cut(text: str) -> str:
 # -- the algorithm ------------------------------------------------------------------------------
 
 
-def _read_error_file(path: str) -> tuple[str | None, str | None]:
-    """(message, py_callstack) of torchelastic's error file, (None, None) if unreadable."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None, None
-    msg = data.get("message") if isinstance(data, dict) else None
-    if isinstance(msg, dict):
-        extra = msg.get("extraInfo") if isinstance(msg.get("extraInfo"), dict) else {}
-        return (msg.get("message") if isinstance(msg.get("message"), str) else None,
-                extra.get("py_callstack") if isinstance(extra.get("py_callstack"), str) else None)
-    return (msg if isinstance(msg, str) else None), None
-
-
-def _split_exception(line: str) -> tuple[str, str]:
-    m = _TB_EXC_RE.match(line.strip())
-    if m is None:
-        return "Exception", line.strip()
-    return m["type"], (m["msg"] or "").strip()
-
-
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote process exited")
 
 
@@ -553,7 +201,7 @@ def _raised(e: ReportEntry) -> bool:
     return e.exitcode is not None and e.exitcode > 0
 
 
-def _consequence(e: ReportEntry, log: _Log) -> bool:
+def _consequence(e: ReportEntry, log: LogStreams) -> bool:
     """Whether ``e`` raised only because a peer went away (gloo "Connection closed by peer"...)."""
     if not _raised(e):
         return False
@@ -561,7 +209,7 @@ def _consequence(e: ReportEntry, log: _Log) -> bool:
     return tb is not None and any(s in tb.message for s in _PEER_GONE)
 
 
-def _choose(entries: list[ReportEntry], log: _Log) -> ReportEntry:
+def _choose(entries: list[ReportEntry], log: LogStreams) -> ReportEntry:
     """The failing entry: among the reports' root causes a raise beats a signal, which beats a
     raise that only says a peer went away; then the earliest time, then the first in the log.
 
@@ -584,7 +232,7 @@ def _choose(entries: list[ReportEntry], log: _Log) -> ReportEntry:
     return best
 
 
-def _nccl_lines(log: _Log, rank: int | None) -> list[tuple[int, str, re.Match]]:
+def _nccl_lines(log: LogStreams, rank: int | None) -> list[tuple[int, str, re.Match]]:
     found = []
     for idx, line in log.all:
         if "Watchdog caught collective operation timeout" in line:
@@ -620,7 +268,7 @@ class _Who:
                              exitcode=self.exitcode, pid=self.pid, **fields)
 
 
-def _signal_reason(who: _Who, log: _Log, evidence: Evidence | None, extra: str | None) -> FailureReason:
+def _signal_reason(who: _Who, log: LogStreams, evidence: Evidence | None, extra: str | None) -> FailureReason:
     sig = -(who.exitcode or 0)
     name = _signal_name(sig)
     oom = evidence.oom if evidence is not None else None
@@ -637,7 +285,7 @@ def _signal_reason(who: _Who, log: _Log, evidence: Evidence | None, extra: str |
     return who.reason(f"killed by {name} (signal {sig})", "signal", traceback=extra)
 
 
-def _from_traceback(tb: _Traceback, who: _Who) -> FailureReason:
+def _from_traceback(tb: Traceback, who: _Who) -> FailureReason:
     kind, text = _classify(tb.exc_type, tb.message)
     return who.reason(text, kind, exc_type=tb.exc_type, message=tb.message or None, traceback=tb.text)
 
@@ -654,14 +302,14 @@ def describe_failure(
         log_text: the end of the job's combined stdout+stderr (a few hundred KiB is plenty).
         rank_logs: the ends of the per-rank files torchrun writes with ``--redirects``/``--tee``
             and ``--log-dir`` (stdout then stderr of one rank), keyed by *local* rank; see
-            :func:`tune_magic.logs.follow.read_rank_logs`.
+            :func:`tune_magic.logs.logfiles.read_rank_logs`.
         evidence: what else is known (stopped by the user, OOM evidence, return code).
 
     Returns:
         A :class:`FailureReason`, or ``None`` when neither the log nor ``evidence`` explains
         anything (the caller then says ``exited with code N``).
     """
-    log = _Log(log_text)
+    log = LogStreams(log_text)
     entries = parse_reports(log_text)
     if entries:
         return _from_report(_choose(entries, log), entries, log, rank_logs, evidence)
@@ -691,7 +339,7 @@ def describe_failure(
     return None
 
 
-def _from_report(e: ReportEntry, entries: list[ReportEntry], log: _Log, rank_logs: Mapping[int, str] | None,
+def _from_report(e: ReportEntry, entries: list[ReportEntry], log: LogStreams, rank_logs: Mapping[int, str] | None,
                  evidence: Evidence | None) -> FailureReason:
     several_hosts = len({x.host for x in entries if x.host}) > 1
     who = _Who(e.rank, e.local_rank, e.host, e.exitcode, e.pid, several_hosts)
@@ -699,19 +347,19 @@ def _from_report(e: ReportEntry, entries: list[ReportEntry], log: _Log, rank_log
         return _signal_reason(who, log, evidence, e.message or None)
     # 1. torchelastic's error file (@record); 2. the report's own traceback field
     if e.error_file:
-        msg, stack = _read_error_file(e.error_file)
+        msg, stack = read_error_file(e.error_file)
         if msg:
-            exc_type, message = _split_exception(msg)
-            return _from_traceback(_Traceback(stack or msg, exc_type, message, 0), who)
-    if e.message.startswith(_TB_HEAD):
-        tbs = _tracebacks(list(enumerate(e.message.split("\n"))))
+            exc_type, message = split_exception(msg)
+            return _from_traceback(Traceback(stack or msg, exc_type, message, 0), who)
+    if e.message.startswith(TB_HEAD):
+        tbs = find_tracebacks(list(enumerate(e.message.split("\n"))))
         if tbs:
             return _from_traceback(tbs[-1], who)
     # 3-6. the rank's own output: by prefix, its per-rank file, tee's local prefix; then unprefixed
     # (anyone's: for a plain exit code, only when nothing came after it). Never one it survived.
     candidates = [log.last_traceback(("rank", e.rank), survived=False)]
     if rank_logs and e.local_rank is not None and e.local_rank in rank_logs:
-        candidates.append(_Log(rank_logs[e.local_rank]).last_traceback(survived=False))
+        candidates.append(LogStreams(rank_logs[e.local_rank]).last_traceback(survived=False))
     if e.local_rank is not None:
         candidates.append(log.last_traceback(("local", e.local_rank), survived=False))
     python_exit = e.exitcode in (1, None)  # 1: what Python exits with after an uncaught exception

@@ -146,7 +146,7 @@ def read_oom_kill_count(cgroup: str | os.PathLike[str]) -> int | None:
     if (d / "memory.events").is_file():
         return _counter(d / "memory.events")
     total, seen = None, 0
-    for dirpath, dirnames, _ in os.walk(d):
+    for dirpath, _, _ in os.walk(d):
         value = _counter(Path(dirpath) / "memory.oom_control")
         if value is not None:
             total = (total or 0) + value

@@ -183,7 +183,7 @@ def _read_records(path: Path, offset: int, budget: int, final: bool) -> tuple[li
     cut = len(data) if final and len(data) < budget else max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
     if cut <= 0:
         return [], offset  # one unfinished record so far
-    from tune_magic.logs.parse import strip_ansi
+    from tune_magic.logs.lineformat import strip_ansi
 
     # "\r" and "\n" never occur inside a UTF-8 multibyte character, so the cut never splits one
     text = strip_ansi(data[:cut].decode("utf-8", errors="replace"))
@@ -241,7 +241,8 @@ class SummaryTracker:
         return changed
 
     def _combined(self, records: list[str]) -> None:
-        from tune_magic.logs.parse import SOURCE_PROGRESS, LogParser
+        from tune_magic.logs.parse import LogParser
+        from tune_magic.logs.points import SOURCE_PROGRESS
 
         s = self.summary
         parser = LogParser(strict=False)
@@ -290,7 +291,7 @@ class SummaryTracker:
         """Read what each rank's own file gained (``--redirects``/``--tee`` send output there)."""
         if not self.record.rank_log_dir:
             return
-        from tune_magic.logs.follow import rank_log_files
+        from tune_magic.logs.logfiles import rank_log_files
 
         s = self.summary
         for f in rank_log_files(self.record.rank_log_dir, self.record.started_at - 1):
@@ -306,7 +307,7 @@ class SummaryTracker:
     def _find_metric_file(self) -> None:
         s = self.summary
         if s.metrics_path is None and self.record.metric_log_dir:
-            from tune_magic.logs.follow import find_metric_file
+            from tune_magic.logs.logfiles import find_metric_file
 
             found = find_metric_file(self.record.metric_log_dir, self.record.started_at - 1)
             if found is not None:

@@ -34,7 +34,7 @@ import signal
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from tune_magic.logs.parse import strip_prefixes
+from tune_magic.logs.lineformat import strip_prefixes
 
 # a tqdm bar at the start of a line: optional description, then "pct%|bar| n/total [time, rate]",
 # "n it [time, rate]" (no total), or torchtune's description and percentage cut short
@@ -115,7 +115,7 @@ class TailRule:
     Attributes:
         name: what the lines are (for tests and messages).
         member: a line belongs to the rule when this pattern matches (``search``) its text
-            without torch's rank prefixes (:func:`tune_magic.logs.parse.strip_prefixes`).
+            without torch's rank prefixes (:func:`tune_magic.logs.lineformat.strip_prefixes`).
         summary: ``(matches, prefix) -> lines``: the lines shown for one group, given the
             ``member`` matches of its lines (oldest first) and the rank prefix of its first line
             (e.g. ``"[default0]:"``, or ``""``); ``[]`` drops the group.
@@ -352,7 +352,7 @@ def display_tail(lines: Sequence[str], n: int | None = None, *, rules: Sequence[
 
     Args:
         lines: the log's last lines, oldest first (ANSI-free, ``\\r`` redraws already resolved
-            to each line's last one, as :meth:`tune_magic.logs.follow.LineFollower.tail` gives them).
+            to each line's last one, as :meth:`tune_magic.logs.linefollow.LineFollower.tail` gives them).
         n: most lines returned (the last ones), or ``None`` for all.
         rules: more lines to collapse (:class:`TailRule`), applied after the built-in ones, in
             order; e.g. a scheduler's lines for a cancelled job.

@@ -29,7 +29,8 @@ from tune_magic.plan.resolve import config_output_dir, resolve_config, resolve_r
 from tune_magic.plan.torchrun import (
     check_nproc, check_torchrun_values, env_value, rank_log_dir, rendezvous_policy, truthy,
 )
-from tune_magic.plan.words import REFUSED_OPTIONS, Parsed, check_job_id, parse_gpus, split_args, tokenise
+from tune_magic.plan.pool import parse_gpu_spec
+from tune_magic.plan.words import REFUSED_OPTIONS, Parsed, check_job_id, split_args, tokenise
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def describe_run(
         raise PlanError(f"working directory {str(cwd_path)!r} does not exist; pass an existing cwd")
     if job_id is not None:
         check_job_id(job_id)
-    gpu_ids = parse_gpus(gpus)
+    gpu_ids = parse_gpu_spec(gpus)
     for dest, why in REFUSED_OPTIONS.items():
         if truthy(env.get("PET_" + dest.upper())):
             raise PlanError(f"PET_{dest.upper()} is set in the environment: {why.split(';')[0]}; unset it")

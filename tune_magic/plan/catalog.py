@@ -16,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from tune_magic.errors import UserError
 from tune_magic.plan import toolcache
 
 #: ``source`` of entries that come from the installed torchtune.
@@ -169,8 +170,9 @@ def configs() -> list[ConfigEntry]:
     return [*_builtin()[1], *_shipped()[1]]
 
 
-class AmbiguousNameError(LookupError):
-    """A name exists both in torchtune's registry and among the shipped recipes/configs."""
+class AmbiguousNameError(UserError, LookupError):
+    """A name exists both in torchtune's registry and among the shipped recipes/configs (the
+    message says to pass the file path instead)."""
 
 
 def _find(name: str, entries: list, kind: str):

@@ -10,7 +10,7 @@ override whose value is the rest of the line as typed (``metric_logger.name=my r
 Under sweep mode (``parse_cell_body(text, sweep=True)``) override lines keep where the shell
 quotes were (:class:`~tune_magic.plan.shellwords.Word`), so ``tag="a,b"`` stays one value while
 ``lr=1e-4,3e-4`` is an axis, and a YAML body's top-level ``sweep:`` mapping is taken out of the
-config (:mod:`tune_magic.plan.sweep`). Without sweep mode a YAML body with a ``sweep:`` mapping is
+config (:mod:`tune_magic.plan.sweepsection`). Without sweep mode a YAML body with a ``sweep:`` mapping is
 refused: it would reach the recipe as an unknown key and one job would run.
 """
 
@@ -23,7 +23,8 @@ from typing import Any, Mapping
 
 from tune_magic.errors import PlanError
 from tune_magic.plan.shellwords import Word, split_words
-from tune_magic.plan.sweep import split_sweep_section, word_axis
+from tune_magic.plan.axes import word_axis
+from tune_magic.plan.sweepsection import split_sweep_section
 from tune_magic.plan.words import check_override
 
 _OVERRIDE_LINE = re.compile(r"^[~+]?[A-Za-z_][\w.\[\]\-]*(=|$)")
@@ -45,7 +46,7 @@ class CellBody:
         words: under sweep mode, ``overrides`` as :class:`~tune_magic.plan.shellwords.Word`
             objects (where each line's shell quotes were); else empty.
         sweep: under sweep mode, the axes of a YAML body's ``sweep:`` mapping, ``[(key, [item
-            texts])]`` (see :func:`tune_magic.plan.sweep.split_sweep_section`); else empty.
+            texts])]`` (see :func:`tune_magic.plan.sweepsection.split_sweep_section`); else empty.
     """
 
     overrides: list[str] = field(default_factory=list)
@@ -60,7 +61,7 @@ def parse_cell_body(text: str | None, *, sweep: bool = False) -> CellBody:
     Args:
         text: the cell body (``None`` or blank for none).
         sweep: sweep mode (``--sweep``): override words that are axes
-            (:func:`tune_magic.plan.sweep.word_axis`) are not checked here (each of their items
+            (:func:`tune_magic.plan.axes.word_axis`) are not checked here (each of their items
             is, by :func:`tune_magic.plan.sweep.plan_sweep`), ``words`` keeps the shell quotes,
             and a YAML body's top-level ``sweep:`` mapping goes to ``sweep``, out of
             ``config_yaml``.
@@ -82,20 +83,38 @@ def parse_cell_body(text: str | None, *, sweep: bool = False) -> CellBody:
     if not meaningful:
         return CellBody()
     if all(_OVERRIDE_LINE.match(line) and (": " not in line.split("=", 1)[0]) for _, line in meaningful):
-        overrides: list[str] = []
-        words: list[Word] = []
-        for i, line in meaningful:
-            for word in (override_line_words(line, i) if sweep else map(Word, override_line(line, i))):
-                token = word.text
-                try:
-                    # one with {name} is checked once expanded, when the plan is built; an axis item by item
-                    if not _FIELD.search(token) and not (sweep and word_axis(word) is not None):
-                        check_override(token)
-                except PlanError as exc:
-                    raise PlanError(f"cell line {i}: {exc}") from None
-                overrides.append(token)
-                words.append(word)
-        return CellBody(overrides=overrides, words=tuple(words) if sweep else ())
+        return _override_body(meaningful, sweep)
+    data = _load_yaml_body(text)
+    if not sweep:
+        if isinstance(data.get("sweep"), dict) and data["sweep"]:
+            raise PlanError("the cell body has a sweep: mapping, which only a sweep reads: add --sweep to run its "
+                            "trials, or remove it. Nothing was started.")
+        return CellBody(config_yaml=text)
+    rest, axes = split_sweep_section(text)
+    return CellBody(config_yaml=rest, sweep=tuple((key, tuple(items)) for key, items in axes))
+
+
+def _override_body(meaningful: list[tuple[int, str]], sweep: bool) -> CellBody:
+    """An override body: each ``(cell line number, line)``'s words, checked (see :func:`parse_cell_body`)."""
+    overrides: list[str] = []
+    words: list[Word] = []
+    for i, line in meaningful:
+        for word in (override_line_words(line, i) if sweep else map(Word, override_line(line, i))):
+            token = word.text
+            try:
+                # one with {name} is checked once expanded, when the plan is built; an axis item by item
+                if not _FIELD.search(token) and not (sweep and word_axis(word) is not None):
+                    check_override(token)
+            except PlanError as exc:
+                raise PlanError(f"cell line {i}: {exc}") from None
+            overrides.append(token)
+            words.append(word)
+    return CellBody(overrides=overrides, words=tuple(words) if sweep else ())
+
+
+def _load_yaml_body(text: str) -> dict:
+    """A YAML body read as a mapping, refused as :func:`parse_cell_body` says when it is not a
+    usable config (the YAML error's cell line, OmegaConf's refusal, not a mapping, an empty path)."""
     import yaml
 
     try:
@@ -120,13 +139,7 @@ def parse_cell_body(text: str | None, *, sweep: bool = False) -> CellBody:
             f"got a YAML {type(data).__name__}"
         )
     _refuse_empty_paths(yaml.compose(text, Loader=yaml.SafeLoader))
-    if not sweep:
-        if isinstance(data.get("sweep"), dict) and data["sweep"]:
-            raise PlanError("the cell body has a sweep: mapping, which only a sweep reads: add --sweep to run its "
-                            "trials, or remove it. Nothing was started.")
-        return CellBody(config_yaml=text)
-    rest, axes = split_sweep_section(text)
-    return CellBody(config_yaml=rest, sweep=tuple((key, tuple(items)) for key, items in axes))
+    return data
 
 
 def _refuse_empty_paths(node, prefix: str = "") -> None:

@@ -229,23 +229,13 @@ def _describe_start(head: bytes) -> str:
     return f"it starts with bytes {shown}, not a zip header"
 
 
-def read_torch_file(path: str | os.PathLike[str]) -> TorchFile:
-    """Read a ``torch.save`` zip file's structure and its ``data.pkl``, never the tensor bytes.
-
-    Args:
-        path: the file (e.g. ``<output_dir>/recipe_state/recipe_state.pt``).
-
-    Returns:
-        A :class:`TorchFile`.
+def _read_index(p: Path, size: int) -> tuple[bytes, list, str]:
+    """Check a torch zip file's directory against its size and read its ``data.pkl``; return
+    (the pickle's bytes, the zip entries, the entries' common prefix).
 
     Raises:
-        FileNotFoundError: no such file.
-        CheckpointFileError: the file is truncated (no zip directory at its end, or an entry that
-            runs past its end), damaged (a pickle that does not read back), or not a torch zip file
-            (the reason names which).
+        CheckpointFileError: see :func:`read_torch_file`.
     """
-    p = Path(path)
-    size = p.stat().st_size
     with open(p, "rb") as f:
         head = f.read(4)
         if not head.startswith(_ZIP_MAGIC):
@@ -277,6 +267,27 @@ def read_torch_file(path: str | os.PathLike[str]) -> TorchFile:
                 data = zf.read(pkl[0])
             except (zipfile.BadZipFile, OSError, EOFError) as exc:
                 raise CheckpointFileError(f"{p} is damaged: its data.pkl cannot be read ({exc})") from None
+    return data, infos, prefix
+
+
+def read_torch_file(path: str | os.PathLike[str]) -> TorchFile:
+    """Read a ``torch.save`` zip file's structure and its ``data.pkl``, never the tensor bytes.
+
+    Args:
+        path: the file (e.g. ``<output_dir>/recipe_state/recipe_state.pt``).
+
+    Returns:
+        A :class:`TorchFile`.
+
+    Raises:
+        FileNotFoundError: no such file.
+        CheckpointFileError: the file is truncated (no zip directory at its end, or an entry that
+            runs past its end), damaged (a pickle that does not read back), or not a torch zip file
+            (the reason names which).
+    """
+    p = Path(path)
+    size = p.stat().st_size
+    data, infos, prefix = _read_index(p, size)
     unpickler = _InertUnpickler(data)
     try:
         obj = unpickler.load()

@@ -1,7 +1,7 @@
 """GPU lists with ranges, and how a sweep's trials share a pool of GPUs. Pure.
 
 ``--gpus`` takes ids and inclusive ranges (``0-7``, ``0-3,6,7``); :func:`parse_gpu_spec` reads
-both and is a drop-in for :func:`tune_magic.plan.words.parse_gpus` (which reads lists only).
+both (the launch's ``--gpus`` goes through it).
 
 A sweep runs up to K trials at once (:func:`plan_slots`). With a GPU pool, the pool is cut into
 consecutive groups of G GPUs (``--gpus-per-trial``, default the launch's processes per node) and

@@ -47,25 +47,21 @@ it runs, and a live job writing the same ``output_dir`` — each would make two 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from tune_magic.errors import NothingToResume, PlanError
-from tune_magic.plan.ckptfiles import (
-    CheckpointFileError,
-    TensorStub,
-    read_safetensors_header,
-    read_torch_file,
+from tune_magic.plan.resumerecipes import (  # noqa: F401  (the pre-flight's recipe table, re-exported)
+    BUILTIN_RECIPES, FULL, LORA, SHIPPED_RECIPES, RecipeSupport, known_recipes, recipe_support,
+)
+from tune_magic.plan.ckptlayout import (  # noqa: F401  (RECIPE_STATE, RecipeState, read_recipe_state: public here too)
+    DIST_EPOCH_DIR, EPOCH_DIR, RECIPE_STATE, RecipeState, config_value, epoch_problems, int_or_none, load_config,
+    null_text, numbered_dirs, raw_value, read_recipe_state, rel_path, size_text,
 )
 
-#: :attr:`RecipeSupport.kind` of LoRA recipes (adapter + recipe state pinned).
-LORA = "lora"
-#: :attr:`RecipeSupport.kind` of full fine-tunes (model shards + recipe state pinned).
-FULL = "full"
 
 #: The resumed run gives the same losses as an uninterrupted one (tune_magic's recipes, tested
 #: step for step on CPU).
@@ -103,82 +99,7 @@ CASES = {
 #: The line full_finetune_distributed (0.6.1) logs when its resume from an async checkpoint failed.
 FAILED_RESUME_TEXT = "Training will start from the base checkpoint"
 
-RECIPE_STATE = "recipe_state/recipe_state.pt"
-ADAPTER_FILE = "adapter_model.pt"
-_EPOCH_DIR = re.compile(r"^epoch_(\d+)$")
-_DIST_EPOCH_DIR = re.compile(r"^dist_epoch_(\d+)$")
-_SHARD = re.compile(r"^model-(\d{5})-of-(\d{5})\.(safetensors|bin)$")
-_DECLARED = re.compile(r"""^TUNE_MAGIC_RESUME\s*=\s*["'](lora|full)["']\s*(?:#.*)?$""", re.MULTILINE)
-_HF_CHECKPOINTER = "FullModelHFCheckpointer"
 _LOG_TAIL_BYTES = 256 << 10
-
-
-@dataclass(frozen=True)
-class RecipeSupport:
-    """How a recipe resumes.
-
-    Attributes:
-        name: the recipe's name (``lora_finetune_single_device``, ``lora_finetune``...).
-        kind: :data:`LORA` or :data:`FULL`.
-        source: ``"torchtune"`` (a built-in recipe) or ``"declared"`` (its file says
-            ``TUNE_MAGIC_RESUME = ...``).
-        steps_continue_only_when_truncated: the recipe sets its global step on resume only when
-            ``max_steps_per_epoch`` truncates an epoch (lora_finetune_single_device, 0.6.1).
-        async_checkpointing: the recipe supports ``enable_async_checkpointing`` (dist_epoch_K/).
-        merges_lora_in_place_on_cpu: its save merges LoRA into the live model's base weights when
-            the model is on CPU (lora_finetune_single_device, 0.6.1).
-        exact: resumes step for step like an uninterrupted run.
-    """
-
-    name: str
-    kind: str
-    source: str
-    steps_continue_only_when_truncated: bool = False
-    async_checkpointing: bool = False
-    merges_lora_in_place_on_cpu: bool = False
-    exact: bool = False
-
-
-#: torchtune 0.6.1's recipes the pre-flight knows, by name.
-BUILTIN_RECIPES: dict[str, RecipeSupport] = {
-    r.name: r
-    for r in (
-        RecipeSupport("lora_finetune_single_device", LORA, "torchtune", steps_continue_only_when_truncated=True,
-                      merges_lora_in_place_on_cpu=True),
-        RecipeSupport("lora_finetune_distributed", LORA, "torchtune"),
-        RecipeSupport("qat_lora_finetune_distributed", LORA, "torchtune"),
-        RecipeSupport("full_finetune_single_device", FULL, "torchtune"),
-        RecipeSupport("full_finetune_distributed", FULL, "torchtune", async_checkpointing=True),
-        RecipeSupport("qat_distributed", FULL, "torchtune"),
-    )
-}
-#: tune_magic's own recipes (they declare ``TUNE_MAGIC_RESUME``; listed for messages and names).
-SHIPPED_RECIPES = ("lora_finetune", "full_finetune")
-
-
-@dataclass(frozen=True)
-class RecipeState:
-    """The small entries of ``recipe_state.pt`` (its tensors are never read).
-
-    Attributes:
-        path: the file.
-        size: its size on disk (bytes; a sparse file's apparent size).
-        epochs_run: epochs done when it was saved (torchtune's ``epochs_run``).
-        total_epochs: ``total_epochs`` when it was saved, or ``None``.
-        max_steps_per_epoch: ``max_steps_per_epoch`` when it was saved (``None``: not set).
-        seed: the run's seed.
-        tensor_bytes: bytes of tensor data in it (optimizer state, mostly).
-        keys: its top-level keys.
-    """
-
-    path: Path
-    size: int
-    epochs_run: int
-    total_epochs: int | None
-    max_steps_per_epoch: int | None
-    seed: int | None
-    tensor_bytes: int
-    keys: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -265,14 +186,14 @@ class ResumePreflight:
         rs = self.recipe_state
         if rs is not None:
             ms = rs.max_steps_per_epoch if rs.max_steps_per_epoch is not None else "null"
-            lines.append(f"  recipe state: {_rel(rs.path, self.checkpoint_root)} (epochs_run {rs.epochs_run}, seed "
-                         f"{rs.seed}, max_steps_per_epoch {ms}, {_size(rs.tensor_bytes)} of tensors)")
+            lines.append(f"  recipe state: {rel_path(rs.path, self.checkpoint_root)} (epochs_run {rs.epochs_run}, seed "
+                         f"{rs.seed}, max_steps_per_epoch {ms}, {size_text(rs.tensor_bytes)} of tensors)")
         lines.append(f"  loads: {', '.join(self.files)}")
         lines.append(f"  lost: {self.lost_text}")
         if self.first_step is not None:
             lines.append(f"  the resumed run starts at step {self.first_step}")
         lines.append(f"  adds: {' '.join(self.overrides)}")
-        text = CASES[self.case].format(recipe=self.support.name, max_steps=_null(self.max_steps_per_epoch),
+        text = CASES[self.case].format(recipe=self.support.name, max_steps=null_text(self.max_steps_per_epoch),
                                        epochs=self.total_epochs if self.total_epochs is not None else "the")
         lines.append(f"  case: {text}")
         lines.extend(f"  warning: {w}" for w in self.warnings)
@@ -290,265 +211,6 @@ def failed_resume_line(text: str) -> str | None:
         if FAILED_RESUME_TEXT in line:
             return line.strip()
     return None
-
-
-# -- recipes ------------------------------------------------------------------------------------
-
-
-def known_recipes() -> list[str]:
-    """Names of the recipes the pre-flight knows (built-in ones, then tune_magic's)."""
-    return [*BUILTIN_RECIPES, *SHIPPED_RECIPES]
-
-
-def _unknown(recipe: str, why: str) -> PlanError:
-    names = ", ".join(known_recipes())
-    return PlanError(
-        f"cannot resume recipe {recipe}: {why}. The resume pre-flight knows {names}, and any recipe file with a "
-        f"top-level line TUNE_MAGIC_RESUME = \"lora\" or \"full\" (declaring that it writes torchtune 0.6.1's "
-        f"checkpoint layout and resumes exactly with its keys)"
-    )
-
-
-def _declared_kind(path: Path) -> str | None:
-    try:
-        with open(path, "r", encoding="utf-8", errors="replace") as f:
-            text = f.read(256 << 10)
-    except OSError:
-        return None
-    m = _DECLARED.search(text)
-    return m.group(1) if m else None
-
-
-def _shipped_recipe(name: str) -> Path | None:
-    spec = importlib.util.find_spec("tune_magic.recipes")  # its __init__ is empty: nothing heavy runs
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / f"{name}.py"
-    return path if path.is_file() else None
-
-
-def recipe_support(recipe: str, recipe_name: str | None = None) -> RecipeSupport:
-    """Say how ``recipe`` resumes.
-
-    Args:
-        recipe: the job's recipe: an absolute path (as job records hold it) or a name.
-        recipe_name: the name the user typed, when known (e.g. ``lora_finetune_single_device``).
-
-    Returns:
-        Its :class:`RecipeSupport`.
-
-    Raises:
-        PlanError: a recipe the pre-flight does not know; the message lists those it knows.
-    """
-    looks_like_path = "/" in recipe or recipe.endswith(".py")
-    path = Path(recipe) if looks_like_path else None
-    if path is None:
-        if recipe in BUILTIN_RECIPES:
-            return BUILTIN_RECIPES[recipe]
-        shipped = _shipped_recipe(recipe) if recipe in SHIPPED_RECIPES else None
-        if shipped is None:
-            raise _unknown(recipe, "it is not a recipe name the pre-flight knows")
-        path = shipped
-    if not path.is_file():
-        if recipe_name in BUILTIN_RECIPES:
-            return BUILTIN_RECIPES[recipe_name]
-        raise _unknown(recipe, "the recipe file is gone")
-    stem = path.stem
-    # torchtune's wheel installs its recipes as site-packages/recipes/*.py beside site-packages/torchtune/
-    if stem in BUILTIN_RECIPES and path.parent.name == "recipes" and (path.parent.parent / "torchtune").is_dir():
-        return BUILTIN_RECIPES[stem]
-    kind = _declared_kind(path)
-    if kind is None:
-        hint = (f" (it is named like torchtune's {stem}, but is a copy: copies may differ)"
-                if stem in BUILTIN_RECIPES else "")
-        raise _unknown(str(path), f"the file declares no TUNE_MAGIC_RESUME{hint}")
-    return RecipeSupport(recipe_name or stem, kind, "declared", exact=True)
-
-
-# -- the config ---------------------------------------------------------------------------------
-
-
-def _load_config(config: str | os.PathLike[str] | None, overrides: Sequence[str]):
-    """The job's config with its overrides, merged as torchtune 0.6.1's parser does; ``None`` without one."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from tune_magic.plan.overrides import torchtune_text
-
-    try:
-        cfg = OmegaConf.load(config) if config is not None else OmegaConf.create({})
-        dotlist = []
-        for o in overrides:
-            if o.startswith("~") or "=" not in o:
-                continue
-            k, v = o.split("=", 1)
-            dotlist.append(f"{k}={torchtune_text(k, v)}")
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(dotlist))
-        for deletion in (o[1:] for o in overrides if o.startswith("~")):
-            parent, _, leaf = deletion.rpartition(".")
-            node = OmegaConf.select(cfg, parent) if parent else cfg
-            if node is not None and leaf in node:
-                del node[leaf]
-    except (OmegaConfBaseException, OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PlanError(f"cannot read the job's config {config} with its overrides ({first}); "
-                        "fix the config or the overrides, then resume again") from None
-    return cfg
-
-
-def _get(cfg, key: str) -> Any:
-    """``key``'s resolved value, or ``None`` when unset or not resolvable here."""
-    from omegaconf import OmegaConf
-
-    try:
-        value = OmegaConf.select(cfg, key, throw_on_missing=False)
-    except Exception:  # an interpolation this process cannot resolve (e.g. an unset ${oc.env:...})
-        return None
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-
-
-def _raw(cfg, key: str) -> Any:
-    """``key``'s value as written (interpolations unresolved), or ``None``."""
-    from omegaconf import OmegaConf
-
-    parent, _, leaf = key.rpartition(".")
-    try:
-        node = OmegaConf.select(cfg, parent) if parent else cfg
-        if node is None or not OmegaConf.is_dict(node):
-            return None
-        return OmegaConf.to_container(node, resolve=False).get(leaf)
-    except Exception:
-        return None
-
-
-def _int_or_none(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value)
-    return None
-
-
-# -- files --------------------------------------------------------------------------------------
-
-
-def _rel(path: Path, root: Path) -> str:
-    try:
-        return path.relative_to(root).as_posix()
-    except ValueError:
-        return str(path)
-
-
-def _size(n: int) -> str:
-    for unit in ("bytes", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n} bytes"  # pragma: no cover
-
-
-def _null(v: Any) -> str:
-    return "null" if v is None else str(v)
-
-
-def read_recipe_state(path: str | os.PathLike[str]) -> RecipeState:
-    """Read ``recipe_state.pt``'s small entries (never its tensors, never with torch).
-
-    Raises:
-        FileNotFoundError: no such file.
-        PlanError: truncated, damaged, not a torch file, or not a recipe state (the message names
-            which, and what to do).
-    """
-    p = Path(path)
-    try:
-        tf = read_torch_file(p)
-    except CheckpointFileError as exc:
-        raise PlanError(f"cannot resume: {exc}. The recipe state (optimizer, epochs done) is lost, so the job "
-                        "cannot continue from it; start a fresh run (or one from the last epoch_<K>/ weights)") from None
-    obj = tf.obj
-    if not isinstance(obj, dict) or not isinstance(obj.get("epochs_run"), int) or isinstance(obj.get("epochs_run"), bool):
-        keys = sorted(map(str, obj)) if isinstance(obj, dict) else type(obj).__name__
-        raise PlanError(f"cannot resume: {p} is a torch file but not a torchtune recipe state (no integer epochs_run; "
-                        f"it holds {keys})")
-
-    def plain_int(key: str) -> int | None:
-        v = obj.get(key)
-        if isinstance(v, TensorStub):  # a 0-d tensor: the value is in bytes not read here
-            return None
-        return _int_or_none(v)
-
-    return RecipeState(p, tf.size, obj["epochs_run"], plain_int("total_epochs"), plain_int("max_steps_per_epoch"),
-                       plain_int("seed"), tf.storage_bytes, tuple(map(str, obj)))
-
-
-def _check(path: Path) -> str | None:
-    """Why a checkpoint file is unusable (missing, truncated, damaged), or ``None`` when it is whole."""
-    if not path.is_file():
-        return f"{path.name} is missing"
-    try:
-        if path.suffix == ".safetensors":
-            read_safetensors_header(path)
-        elif path.suffix in (".pt", ".bin", ".pth"):
-            read_torch_file(path)
-    except (CheckpointFileError, OSError) as exc:
-        return str(exc)
-    return None
-
-
-def _shards(folder: Path) -> tuple[list[str], list[str]]:
-    """``(shard names, problems)`` of the model shards in ``folder`` (``model-XXXXX-of-YYYYY.*``)."""
-    try:
-        names = sorted(n for n in os.listdir(folder) if _SHARD.match(n))
-    except OSError as exc:
-        return [], [f"{folder} cannot be listed ({exc.strerror})"]
-    if not names:
-        return [], [f"{folder.name}/ holds no model-XXXXX-of-YYYYY shard"]
-    problems = []
-    by_total: dict[tuple[int, str], set[int]] = {}
-    for n in names:
-        m = _SHARD.match(n)
-        by_total.setdefault((int(m.group(2)), m.group(3)), set()).add(int(m.group(1)))
-    if len(by_total) > 1:
-        problems.append(f"{folder.name}/ mixes shard sets ({', '.join(sorted(names))})")
-    (total, ext), have = max(by_total.items(), key=lambda kv: len(kv[1]))
-    missing = [i for i in range(1, total + 1) if i not in have]
-    if missing:
-        problems.append(f"{folder.name}/ lacks shard(s) " + ", ".join(f"model-{i:05d}-of-{total:05d}.{ext}" for i in missing))
-    chosen = [f"model-{i:05d}-of-{total:05d}.{ext}" for i in sorted(have)]
-    problems += [p for p in (_check(folder / n) for n in chosen) if p]
-    return chosen, problems
-
-
-def _epoch_problems(folder: Path, support: RecipeSupport, cfg, *, for_resume: bool) -> tuple[list[str], list[str], list[str]]:
-    """``(files to pin, blocking problems, other problems)`` of ``epoch_K/`` for this recipe kind."""
-    hf = _HF_CHECKPOINTER in str(_get(cfg, "checkpointer._component_") or _HF_CHECKPOINTER)
-    if not folder.is_dir():
-        return [], [f"{folder.name}/ is missing"], []
-    if support.kind == FULL:
-        shards, problems = _shards(folder)
-        if hf and not problems and not any((folder / i).is_file() for i in
-                                           ("model.safetensors.index.json", "pytorch_model.bin.index.json")):
-            problems.append(f"{folder.name}/ lacks its weight index (model.safetensors.index.json): the save was cut short")
-        return [f"{folder.name}/{s}" for s in shards], problems, []
-    adapter = _check(folder / ADAPTER_FILE)
-    blocking = [adapter] if adapter else []
-    other = []
-    if hf and not (folder / "adapter_config.json").is_file():
-        other.append(f"{folder.name}/adapter_config.json is missing")
-    if not (_get(cfg, "save_adapter_weights_only") is True) and for_resume:
-        _, shard_problems = _shards(folder)
-        other += [f"merged weights: {p}" for p in shard_problems]
-    return [f"{folder.name}/{ADAPTER_FILE}"], blocking, other
-
-
-def _numbered(root: Path, pattern: re.Pattern) -> dict[int, Path]:
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return {}
-    return {int(m.group(1)): root / n for n in names for m in [pattern.match(n)] if m and (root / n).is_dir()}
 
 
 # -- the job's progress -------------------------------------------------------------------------
@@ -594,6 +256,8 @@ def preflight(
 ) -> ResumePreflight:
     """Read a job's ``output_dir`` and say how to resume it, before anything starts.
 
+    Long: the steps are short functions below; what is long here is the arguments and the refusals.
+
     Reads directory listings, the checkpoint files' headers and ``recipe_state.pt``'s small entries
     (never its tensors; see :mod:`tune_magic.plan.ckptfiles`), the config, and at most the last
     256 KiB of ``log_path``. Never imports torch.
@@ -628,40 +292,65 @@ def preflight(
     if not out.is_dir():
         raise PlanError(f"cannot resume: the job's output_dir {out} is gone, and with it every checkpoint; "
                         "start a fresh run with the same settings")
-    cfg = _load_config(config, overrides)
+    cfg = load_config(config, overrides)
     warnings: list[str] = []
+    root = _checkpoint_root(cfg, out, cwd, warnings)
+    epochs = int_or_none(config_value(cfg, "epochs"))
+    epochs_dirs = _refuse_what_cannot_resume(support, cfg, root, cwd, epochs)
+    if support.async_checkpointing and config_value(cfg, "enable_async_checkpointing") is True:
+        return _async(support, recipe, out, root, cfg, epochs, progress, log_path, warnings)
+    state, k, folder, files = _paired_checkpoint(support, cfg, root, epochs_dirs, epochs, warnings)
+    _config_warnings(cfg, state, epochs, warnings)
+    bar = _latest_bar(progress, log_path)
+    max_steps = state.max_steps_per_epoch
+    steps_per_epoch = bar.total if bar is not None and bar.total else max_steps
+    case = _case(support, cfg, bar, max_steps, warnings)
+    resume_step = state.epochs_run * steps_per_epoch if steps_per_epoch else None
+    first_step = 1 if case == CASE_STEPS_RESTART else (resume_step + 1 if resume_step is not None else None)
+    last_step, lost = _lost(bar, state.epochs_run, resume_step)
+    return ResumePreflight(recipe, support, out, root, k, folder, tuple(files) + (RECIPE_STATE,), state,
+                           state.epochs_run, epochs, max_steps, steps_per_epoch, resume_step, first_step, last_step,
+                           lost, _resume_overrides(support, files), case, tuple(warnings))
 
-    # "${output_dir}" (every torchtune config) is the job's output_dir: never re-resolved here, where the
-    # environment its interpolations read may differ from the job's
-    ckpt_out = None if _raw(cfg, "checkpointer.output_dir") == "${output_dir}" else _get(cfg, "checkpointer.output_dir")
+
+def _checkpoint_root(cfg, out: Path, cwd: str, warnings: list[str]) -> Path:
+    """Where the checkpoints are: ``checkpointer.output_dir`` (``output_dir`` itself in every
+    torchtune config: ``${output_dir}``, never re-resolved here, where the environment its
+    interpolations read may differ from the job's)."""
+    ckpt_out = None if raw_value(cfg, "checkpointer.output_dir") == "${output_dir}" else config_value(
+        cfg, "checkpointer.output_dir")
     root = Path(os.path.normpath(os.path.join(cwd, ckpt_out))) if isinstance(ckpt_out, str) and ckpt_out else out
     if root != out:
         warnings.append(f"checkpointer.output_dir is {root}, not output_dir {out}: the checkpoints are read there")
         if not root.is_dir():
             raise PlanError(f"cannot resume: checkpointer.output_dir {root} is gone, and with it every checkpoint; "
                             "start a fresh run with the same settings")
-    epochs = _int_or_none(_get(cfg, "epochs"))
-    device = str(_get(cfg, "device") or "")
-    async_ckpt = support.async_checkpointing and _get(cfg, "enable_async_checkpointing") is True
+    return root
 
-    base_dir = _get(cfg, "checkpointer.checkpoint_dir")
+
+def _refuse_what_cannot_resume(support: RecipeSupport, cfg, root: Path, cwd: str, epochs: int | None) -> dict:
+    """Refuse a run whose base checkpoint is gone or whose training finished; return its
+    ``epoch_<K>/`` folders by K."""
+    base_dir = config_value(cfg, "checkpointer.checkpoint_dir")
     if isinstance(base_dir, str) and base_dir and not Path(cwd, base_dir).is_dir():
         raise PlanError(f"cannot resume: the base checkpoint directory {base_dir} (checkpointer.checkpoint_dir) is "
                         "gone; the resumed run reads the model's config (and for LoRA the base weights) from it. "
                         "Restore it, or override checkpointer.checkpoint_dir=<where it is now>")
-
-    epochs_dirs = _numbered(root, _EPOCH_DIR)
+    epochs_dirs = numbered_dirs(root, EPOCH_DIR)
     if epochs is not None and (epochs - 1) in epochs_dirs:
         final = epochs_dirs[epochs - 1]
-        _, blocking, _ = _epoch_problems(final, support, cfg, for_resume=False)
+        _, blocking, _ = epoch_problems(final, support, cfg, for_resume=False)
         if not blocking:
-            raise NothingToResume(f"nothing to resume: {final.name}/ is the final checkpoint of all {epochs} epochs and it is "
-                            "complete, so training finished (anything that failed came after the last save). To train "
-                            "longer, start a new run from its weights")
+            raise NothingToResume(f"nothing to resume: {final.name}/ is the final checkpoint of all {epochs} epochs and "
+                                  "it is complete, so training finished (anything that failed came after the last "
+                                  "save). To train longer, start a new run from its weights")
+    return epochs_dirs
 
-    if async_ckpt:
-        return _async(support, recipe, out, root, cfg, epochs, progress, log_path, warnings)
 
+def _paired_checkpoint(support: RecipeSupport, cfg, root: Path, epochs_dirs: dict, epochs: int | None,
+                       warnings: list[str]) -> tuple[RecipeState, int, Path, list[str]]:
+    """The recipe state and the ``epoch_K/`` it pairs with (``epochs_run = K + 1``), checked
+    complete: (state, K, folder, files to pin)."""
     state_path = root / RECIPE_STATE
     if not state_path.is_file():
         if epochs_dirs:
@@ -679,7 +368,7 @@ def preflight(
         raise PlanError(f"cannot resume: {state_path} says {state.epochs_run} epochs were run; it pairs with no "
                         "checkpoint. Start a fresh run")
     folder = root / f"epoch_{k}"
-    files, blocking, other = _epoch_problems(folder, support, cfg, for_resume=True)
+    files, blocking, other = epoch_problems(folder, support, cfg, for_resume=True)
     if blocking:
         raise PlanError(
             f"cannot resume: {RECIPE_STATE} says {state.epochs_run} epoch(s) were done, which pairs it with "
@@ -687,8 +376,9 @@ def preflight(
             "state, so there is nothing consistent to continue from: start a new run")
     warnings += other
     if epochs is not None and state.epochs_run >= epochs:
-        raise NothingToResume(f"nothing to resume: the recipe state says {state.epochs_run} epochs were done and the config "
-                        f"asks for epochs={epochs}; add epochs=<more than {state.epochs_run}> to train longer")
+        raise NothingToResume(f"nothing to resume: the recipe state says {state.epochs_run} epochs were done and the "
+                              f"config asks for epochs={epochs}; add epochs=<more than {state.epochs_run}> to train "
+                              "longer")
     newer = sorted(n for n in epochs_dirs if n > k)
     if newer:
         names = ", ".join(f"{epochs_dirs[n].name}/" for n in newer)
@@ -696,21 +386,27 @@ def preflight(
         warnings.append(f"{names} {'is' if one else 'are'} newer than the recipe state (which pairs with "
                         f"{folder.name}/) and {'holds' if one else 'hold'} no optimizer state: resuming from "
                         f"{folder.name}/ (pinned); {names} will be written again")
+    return state, k, folder, files
 
+
+def _config_warnings(cfg, state: RecipeState, epochs: int | None, warnings: list[str]) -> None:
+    """Where the config and the checkpoint disagree, the checkpoint's seed and
+    ``max_steps_per_epoch`` win (and the config's ``epochs``): say so."""
     max_steps = state.max_steps_per_epoch
-    cfg_max_steps = _get(cfg, "max_steps_per_epoch")
-    if "max_steps_per_epoch" in cfg and _int_or_none(cfg_max_steps) != max_steps:
-        warnings.append(f"the config says max_steps_per_epoch={_null(cfg_max_steps)}; the recipe uses the checkpoint's "
-                        f"{_null(max_steps)}")
-    cfg_seed = _int_or_none(_get(cfg, "seed"))
+    cfg_max_steps = config_value(cfg, "max_steps_per_epoch")
+    if "max_steps_per_epoch" in cfg and int_or_none(cfg_max_steps) != max_steps:
+        warnings.append(f"the config says max_steps_per_epoch={null_text(cfg_max_steps)}; the recipe uses the "
+                        f"checkpoint's {null_text(max_steps)}")
+    cfg_seed = int_or_none(config_value(cfg, "seed"))
     if state.seed is not None and cfg_seed is not None and cfg_seed != state.seed:
         warnings.append(f"the config says seed={cfg_seed}; the recipe uses the checkpoint's seed {state.seed}")
     if state.total_epochs is not None and epochs is not None and epochs != state.total_epochs:
         warnings.append(f"the checkpoint was saved by a run of {state.total_epochs} epochs; the resumed run trains to "
                         f"the config's epochs={epochs}")
 
-    bar = _latest_bar(progress, log_path)
-    steps_per_epoch = bar.total if bar is not None and bar.total else max_steps
+
+def _case(support: RecipeSupport, cfg, bar, max_steps: int | None, warnings: list[str]) -> str:
+    """How exact the resume is (:data:`CASES`), with the warnings that name its consequences."""
     case = CASE_EXACT if support.exact else CASE_CONTINUES
     if support.steps_continue_only_when_truncated:
         if max_steps is None or (bar is not None and bar.total and bar.total < max_steps):
@@ -719,27 +415,24 @@ def preflight(
             warnings.append(f"{support.name} continues its step count and LR schedule only if max_steps_per_epoch="
                             f"{max_steps} is below the epoch's number of batches; if it is not, the resumed run logs "
                             "Step 1 again and restarts the LR warm-up")
-    if support.merges_lora_in_place_on_cpu and device == "cpu" and _get(cfg, "save_adapter_weights_only") is not True:
+    device = str(config_value(cfg, "device") or "")
+    if support.merges_lora_in_place_on_cpu and device == "cpu" and config_value(cfg, "save_adapter_weights_only") is not True:
         warnings.append(
             f"on CPU, {support.name}'s checkpoint save (torchtune 0.6.1) merges the LoRA weights into the live model's "
             "base weights (its .cpu() copy of a CPU tensor is the tensor itself, and the merge adds in place): after "
             "each save the run trains on a changed base. The resumed run starts from the clean base plus the saved "
             "adapter, so its losses differ from the interrupted run's (and its own later saves do the same); "
             "save_adapter_weights_only=True avoids it")
+    return case
 
-    resume_step = state.epochs_run * steps_per_epoch if steps_per_epoch else None
-    first_step = 1 if case == CASE_STEPS_RESTART else (resume_step + 1 if resume_step is not None else None)
-    last_step, lost = _lost(bar, state.epochs_run, resume_step)
 
-    pinned = tuple(files) + (RECIPE_STATE,)
+def _resume_overrides(support: RecipeSupport, files: list[str]) -> tuple[str, ...]:
+    """The overrides that continue from the pinned files (paths relative to ``output_dir``)."""
     if support.kind == LORA:
-        adds = ("resume_from_checkpoint=True", f"checkpointer.adapter_checkpoint={files[0]}",
+        return ("resume_from_checkpoint=True", f"checkpointer.adapter_checkpoint={files[0]}",
                 f"checkpointer.recipe_checkpoint={RECIPE_STATE}")
-    else:
-        adds = ("resume_from_checkpoint=True", f"checkpointer.checkpoint_files=[{','.join(files)}]",
-                f"checkpointer.recipe_checkpoint={RECIPE_STATE}")
-    return ResumePreflight(recipe, support, out, root, k, folder, pinned, state, state.epochs_run, epochs, max_steps,
-                           steps_per_epoch, resume_step, first_step, last_step, lost, adds, case, tuple(warnings))
+    return ("resume_from_checkpoint=True", f"checkpointer.checkpoint_files=[{','.join(files)}]",
+            f"checkpointer.recipe_checkpoint={RECIPE_STATE}")
 
 
 def _lost(bar, epochs_run: int, resume_step: int | None) -> tuple[int | None, int | None]:
@@ -758,7 +451,7 @@ def _lost(bar, epochs_run: int, resume_step: int | None) -> tuple[int | None, in
 def _async(support: RecipeSupport, recipe: str, out: Path, root: Path, cfg, epochs: int | None,
            progress: str | None, log_path, warnings: list[str]) -> ResumePreflight:
     """The async-checkpoint case: full_finetune_distributed resumes from its newest ``dist_epoch_K/``."""
-    dists = _numbered(root, _DIST_EPOCH_DIR)
+    dists = numbered_dirs(root, DIST_EPOCH_DIR)
     complete = {n: p for n, p in dists.items() if (p / ".metadata").is_file() and (p / ".metadata").stat().st_size > 0}
     if not complete:
         why = (f"{', '.join(p.name + '/' for p in dists.values())} lack their .metadata (saves cut short)"
@@ -774,12 +467,12 @@ def _async(support: RecipeSupport, recipe: str, out: Path, root: Path, cfg, epoc
     if epochs is not None and epochs_run >= epochs:
         raise NothingToResume(f"nothing to resume: {complete[k].name}/ holds {epochs_run} epoch(s) and the config asks for "
                         f"epochs={epochs}; add epochs=<more than {epochs_run}> to train longer")
-    max_steps = _int_or_none(_get(cfg, "max_steps_per_epoch"))
+    max_steps = int_or_none(config_value(cfg, "max_steps_per_epoch"))
     bar = _latest_bar(progress, log_path)
     steps_per_epoch = bar.total if bar is not None and bar.total else max_steps
     resume_step = epochs_run * steps_per_epoch if steps_per_epoch else None
     last_step, lost = _lost(bar, epochs_run, resume_step)
-    files = tuple(sorted(_rel(p, root) for p in complete[k].iterdir() if p.is_file()))
+    files = tuple(sorted(rel_path(p, root) for p in complete[k].iterdir() if p.is_file()))
     adds = ("resume_from_checkpoint=True", "enable_async_checkpointing=True")
     return ResumePreflight(recipe, support, out, root, k, complete[k], files, None, epochs_run, epochs, max_steps,
                            steps_per_epoch, resume_step, resume_step + 1 if resume_step is not None else None,

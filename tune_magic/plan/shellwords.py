@@ -4,7 +4,7 @@
 :func:`tune_magic.plan.words.split_args` and the ``%%tune_run`` line use), and for each word the
 positions of the characters that were typed inside quotes or after a backslash. ``shlex`` throws
 that away, but a sweep needs it: ``tag="a,b"`` is one value, ``tag=a,b`` two (see
-:mod:`tune_magic.plan.sweep`).
+:mod:`tune_magic.plan.axes`).
 """
 
 from __future__ import annotations
@@ -80,34 +80,49 @@ def split_words(line: str) -> list[Word]:
             text.append(line[i + 1])
             i += 2
         elif c == "'":
-            close = line.find("'", i + 1)
-            if close < 0:
-                raise PlanError("cannot split the arguments (No closing quotation); close every quote")
-            for ch in line[i + 1:close]:
-                quoted.add(len(text))
-                text.append(ch)
-            i = close + 1
+            i = _single_quoted(line, i, text, quoted)
         elif c == '"':
-            i += 1
-            while True:
-                if i >= n:
-                    raise PlanError("cannot split the arguments (No closing quotation); close every quote")
-                ch = line[i]
-                if ch == '"':
-                    i += 1
-                    break
-                if ch == "\\" and i + 1 < n and line[i + 1] in ('"', "\\"):
-                    ch = line[i + 1]
-                    i += 1
-                quoted.add(len(text))
-                text.append(ch)
-                i += 1
+            i = _double_quoted(line, i, text, quoted)
         else:
             text.append(c)
             i += 1
     if in_word:
         words.append(Word("".join(text), frozenset(quoted)))
     return words
+
+
+_UNCLOSED = "cannot split the arguments (No closing quotation); close every quote"
+
+
+def _single_quoted(line: str, i: int, text: list[str], quoted: set[int]) -> int:
+    """Read the ``'...'`` at ``line[i]`` into ``text`` (every character literal, all quoted);
+    return the index after its closing quote."""
+    close = line.find("'", i + 1)
+    if close < 0:
+        raise PlanError(_UNCLOSED)
+    for ch in line[i + 1:close]:
+        quoted.add(len(text))
+        text.append(ch)
+    return close + 1
+
+
+def _double_quoted(line: str, i: int, text: list[str], quoted: set[int]) -> int:
+    """Read the ``"..."`` at ``line[i]`` into ``text`` (a backslash escapes only ``"`` and
+    ``\\``); return the index after its closing quote."""
+    i += 1
+    n = len(line)
+    while True:
+        if i >= n:
+            raise PlanError(_UNCLOSED)
+        ch = line[i]
+        if ch == '"':
+            return i + 1
+        if ch == "\\" and i + 1 < n and line[i + 1] in ('"', "\\"):
+            ch = line[i + 1]
+            i += 1
+        quoted.add(len(text))
+        text.append(ch)
+        i += 1
 
 
 def tail_words(words: "list[Word]", rest: "list[str]") -> list[Word]:

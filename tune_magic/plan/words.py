@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from tune_magic.errors import PlanError
-from tune_magic.plan.pool import parse_gpu_spec as parse_gpus  # noqa: F401  (ids and ranges: 0,1 or 0-3)
 from tune_magic.plan.torchrun_options import TorchrunOption, lookup
 
 # Options that change what the training script *is*; tune_magic always launches a recipe file.
@@ -91,32 +90,41 @@ def _unknown_option(token: str) -> PlanError:
 
 
 def tokenise(tokens: list[str]) -> Parsed:
+    """Sort launch words into torchrun options, the recipe, its config and overrides, checking each.
+
+    Args:
+        tokens: ``[TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value | ~key ...]``, already split.
+
+    Returns:
+        The :class:`Parsed` words; a torchrun option given twice with the same value is kept once.
+
+    Raises:
+        PlanError: an unknown or refused torchrun option, one without its value, a bad value, one
+            given twice with different values, or one after the recipe; no recipe; a missing,
+            empty or repeated ``--config``; a word after the recipe that is not an override; a
+            bad override (:func:`check_override`).
+    """
     parsed = Parsed()
+    i = _torchrun_words(tokens, parsed)
+    if i >= len(tokens) or not tokens[i].strip():
+        empty = f" (the recipe is the empty word {tokens[i]!r})" if i < len(tokens) else ""
+        raise PlanError(f"no recipe given{empty}: [torchrun options] RECIPE --config CONFIG [key=value ...]; "
+                        "see tune-magic ls")
+    parsed.recipe = tokens[i]
+    _recipe_words(tokens, i + 1, parsed)
+    if parsed.config is None:
+        raise PlanError(
+            f"missing --config: write {parsed.recipe} --config NAME_OR_PATH (tune-magic ls lists the configs)"
+        )
+    return parsed
+
+
+def _torchrun_words(tokens: list[str], parsed: Parsed) -> int:
+    """Read the torchrun options before the recipe into ``parsed``; return the recipe's index."""
     i = 0
     while i < len(tokens) and tokens[i].startswith("-") and tokens[i] != "-":
-        token = tokens[i]
-        if token == "--config" or token.startswith("--config="):
-            raise PlanError("--config comes after the recipe: [torchrun options] RECIPE --config CONFIG [key=value ...]")
-        opt, value = _match_option(token)
-        if opt is None:
-            raise _unknown_option(token)
-        if opt.dest in REFUSED_OPTIONS:
-            raise PlanError(REFUSED_OPTIONS[opt.dest])
-        group = [token]
-        if opt.takes_value and value is None:
-            if i + 1 >= len(tokens):
-                raise PlanError(f"{token} needs a value, e.g. {opt.display} VALUE")
-            value = tokens[i + 1]
-            group.append(value)
-        elif not opt.takes_value:
-            if value is not None:
-                raise PlanError(f"{opt.display} takes no value; write it alone")
-            value = True
+        opt, value, group = _option_words(tokens, i)
         i += len(group)
-        if isinstance(value, str):
-            problem = opt.check(value)
-            if problem:
-                raise PlanError(f"{problem}; see python -m torch.distributed.run --help")
         if opt.dest in parsed.torchrun:
             if parsed.torchrun[opt.dest] != value:
                 raise PlanError(
@@ -127,12 +135,39 @@ def tokenise(tokens: list[str]) -> Parsed:
         parsed.torchrun[opt.dest] = value
         parsed.torchrun_tokens += group
         parsed.groups.append((opt.dest, group))
-    if i >= len(tokens) or not tokens[i].strip():
-        empty = f" (the recipe is the empty word {tokens[i]!r})" if i < len(tokens) else ""
-        raise PlanError(f"no recipe given{empty}: [torchrun options] RECIPE --config CONFIG [key=value ...]; "
-                        "see tune-magic ls")
-    parsed.recipe = tokens[i]
-    i += 1
+    return i
+
+
+def _option_words(tokens: list[str], i: int) -> tuple[TorchrunOption, str | bool, list[str]]:
+    """The torchrun option at ``tokens[i]``: the option, its checked value (``True`` for a switch)
+    and its words (``--flag VALUE`` is two)."""
+    token = tokens[i]
+    if token == "--config" or token.startswith("--config="):
+        raise PlanError("--config comes after the recipe: [torchrun options] RECIPE --config CONFIG [key=value ...]")
+    opt, value = _match_option(token)
+    if opt is None:
+        raise _unknown_option(token)
+    if opt.dest in REFUSED_OPTIONS:
+        raise PlanError(REFUSED_OPTIONS[opt.dest])
+    group = [token]
+    if opt.takes_value and value is None:
+        if i + 1 >= len(tokens):
+            raise PlanError(f"{token} needs a value, e.g. {opt.display} VALUE")
+        value = tokens[i + 1]
+        group.append(value)
+    elif not opt.takes_value:
+        if value is not None:
+            raise PlanError(f"{opt.display} takes no value; write it alone")
+        value = True
+    if isinstance(value, str):
+        problem = opt.check(value)
+        if problem:
+            raise PlanError(f"{problem}; see python -m torch.distributed.run --help")
+    return opt, value, group
+
+
+def _recipe_words(tokens: list[str], i: int, parsed: Parsed) -> None:
+    """Read ``--config`` and the overrides, from ``tokens[i]`` on (after the recipe), into ``parsed``."""
     while i < len(tokens):
         token = tokens[i]
         if token == "--config" or token.startswith("--config="):
@@ -161,11 +196,6 @@ def tokenise(tokens: list[str]) -> Parsed:
             )
         parsed.overrides.append(check_override(token))
         i += 1
-    if parsed.config is None:
-        raise PlanError(
-            f"missing --config: write {parsed.recipe} --config NAME_OR_PATH (tune-magic ls lists the configs)"
-        )
-    return parsed
 
 
 def with_config(tokens: list[str], path: str) -> tuple[list[str], str | None]:

@@ -22,7 +22,7 @@ from tune_magic.ui.textfmt import NAME_WIDTH, PATH_WIDTH, cell, escape, table
 EXIT_USAGE = 2
 
 
-class CliError(UserError):
+class CliError(UserError, ValueError):
     """A user mistake on the command line: printed as one paragraph, exit 2."""
 
 
@@ -414,7 +414,7 @@ def _rm(argv: Sequence[str]) -> int:
 
 
 def _metrics(argv: Sequence[str]) -> int:
-    from tune_magic.logs.follow import points_to_csv, points_to_json
+    from tune_magic.logs.export import points_to_csv, points_to_json
 
     parser = argparse.ArgumentParser(
         prog="tune-magic metrics", description="Print a job's (or a log file's) metric points.",

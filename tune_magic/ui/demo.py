@@ -12,6 +12,7 @@ loss, rendezvous port and wall time, and where the executed notebook was written
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import tempfile
 import time
@@ -88,7 +89,7 @@ def run_notebook(src: Path, out: Path, workdir: Path, *, timeout: int = CELL_TIM
     nb = nbformat.read(src, as_version=4)
     start = time.monotonic()
 
-    def on_cell(cell, cell_index, **_):
+    def on_cell(cell, **_):  # nbclient passes cell_index= and more by keyword
         if progress is not None and cell.cell_type == "code" and cell.source.strip():
             progress(f"  [{time.monotonic() - start:5.1f} s] {cell.source.strip().splitlines()[0][:100]}")
 
@@ -114,11 +115,9 @@ def run_demo(out: Path | None = None, notebook: Path | None = None) -> int:
               f"tune_magic checkout (pip install -e . from the repository, then scripts/demo); "
               f"tune-magic demo --plans works anywhere.", file=sys.stderr)
         return 2
-    try:
-        import nbclient  # noqa: F401
-        import nbformat  # noqa: F401
-    except ImportError as exc:
-        print(f"tune-magic demo: error: {exc.name} is not installed; pip install 'tune_magic[test]' "
+    missing = [m for m in ("nbclient", "nbformat") if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"tune-magic demo: error: {missing[0]} is not installed; pip install 'tune_magic[test]' "
               f"(or nbclient nbformat ipykernel)", file=sys.stderr)
         return 2
     from nbclient.exceptions import CellExecutionError

@@ -26,7 +26,7 @@ from tune_magic.job import Job, jobs
 from tune_magic.launcher import launch
 from tune_magic import schedulers
 from tune_magic.ui.textfmt import cut
-from tune_magic.ui.views import MAX_TICKS, JobsTable, int_ticks  # noqa: F401 (one tick rule for card and comparison chart)
+from tune_magic.ui.views import JobsTable, int_ticks  # one tick rule for card and comparison chart
 from tune_magic.ui.watch import JobWatcher
 
 #: How deep recipe/config files are looked for under the working directory.
@@ -87,9 +87,29 @@ class Panel(widgets.VBox):
         self._lines: dict[str, object] = {}
         self._labels: dict[str, str] = {}
         self._lock = threading.Lock()
-        wide = dict(width="100%", max_width="34em", margin=_MARGIN)
+        self._make_form()
+        self._make_scheduler_fields()
+        self.refresh_gpus()
+        self._connect()
+        self._sync_compare_options()
+        self._set_ticks()  # no curve yet: the chart hidden, a line saying so
+        scheduler_rows = [self.scheduler, *self._field_boxes.values()] if len(self.schedulers_offered) > 1 else []
+        self._gpu_row = _wrap([self.nproc, widgets.VBox([self.gpus, self.gpu_note])])
+        form = widgets.VBox([self.recipe, self.config, *scheduler_rows, self._gpu_row, self.endpoint, self.name,
+                             self.overrides, self.command_preview, self.script_preview, self.error,
+                             self.launch_button], layout=widgets.Layout(width="100%"))
+        super().__init__(children=[form, widgets.HTML("<b>Jobs</b>"), self.refresh_button, self.jobs_table,
+                                   widgets.HTML("<b>Compare loss curves</b>"), self.compare, self.chart_note, self.legend,
+                                   self.chart],
+                         layout=widgets.Layout(width="100%", max_width="100%"))
+        self.add_class("tune-magic-panel")
+        self._show_scheduler_fields()
+        self.update_preview()
 
+    def _make_form(self) -> None:
+        """The form's, the table's and the chart's widgets (laid out by ``__init__``)."""
         recipes = [r.name for r in catalog.recipes()] + _files_under(self.cwd, ".py")
+        wide = dict(width="100%", max_width="34em", margin=_MARGIN)
         self.recipe = widgets.Combobox(options=recipes, placeholder="recipe name or .py path",
                                        description="recipe", ensure_option=False, layout=widgets.Layout(**wide))
         self.config = widgets.Combobox(options=[], placeholder="config name or .yaml path",
@@ -120,7 +140,8 @@ class Panel(widgets.VBox):
         self.chart = self._make_chart()
         self.jobs_table = JobsTable()
 
-        # other schedulers: offered where they can be used from here, with fields from their option rows
+    def _make_scheduler_fields(self) -> None:
+        """The scheduler dropdown and each offered scheduler's option fields (from its option rows)."""
         self.schedulers_offered = [n for n in schedulers.names()
                                    if n == "local" or schedulers.get_or_missing(n).available(os.environ) is None]
         chosen = schedulers.default_name(os.environ)
@@ -135,7 +156,9 @@ class Panel(widgets.VBox):
                 fields = self.scheduler_fields[name] = {o.name: _option_widget(o) for o in opts}
                 box = self._field_boxes[name] = widgets.VBox(_rows(opts, fields), layout=widgets.Layout(display="none"))
                 box.add_class(f"tm-{name}-fields")
-        self.refresh_gpus()
+
+    def _connect(self) -> None:
+        """Observe the form's widgets and the buttons."""
         option_widgets = [w for fields in self.scheduler_fields.values() for w in fields.values()]
         for w in (self.recipe, self.config, self.nproc, self.gpus, self.endpoint, self.overrides, self.scheduler,
                   *option_widgets):
@@ -144,21 +167,6 @@ class Panel(widgets.VBox):
         self.launch_button.on_click(self._on_launch)
         self.refresh_button.on_click(lambda _b: self.refresh())
         self.compare.observe(self._on_compare, names="value")
-        self._sync_compare_options()
-        self._set_ticks()  # no curve yet: the chart hidden, a line saying so
-
-        scheduler_rows = [self.scheduler, *self._field_boxes.values()] if len(self.schedulers_offered) > 1 else []
-        self._gpu_row = _wrap([self.nproc, widgets.VBox([self.gpus, self.gpu_note])])
-        form = widgets.VBox([self.recipe, self.config, *scheduler_rows, self._gpu_row, self.endpoint, self.name,
-                             self.overrides, self.command_preview, self.script_preview, self.error,
-                             self.launch_button], layout=widgets.Layout(width="100%"))
-        super().__init__(children=[form, widgets.HTML("<b>Jobs</b>"), self.refresh_button, self.jobs_table,
-                                   widgets.HTML("<b>Compare loss curves</b>"), self.compare, self.chart_note, self.legend,
-                                   self.chart],
-                         layout=widgets.Layout(width="100%", max_width="100%"))
-        self.add_class("tune-magic-panel")
-        self._show_scheduler_fields()
-        self.update_preview()
 
     # -- form -----------------------------------------------------------------------------------
     def refresh_gpus(self) -> None:

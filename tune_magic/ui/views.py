@@ -25,7 +25,7 @@ from tune_magic.schedulers.local.gpus import gpus_label
 from tune_magic.job import Job, jobs
 from tune_magic.registry.status import Status
 from tune_magic.ui.textfmt import cut, escape, table
-from tune_magic.ui.watch import JobSnapshot, JobWatcher, progress_summary
+from tune_magic.ui.watch import JobSnapshot, JobWatcher
 
 #: Longest log line shown in a card, in characters (the full line stays on disk).
 MAX_LINE_CHARS = 400
@@ -242,11 +242,7 @@ class JobCard(widgets.VBox):
                 lines.append(f"(whole traceback: tune-magic logs {snap.job_id} --error)")
         elif snap.status == Status.STOPPED:
             lines.append("stopped by the user" + ("" if snap.step is None else f" at step {snap.step}"))
-        details = [gpus_label(snap.gpus, snap.physical_gpus) or None,
-                   f"rendezvous {snap.endpoint}" if snap.endpoint else None,
-                   f"output_dir {snap.output_dir}" if snap.output_dir else None]
-        if any(details):
-            lines.append("  ".join(d for d in details if d))
+        lines += snap.placement()
         lines += snap.notes()
         lines.append(snap.progress_text())
         return "\n".join(lines + list(snap.tail[-5:]))

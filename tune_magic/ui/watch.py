@@ -168,6 +168,14 @@ class JobSnapshot:
         """The progress line as plain text."""
         return " · ".join(text + suffix for _, text, suffix in self.progress_parts())
 
+    def placement(self) -> list[str]:
+        """Where the job runs, for plain text: one line with its GPUs, rendezvous endpoint and
+        output_dir (those known), or no line when none is."""
+        details = [gpus_label(self.gpus, self.physical_gpus) or None,
+                   f"rendezvous {self.endpoint}" if self.endpoint else None,
+                   f"output_dir {self.output_dir}" if self.output_dir else None]
+        return ["  ".join(d for d in details if d)] if any(details) else []
+
     def notes(self) -> list[str]:
         """Small notes about the job: where it runs (several nodes), launch warnings, a lost log."""
         out = []
@@ -185,11 +193,7 @@ class JobSnapshot:
         lines = [f"job {self.job_id} ({self.name}): {self.label}, {self.elapsed_s:.0f} s"]
         if self.error:
             lines.append(f"error: {self.error}")
-        details = [gpus_label(self.gpus, self.physical_gpus) or None,
-                   f"rendezvous {self.endpoint}" if self.endpoint else None,
-                   f"output_dir {self.output_dir}" if self.output_dir else None]
-        if any(details):
-            lines.append("  ".join(d for d in details if d))
+        lines += self.placement()
         lines += self.notes()
         if self.step is not None:
             lines.append(f"step {self.step} loss {self.loss:.6g}  {progress_summary(self.progress)}".rstrip())

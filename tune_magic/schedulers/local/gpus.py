@@ -413,7 +413,7 @@ def resolve_gpus(
 
     Args:
         requested: typed ids relative to the kernel's ``CUDA_VISIBLE_DEVICES`` (``[0, 1]``, as
-            :func:`tune_magic.plan.words.parse_gpus` returns them), or ``"auto"``.
+            :func:`tune_magic.plan.pool.parse_gpu_spec` returns them), or ``"auto"``.
         nproc: processes per node; ``"auto"`` picks this many GPUs (ignored for explicit ids).
         busy_physical: physical GPU (``nvidia-smi`` index, or MIG id) -> id of the running job using
             it. Index keys may be ints or digit strings.

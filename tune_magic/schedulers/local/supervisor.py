@@ -29,18 +29,22 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
 # everything this process may need later is imported now: it outlives upgrades, and a module first
 # imported after one would come from another release (0.1.0's supervisors needed shims for that)
-from tune_magic.logs import ending, follow, parse  # noqa: F401
+from tune_magic.logs import ending, follow, lineformat, logfiles, parse, points, readers, records  # noqa: F401
 from tune_magic.logs.oom import OomWatch
 from tune_magic.logs.summary import SummaryTracker, write_summary
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.outcome import Evidence, Outcome, decide
 from tune_magic.registry.store import FAILED, CorruptRecord, JobRecord, ProcessRef
 from tune_magic.schedulers.local import procs
+
+if TYPE_CHECKING:
+    from tune_magic.logs.oom import OomWatch
 
 #: Seconds between polls of the job.
 POLL_S = 0.2
@@ -102,6 +106,8 @@ class Supervisor:
         self._copy_to: int | None = None  # write handle of the recreated log
         self._next_check = 0.0
         self._next_summary = 0.0
+        self._next_look = 0.0  # next look for workers (monotonic seconds)
+        self._known_workers: tuple = ()  # (pids and ranks, endpoint) last recorded
         self.stop_requested = False  #: a stop asked for by SIGUSR1 (works on a read-only or full disk)
         self.tracker = SummaryTracker(self.record)
 
@@ -230,26 +236,15 @@ class Supervisor:
 
     # -- running ------------------------------------------------------------------------------
     def run(self) -> int:
+        """Run the job to its end and record it; return its exit code (127: it could not start)."""
         rec = self.record
         if rec.state.is_terminal:  # settled by a reader before we got here: never run it twice
             return rec.returncode or 0
         self._update(supervisor=self.me)
         self._write_procs()
-        log = Path(rec.log_path)
-        out = jobstore.open_nofollow(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        self._log_fd = jobstore.open_nofollow(log, os.O_RDONLY)
-        try:
-            wrapper = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(EXITWRAP), str(self.dir / jobstore.EXIT_CODE), "--", *rec.argv],
-                cwd=rec.cwd, env={**os.environ, **rec.env}, stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, close_fds=True,
-            )
-        except OSError as exc:
-            self._final(Evidence(returncode=127, failure_line=f"could not start {rec.argv[0]}: {exc}",
-                                 nothing_runs=True))
+        wrapper = self._start()
+        if wrapper is None:
             return 127
-        finally:
-            os.close(out)
         try:
             wrapper_ref = procs.ref_of(psutil.Process(wrapper.pid))
         except psutil.Error:
@@ -257,45 +252,84 @@ class Supervisor:
         oom_watch = OomWatch.start(wrapper.pid)
         self._find_agent(wrapper, wrapper_ref)
         self._tell_launcher()
-        exited = _exit_fd(wrapper.pid)
-        known: tuple = ()
-        next_look = 0.0
-        expected = int(rec.nproc_per_node) if (rec.nproc_per_node or "").isdigit() else 1
-        while wrapper.poll() is None:
-            now = time.monotonic()
-            if rec.distributed and now >= next_look and self.agent is not None:
-                agent = procs.alive(self.agent)
-                if agent is not None:
-                    workers, endpoint = discover_workers(agent)
-                    complete = len(workers) >= expected and endpoint is not None
-                    # look often until all are known, then rarely (an elastic restart): every look
-                    # reads /proc of each child, which steals CPU from the job on a small machine
-                    next_look = now + (DISCOVERY_SLOW_S if complete else 0.0)
-                    key = (tuple((w.pid, w.rank) for w in workers), endpoint)
-                    if workers and key != known:
-                        known = key
-                        seen = {w.pid for w in self.workers}
-                        self.workers += [w for w in workers if w.pid not in seen]
-                        self.endpoint = endpoint or self.endpoint
-                        self._write_procs()
-                        self._update()
-            self._housekeep(now)
-            _wait_exit(wrapper, exited, POLL_S)
-        if exited is not None:
-            os.close(exited)
-        code = wrapper.returncode
-        exit_info = jobstore.read_exit_code(self.dir)
-        if exit_info is not None:
-            code = exit_info.returncode
-        elif procs.alive(self.agent) is not None and self.agent != wrapper_ref:
-            # the wrapper was killed, not the job: the agent, reparented to this subreaper, runs on
-            code = self._wait_orphaned_agent()
-        elif code is not None and code > 128:  # the wrapper re-raised a signal it could not
-            code = 128 - code
+        self._watch(wrapper)
+        code = self._exit_code(wrapper, wrapper_ref)
         # whatever outlived the command (a killed agent's workers, a rank's children) goes now
         procs.kill_job(self.agent, self.workers, ORPHAN_GRACE_S)
         self.check_registry()
         self._copy_log()
+        self._end(code, oom_watch)
+        return code
+
+    def _start(self) -> subprocess.Popen | None:
+        """Start the command under the exit wrapper, its output appended to the job's log; on
+        failure record the end (exit code 127) and return ``None``."""
+        rec = self.record
+        log = Path(rec.log_path)
+        out = jobstore.open_nofollow(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        self._log_fd = jobstore.open_nofollow(log, os.O_RDONLY)
+        try:
+            return subprocess.Popen(
+                [sys.executable, "-I", "-S", str(EXITWRAP), str(self.dir / jobstore.EXIT_CODE), "--", *rec.argv],
+                cwd=rec.cwd, env={**os.environ, **rec.env}, stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT, close_fds=True,
+            )
+        except OSError as exc:
+            self._final(Evidence(returncode=127, failure_line=f"could not start {rec.argv[0]}: {exc}",
+                                 nothing_runs=True))
+            return None
+        finally:
+            os.close(out)
+
+    def _watch(self, wrapper: subprocess.Popen) -> None:
+        """Until the wrapper exits: find the workers and the endpoint, keep the registry true."""
+        exited = _exit_fd(wrapper.pid)
+        while wrapper.poll() is None:
+            now = time.monotonic()
+            if self.record.distributed and now >= self._next_look and self.agent is not None:
+                self._look_for_workers(now)
+            self._housekeep(now)
+            _wait_exit(wrapper, exited, POLL_S)
+        if exited is not None:
+            os.close(exited)
+
+    def _look_for_workers(self, now: float) -> None:
+        """Record the agent's workers and the endpoint when they change; set when to look next."""
+        agent = procs.alive(self.agent)
+        if agent is None:
+            return
+        rec = self.record
+        expected = int(rec.nproc_per_node) if (rec.nproc_per_node or "").isdigit() else 1
+        workers, endpoint = discover_workers(agent)
+        complete = len(workers) >= expected and endpoint is not None
+        key = (tuple((w.pid, w.rank) for w in workers), endpoint)
+        if workers and key != self._known_workers:
+            self._known_workers = key
+            seen = {w.pid for w in self.workers}
+            self.workers += [w for w in workers if w.pid not in seen]
+            self.endpoint = endpoint or self.endpoint
+            self._write_procs()
+            self._update()
+        # look often until all are known, then rarely (an elastic restart): every look
+        # reads /proc of each child, which steals CPU from the job on a small machine
+        self._next_look = now + (DISCOVERY_SLOW_S if complete else 0.0)
+
+    def _exit_code(self, wrapper: subprocess.Popen, wrapper_ref: ProcessRef) -> int | None:
+        """The command's exit code: the exit wrapper's record, else the orphaned agent's, else the
+        wrapper's own (negative: killed by that signal)."""
+        code = wrapper.returncode
+        exit_info = jobstore.read_exit_code(self.dir)
+        if exit_info is not None:
+            return exit_info.returncode
+        if procs.alive(self.agent) is not None and self.agent != wrapper_ref:
+            # the wrapper was killed, not the job: the agent, reparented to this subreaper, runs on
+            return self._wait_orphaned_agent()
+        if code is not None and code > 128:  # the wrapper re-raised a signal it could not
+            return 128 - code
+        return code
+
+    def _end(self, code: int | None, oom_watch: OomWatch) -> None:
+        """Decide and record the job's end: failure reason, final summary, then the record."""
         stop = self.stop_requested or jobstore.stop_was_requested(self.dir, self.record)
         oom = None
         if code not in (0, None) and not stop:
@@ -313,7 +347,6 @@ class Supervisor:
             pass
         write_summary(self.dir, self.tracker.summary)
         self._final(evidence)
-        return code
 
     def _wait_orphaned_agent(self) -> int | None:
         """Supervise the agent after its wrapper died (it is this process's child now: a child

@@ -179,26 +179,12 @@ def check_sbatch_options(values: list[str] | tuple[str, ...] | None) -> SbatchOp
         while i < len(words):
             word = words[i]
             if word.startswith("--") and len(word) > 2:
-                name, eq, _ = word[2:].partition("=")
-                long_name = _resolve_long(name, written)
+                long_name, used = _check_long(word, words, i, written)
                 if long_name is not None:
                     names.add(long_name)
-                    _check_allowed(long_name, written)
-                    kind = SBATCH_LONG_OPTIONS[long_name]
-                    if kind == "none" and eq:
-                        raise PlanError(f"--sbatch={written}: sbatch's --{long_name} takes no value")
-                    if kind == "required" and not eq:
-                        if i + 1 >= len(words):
-                            raise PlanError(
-                                f"--sbatch={written}: sbatch's --{long_name} needs a value: "
-                                f"write --sbatch=--{long_name}=VALUE"
-                            )
-                        i += 1  # its value is the next word of the same --sbatch=
-                    if long_name == "requeue":
-                        requeue = True
-                    elif long_name == "no-requeue":
-                        requeue = False
-                i += 1
+                if long_name in ("requeue", "no-requeue"):
+                    requeue = long_name == "requeue"
+                i += used
             elif word.startswith("-") and len(word) > 1 and word != "--":
                 names.update(short_names(word))
                 i += _check_short_group(word, words, i, written)
@@ -222,6 +208,28 @@ def short_names(word: str) -> list[str]:
         if SBATCH_LONG_OPTIONS[name] != "none":
             break
     return out
+
+
+def _check_long(word: str, words: list[str], i: int, written: str) -> tuple[str | None, int]:
+    """Check the long option ``word`` (``words[i]`` of ``--sbatch=written``); return its full name
+    (``None`` for one sbatch does not know but may: passed through) and how many words it uses
+    (2 when its value is the next word)."""
+    name, eq, _ = word[2:].partition("=")
+    long_name = _resolve_long(name, written)
+    if long_name is None:
+        return None, 1
+    _check_allowed(long_name, written)
+    kind = SBATCH_LONG_OPTIONS[long_name]
+    if kind == "none" and eq:
+        raise PlanError(f"--sbatch={written}: sbatch's --{long_name} takes no value")
+    if kind == "required" and not eq:
+        if i + 1 >= len(words):
+            raise PlanError(
+                f"--sbatch={written}: sbatch's --{long_name} needs a value: "
+                f"write --sbatch=--{long_name}=VALUE"
+            )
+        return long_name, 2  # its value is the next word of the same --sbatch=
+    return long_name, 1
 
 
 def _check_short_group(word: str, words: list[str], i: int, written: str) -> int:

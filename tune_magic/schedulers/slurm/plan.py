@@ -32,17 +32,52 @@ def place(spec: RunSpec, *, nodes: int | None, gpus_per_node: int | None) -> Lau
             an elastic ``--nnodes`` range or one that disagrees with ``--nodes``, a one-device
             recipe on several processes.
     """
+    _refuse_set_per_node(spec)
+    nodes = _node_count(spec, nodes)
+    endpoint, warnings = _user_rendezvous(spec)
+    nproc, nproc_src = spec.given("nproc_per_node")
+    if nproc is not None:
+        check_nproc(nproc, nproc_src)
+    else:
+        nproc = str(gpus_per_node) if gpus_per_node else "1"
+    if spec.supports_distributed is False and (nodes > 1 or nproc not in ("1",)):
+        raise PlanError(f"recipe {spec.recipe_name} runs on one device and cannot use {nodes} node(s) x {nproc} processes; "
+                        "use a *_distributed recipe")
+    keep = [t for dest, group in spec.parsed.groups if dest not in _SLURM_REFUSED + _SLURM_PLACED for t in group]
+    added_log_dir, rank_logs = rank_log_dir(spec.parsed.torchrun, spec.env, spec.job_dir, spec.cwd)
+    keep += added_log_dir
+    if nodes == 1 and endpoint is None:
+        torchrun_args = ["--standalone", "--nproc_per_node", nproc, *keep]
+        rendezvous = "standalone"
+    else:
+        backend = spec.given("rdzv_backend")[0] or "c10d"
+        torchrun_args = ["--nnodes", "${SLURM_JOB_NUM_NODES}", "--nproc_per_node", nproc, "--rdzv-backend", backend,
+                         "--rdzv-endpoint", endpoint or "${TUNE_MAGIC_RDZV_ENDPOINT}", "--rdzv-id", "${SLURM_JOB_ID}",
+                         *keep]
+        rendezvous = "user" if endpoint is not None else "scheduler"
+    return LaunchPlan(argv=[sys.executable, "-m", "torch.distributed.run", *torchrun_args, *spec.recipe_args],
+                      distributed=True, rendezvous=rendezvous, endpoint=endpoint, nproc_per_node=nproc,
+                      nnodes=str(nodes), torchrun_args=torchrun_args, rank_log_dir=rank_logs, scheduler="slurm",
+                      rdzv_conf=spec.given("rdzv_conf")[0],
+                      **{**spec.common, "warnings": [*spec.common.get("warnings", ()), *warnings]})
+
+
+def _refuse_set_per_node(spec: RunSpec) -> None:
+    """Refuse ``--gpus`` and the torchrun options the scheduler sets on each node itself."""
     if spec.gpu_ids is not None:
         raise PlanError("--gpus picks GPUs of this machine; under --scheduler slurm SLURM allocates them: "
                         "give --gpus-per-node G instead")
-    given, parsed = spec.given, spec.parsed
     for dest in _SLURM_REFUSED:
-        value, src = given(dest)
+        value, src = spec.given(dest)
         if value is not None and (dest != "standalone" or truthy(value)):
             fix = f"unset {src}" if src.startswith("PET_") else f"drop {src}"
             raise PlanError(f"{src} is set per node by the SLURM scheduler (head address, a free port, each node's "
                             f"address); {fix}, or use --scheduler local")
-    nnodes, nnodes_src = given("nnodes")
+
+
+def _node_count(spec: RunSpec, nodes: int | None) -> int:
+    """The number of nodes: ``--nodes``, or torchrun's ``--nnodes`` (a fixed count), else 1."""
+    nnodes, nnodes_src = spec.given("nnodes")
     if nnodes is not None:
         lo, hi = parse_nnodes(nnodes, nnodes_src)
         if lo != hi:
@@ -51,38 +86,19 @@ def place(spec: RunSpec, *, nodes: int | None, gpus_per_node: int | None) -> Lau
         if nodes is not None and nodes != lo:
             raise PlanError(f"{nnodes_src} {nnodes} and --nodes {nodes} differ; give one of them (they mean the same)")
         nodes = lo
-    nodes = nodes or 1
+    return nodes or 1
+
+
+def _user_rendezvous(spec: RunSpec) -> tuple[str | None, list[str]]:
+    """The user's own rendezvous endpoint (checked), or ``None``; and what to warn about it and
+    about a ``--rdzv-id`` of theirs, which the job id replaces."""
     warnings = []
-    endpoint, endpoint_src = given("rdzv_endpoint")
+    endpoint, endpoint_src = spec.given("rdzv_endpoint")
     if endpoint is not None:
         check_endpoint(endpoint, endpoint_src)
         warnings.append(f"every node must reach your rendezvous endpoint {endpoint} ({endpoint_src}); it goes "
                         "unchanged to every node (leave it out and the scheduler uses the head node and a free port)")
-    backend = given("rdzv_backend")[0] or "c10d"
-    rdzv_id, id_src = given("rdzv_id")
+    rdzv_id, id_src = spec.given("rdzv_id")
     if rdzv_id is not None:
         warnings.append(f"{id_src} {rdzv_id} is replaced by the SLURM job id ($SLURM_JOB_ID): one id per job")
-    conf = given("rdzv_conf")[0]
-    nproc, nproc_src = given("nproc_per_node")
-    if nproc is not None:
-        check_nproc(nproc, nproc_src)
-    else:
-        nproc = str(gpus_per_node) if gpus_per_node else "1"
-    if spec.supports_distributed is False and (nodes > 1 or nproc not in ("1",)):
-        raise PlanError(f"recipe {spec.recipe_name} runs on one device and cannot use {nodes} node(s) x {nproc} processes; "
-                        "use a *_distributed recipe")
-    keep = [t for dest, group in parsed.groups if dest not in _SLURM_REFUSED + _SLURM_PLACED for t in group]
-    added_log_dir, rank_logs = rank_log_dir(parsed.torchrun, spec.env, spec.job_dir, spec.cwd)
-    keep += added_log_dir
-    if nodes == 1 and endpoint is None:
-        torchrun_args = ["--standalone", "--nproc_per_node", nproc, *keep]
-        rendezvous = "standalone"
-    else:
-        torchrun_args = ["--nnodes", "${SLURM_JOB_NUM_NODES}", "--nproc_per_node", nproc, "--rdzv-backend", backend,
-                         "--rdzv-endpoint", endpoint or "${TUNE_MAGIC_RDZV_ENDPOINT}", "--rdzv-id", "${SLURM_JOB_ID}",
-                         *keep]
-        rendezvous = "user" if endpoint is not None else "scheduler"
-    return LaunchPlan(argv=[sys.executable, "-m", "torch.distributed.run", *torchrun_args, *spec.recipe_args],
-                      distributed=True, rendezvous=rendezvous, endpoint=endpoint, nproc_per_node=nproc,
-                      nnodes=str(nodes), torchrun_args=torchrun_args, rank_log_dir=rank_logs, scheduler="slurm",
-                      rdzv_conf=conf, **{**spec.common, "warnings": [*spec.common.get("warnings", ()), *warnings]})
+    return endpoint, warnings

@@ -20,6 +20,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from tune_magic.errors import TuneMagicError
 from tune_magic.registry import outcome
 from tune_magic.registry.status import Status
 
@@ -55,8 +56,11 @@ _FAILURE_REASONS = {
 }
 
 
-class SqueueParseError(ValueError):
-    """squeue's output is not what this module reads (the message quotes the start of it)."""
+class SqueueParseError(TuneMagicError, ValueError):
+    """squeue's output is not what this module reads (the message quotes the start of it).
+
+    Not a :class:`~tune_magic.errors.UserError`: the engine answered oddly; the scheduler treats
+    it as "no answer", which never ends a job."""
 
 
 @dataclass(frozen=True)

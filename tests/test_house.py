@@ -1,0 +1,285 @@
+"""The house rules of tune_magic/, checked mechanically (issue 19, "One house").
+
+Read from the source files under ``tune_magic/`` (``ast`` and ``tokenize``; nothing is imported):
+
+(a) no module over :data:`MAX_MODULE_LINES` lines;
+(b) no function over :data:`MAX_FUNCTION_LINES` lines (``def`` line to last line, docstring
+    included) unless its docstring has a line starting with :data:`LONG_MARKER` that says why;
+(c) no import cycle among the package's modules, counting imports inside functions (a lazy
+    import still ties two modules together) and under ``if TYPE_CHECKING:``;
+(d) no module uses a private name (``_x``) of another tune_magic module: neither
+    ``from tune_magic.m import _x`` nor ``m._x`` on an imported tune_magic module;
+(e) outside ``tune_magic/schedulers/``, the engine words (``slurm``, ``sbatch``, ``squeue``, any
+    case, also inside identifiers) appear only in documentation: comments and docstrings. Other
+    string literals count as code.
+
+Each test names every offender with its file and line, so one run lists all that is left to fix.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from pathlib import Path
+
+import tune_magic
+
+PACKAGE = Path(tune_magic.__file__).parent
+ROOT = PACKAGE.parent
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 60
+#: A docstring line starting with this says why a function is longer than MAX_FUNCTION_LINES.
+LONG_MARKER = "Long:"
+ENGINE_WORDS = re.compile(r"slurm|sbatch|squeue", re.IGNORECASE)
+ENGINE_HOME = PACKAGE / "schedulers"
+
+
+def sources() -> dict[str, Path]:
+    """Dotted module name -> file, for every module under tune_magic/."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+SOURCES = sources()
+TREES = {name: ast.parse(path.read_text(), str(path)) for name, path in SOURCES.items()}
+
+
+def rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+# -- (a) module size ----------------------------------------------------------------------------
+
+
+def test_no_module_is_over_the_line_limit():
+    long = [f"{rel(p)}: {n} lines" for p in SOURCES.values()
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by topic):\n" + "\n".join(long)
+
+
+# -- (b) function size --------------------------------------------------------------------------
+
+
+def long_functions(tree: ast.AST) -> list[tuple[int, str, int]]:
+    """``(line, name, length)`` of each function over the limit without a ``Long:`` reason."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = node.end_lineno - node.lineno + 1
+            doc = ast.get_docstring(node) or ""
+            reasoned = any(line.strip().startswith(LONG_MARKER) for line in doc.splitlines())
+            if length > MAX_FUNCTION_LINES and not reasoned:
+                out.append((node.lineno, node.name, length))
+    return out
+
+
+def test_the_function_rule_sees_a_long_function_and_its_reason():
+    body = "\n".join(f"    x = {i}" for i in range(MAX_FUNCTION_LINES))
+    bare = f"def f():\n{body}\n"
+    reasoned = f'def f():\n    """Do it.\n\n    Long: one table.\n    """\n{body}\n'
+    short = "def f():\n    return 1\n"
+    assert long_functions(ast.parse(bare)) == [(1, "f", MAX_FUNCTION_LINES + 1)]
+    assert long_functions(ast.parse(reasoned)) == []
+    assert long_functions(ast.parse(short)) == []
+
+
+def test_no_function_is_over_the_line_limit_without_a_reason():
+    found = [f"{rel(SOURCES[m])}:{line} {name} ({n} lines)"
+             for m, tree in TREES.items() for line, name, n in long_functions(tree)]
+    assert not found, (f"functions over {MAX_FUNCTION_LINES} lines: break them into named steps, or give a "
+                       f"docstring line '{LONG_MARKER} <why>':\n" + "\n".join(found))
+
+
+# -- (c) import cycles --------------------------------------------------------------------------
+
+
+def imported_modules(name: str, tree: ast.AST) -> dict[str, int]:
+    """The tune_magic modules ``name`` imports anywhere in its file -> the line of the first import."""
+    is_pkg = SOURCES[name].name == "__init__.py"
+    package = name.split(".") if is_pkg else name.split(".")[:-1]
+    out: dict[str, int] = {}
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            # `from pkg import sub` imports the submodule; `from mod import name` the module
+            targets = [f"{module}.{a.name}" if f"{module}.{a.name}" in SOURCES else module for a in node.names]
+        for target in targets:
+            if target in SOURCES and target != name:
+                out.setdefault(target, node.lineno)
+    return out
+
+
+def cycles(edges: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle_and_only_a_cycle():
+    assert cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b": 1}, "b": {}}) == []
+
+
+def test_imports_inside_functions_count():
+    tree = ast.parse("def f():\n    from tune_magic.logs import parse\n")
+    assert imported_modules("tune_magic.errors", tree) == {"tune_magic.logs.parse": 2}
+
+
+def test_no_import_cycle():
+    edges = {m: imported_modules(m, tree) for m, tree in TREES.items()}
+    found = cycles(edges)
+    shown = []
+    for component in found:
+        members = set(component)
+        shown.append(" <-> ".join(component) + ": " + "; ".join(
+            f"{rel(SOURCES[m])}:{line} imports {t}" for m in component for t, line in edges[m].items() if t in members))
+    assert not found, "import cycles (counting imports inside functions):\n" + "\n".join(shown)
+
+
+# -- (d) private names --------------------------------------------------------------------------
+
+
+def private_uses(name: str, tree: ast.AST) -> list[tuple[int, str]]:
+    """``(line, what)`` for each private name of another tune_magic module that ``name`` uses."""
+    is_pkg = SOURCES[name].name == "__init__.py"
+    package = name.split(".") if is_pkg else name.split(".")[:-1]
+    out = []
+    module_aliases: dict[str, str] = {}  # local name -> tune_magic module it is bound to
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            if module not in SOURCES:
+                continue
+            for a in node.names:
+                full = f"{module}.{a.name}"
+                if a.name.startswith("_") and not a.name.startswith("__") and module != name:
+                    out.append((node.lineno, f"from {module} import {a.name}"))
+                if full in SOURCES:
+                    module_aliases[a.asname or a.name] = full
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in SOURCES:
+                    if any(p.startswith("_") and not p.startswith("__") for p in a.name.split(".")):
+                        out.append((node.lineno, f"import {a.name}"))
+                    if a.asname:
+                        module_aliases[a.asname] = a.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in module_aliases and node.attr.startswith("_")
+                and not node.attr.startswith("__") and module_aliases[node.value.id] != name):
+            out.append((node.lineno, f"{node.value.id}._{node.attr[1:]} ({module_aliases[node.value.id]})"))
+    return sorted(set(out))
+
+
+def test_the_private_rule_sees_both_forms():
+    tree = ast.parse("from tune_magic.logs.parse import _FIELD_RE, LogParser\n"
+                     "from tune_magic.registry import store as jobstore\n"
+                     "x = jobstore._private\ny = jobstore.public\n")
+    assert private_uses("tune_magic.errors", tree) == [
+        (1, "from tune_magic.logs.parse import _FIELD_RE"),
+        (3, "jobstore._private (tune_magic.registry.store)"),
+    ]
+
+
+def test_no_module_uses_another_modules_private_names():
+    found = [f"{rel(SOURCES[m])}:{line} {what}" for m, tree in TREES.items() for line, what in private_uses(m, tree)]
+    assert not found, ("private names used across modules (make the name public and document it, or move "
+                       "the code):\n" + "\n".join(found))
+
+
+# -- (e) engine names ---------------------------------------------------------------------------
+
+
+def docstring_spans(tree: ast.AST) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Start and end ``(line, column)`` of every module, class and function docstring."""
+    spans = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                spans.append(((first.lineno, first.col_offset), (first.end_lineno, first.end_col_offset)))
+    return spans
+
+
+def engine_words_in_code(text: str) -> list[tuple[int, str]]:
+    """``(line, token)`` of each token of ``text`` naming an engine that is not a comment or a docstring."""
+    spans = docstring_spans(ast.parse(text))
+    out = []
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT or not ENGINE_WORDS.search(tok.string):
+            continue
+        if tok.type == tokenize.STRING and any(start <= tok.start and tok.end <= end for start, end in spans):
+            continue
+        out.append((tok.start[0], tok.string if len(tok.string) < 60 else tok.string[:57] + "..."))
+    return out
+
+
+def test_the_engine_rule_tells_documentation_from_code():
+    text = ('"""Runs on SLURM too."""\n'
+            "# squeue is asked elsewhere\n"
+            "def f():\n"
+            '    """sbatch: see the scheduler."""\n'
+            '    return "slurm"\n'
+            "slurm_job_id = 1\n")
+    assert engine_words_in_code(text) == [(5, '"slurm"'), (6, "slurm_job_id")]
+
+
+def test_outside_schedulers_engine_names_are_only_documentation():
+    found = [f"{rel(path)}:{line} {token}" for path in SOURCES.values()
+             if ENGINE_HOME not in path.parents for line, token in engine_words_in_code(path.read_text())]
+    assert not found, ("an engine named in code outside tune_magic/schedulers/ (move it into the scheduler's "
+                       "package, behind the seam):\n" + "\n".join(found))
+
+
+def test_the_rules_read_every_module():
+    """The rules above read the whole package: every module is found and parses."""
+    assert len(SOURCES) == len(list(PACKAGE.rglob("*.py"))) > 50
+    assert "tune_magic.logs.parse" in SOURCES and "tune_magic.schedulers.slurm.squeue" in SOURCES
