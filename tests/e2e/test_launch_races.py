@@ -91,8 +91,8 @@ def _race_in_threads(monkeypatch, args: str, gpus: str | None) -> tuple[list, li
             raise
         time.sleep(WIDEN_S)
 
-    monkeypatch.setattr(J, "_checked_plan", held)
-    monkeypatch.setattr(J, "_check_clashes", clashes)
+    monkeypatch.setattr(L, "checked_plan", held)
+    monkeypatch.setattr(L, "check_clashes", clashes)
     results: list = []
 
     def go():
