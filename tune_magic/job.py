@@ -153,6 +153,12 @@ class Job:
         return self.refresh()._record.pending_reason
 
     @property
+    def engine_note(self) -> str | None:
+        """A note on how sure the status is (e.g. ``"SLURM not answering since 14:05"``: the status
+        shown is the last known one), from the job's scheduler; ``None`` when there is none."""
+        return self._sched().status_note(self._record)
+
+    @property
     def engine_id(self) -> str | None:
         """The engine's own id of the job (e.g. SLURM's job id, once submitted), else ``None``."""
         return self._sched().engine_id(self._record)
@@ -182,9 +188,10 @@ class Job:
 
     @property
     def elapsed_s(self) -> float:
-        """Seconds since launch, or the job's whole duration once it ended."""
+        """Seconds since launch, or the job's whole duration once it ended (without the time a
+        requeued job waited in its engine's queue again)."""
         r = self._record
-        return max(0.0, (r.ended_at or time.time()) - r.started_at)
+        return max(0.0, (r.ended_at or time.time()) - r.started_at - self._sched().queued_s(r))
 
     def __repr__(self) -> str:
         # no status: a notebook's Out[] keeps this text while the job moves on (the card is live)

@@ -21,7 +21,9 @@ Contract:
    end itself is decided by :func:`tune_magic.registry.outcome.decide` from that evidence.
 4. ``cancel`` ends every part of the job that is still alive, whatever its recorded status.
 5. ``has_live_parts`` says whether anything of the job may still run (``rm`` refuses such a job).
-6. ``migrate`` moves the scheduler's fields of records written by earlier releases into its own
+6. ``status_note`` says when the shown status is only the last known one (the engine does not
+   answer); ``queued_s`` is the time a requeued job waited, which elapsed time leaves out.
+7. ``migrate`` moves the scheduler's fields of records written by earlier releases into its own
    part of the record (``record.backend``); nothing outside the scheduler reads that part.
 
 Schedulers are found by name through :mod:`tune_magic.schedulers` (the built-in ones, and any
@@ -161,3 +163,14 @@ class Scheduler(ABC):
     def nodes(self, record: "JobRecord") -> list[str]:
         """Host names the job runs on (``[]`` while it waits)."""
         return list(record.nodes)
+
+    def status_note(self, record: "JobRecord") -> str | None:
+        """One line about how sure the shown status is, for cards, tables and ``jobs --json``
+        (e.g. ``"SLURM not answering since 14:05"`` while the engine does not answer and the last
+        known status is shown), else ``None``. Cheap: it asks the engine nothing."""
+        return None
+
+    def queued_s(self, record: "JobRecord") -> float:
+        """Seconds the job spent back in the engine's queue after it had started (a requeue),
+        which its elapsed time does not count. Default 0."""
+        return 0.0

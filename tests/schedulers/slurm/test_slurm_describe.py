@@ -1,8 +1,8 @@
 """How the SLURM scheduler reads a job's status from squeue's answer and the job's own log.
 
-squeue is asked at most once per 5 s (SqueueWatcher), so its answer can be older than what the
-batch script already printed. These tests put a parsed squeue answer (the plain format squeue
-prints for SQUEUE_FORMAT) in the watcher's cache and a log in a real job directory.
+The controller is asked at most once per 5 s (tune_magic.schedulers.slurm.queue), so its answer can
+be older than what the batch script already printed. These tests put a parsed squeue answer (the
+plain format squeue prints for SQUEUE_FORMAT) in the watcher's view and a log in a real job directory.
 """
 
 from __future__ import annotations
@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
+import os
+
 import tune_magic.schedulers.slurm as S
+from tune_magic.schedulers.slurm import queue
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.store import JobRecord
 from tune_magic.schedulers.slurm import squeue as sq
@@ -31,14 +34,14 @@ def _job(tmp_path: Path, log: str) -> tuple[Path, JobRecord]:
 
 @pytest.fixture
 def squeue_says(monkeypatch):
-    """Put one squeue line (job 42) in the watcher's cache, as if asked just now."""
-    w = S.SqueueWatcher()
+    """Put one squeue line (job 42) in the watcher's view, as if asked just now."""
+    w = queue.QueueWatcher(lambda conf: [])
     monkeypatch.setattr(S, "WATCHER", w)
 
     def put(line: str) -> None:
-        w._jobs = sq.parse_squeue_format(line)
-        w._asked = frozenset({"42"})
-        w._last = time.monotonic()
+        w._views[os.environ.get("SLURM_CONF", "")] = queue._View(
+            asked_at=time.time(), mono=time.monotonic(), ids=frozenset({"42"}), answered=frozenset({"42"}),
+            jobs=sq.parse_squeue_format(line))
     return put
 
 
@@ -60,7 +63,7 @@ def test_a_pending_answer_older_than_the_log_reads_running(tmp_path, squeue_says
 
 def test_no_squeue_answer_yet_and_a_started_log_reads_running(tmp_path, monkeypatch):
     d, rec = _job(tmp_path, "node tmnode1 10.0.0.1\n")
-    monkeypatch.setattr(S.WATCHER, "get", lambda slurm_id, env: False)  # squeue not asked yet
+    monkeypatch.setattr(S.WATCHER, "get", lambda slurm_id, env: queue.Answer(queue.NOT_ASKED))  # not asked yet
     assert S.SlurmScheduler().describe(d, rec)["status"] == "running"
     d2 = tmp_path / "other"
     d2.mkdir()

@@ -6,20 +6,20 @@ lives under ``TUNE_MAGIC_HOME``, which must be on a filesystem every node shares
 output file is the job's combined log, so following it and the loss card work as for local jobs.
 
 Status comes from the exit file the batch script writes (a job with it never queries squeue),
-else from squeue: at most one ``squeue --jobs=... --json`` per process every
-:data:`SQUEUE_INTERVAL_S` seconds for every live SLURM job at once, shared by every card and
-listing (a plain ``--format`` query where ``--json`` fails). ``sacct`` is not needed.
+else from the controller: one bounded query every few seconds for every live SLURM job at once,
+shared by every card, listing and process (:mod:`.queue`); what it means for a job is
+:mod:`.follow`. A controller that does not answer is no news. ``sacct`` is not needed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -28,28 +28,32 @@ from tune_magic import faultpoints
 from tune_magic.logs import ending
 from tune_magic.registry import outcome
 from tune_magic.registry import store as jobstore
-from tune_magic.registry.outcome import Evidence, decide
-from tune_magic.errors import JobStartError, PlanError
+from tune_magic.registry.outcome import Evidence
+from tune_magic.errors import JobStartError, PlanError, UserError
 from tune_magic.registry.store import PENDING, RUNNING, UNKNOWN, JobRecord
 from tune_magic.registry.status import Status
 from tune_magic.schedulers.base import Scheduler, SchedulerOptions
 from tune_magic.schedulers.slurm.plan import place
+from tune_magic.schedulers.slurm import follow, queue
 from tune_magic.schedulers.slurm import options as sopts
 from tune_magic.schedulers.slurm import squeue as sq
 from tune_magic.schedulers.slurm.script import batch_script, directives, sbatch_argv
 from tune_magic.schedulers.slurm.tail import TAIL_RULES
 
-#: Seconds between squeue queries in one process (all live SLURM jobs in one query).
-SQUEUE_INTERVAL_S = 5.0
-#: Seconds a job may be missing from squeue without an exit file before it is called failed.
-MISSING_GRACE_S = 60.0
-#: Seconds to wait for a SLURM client command.
+#: Seconds to wait for sbatch (a submission is not repeated: it waits longer than a status query).
 CLIENT_TIMEOUT_S = 60.0
+#: Seconds to wait for scancel (a stop must reach the controller; it answers or fails within this).
+CANCEL_TIMEOUT_S = 30.0
 #: The batch script's file name in the job directory.
 SCRIPT = "job.sbatch"
 
 _CLIENTS_MISSING = ("--scheduler slurm needs SLURM's client tools (sbatch, squeue, scancel) on PATH: install them "
                     "(e.g. apt install slurm-client, or load your cluster's slurm module), or use --scheduler local")
+
+
+class ControllerUnreachable(UserError, RuntimeError):
+    """SLURM's controller did not take a cancel (down, paused, unreachable): the stop is recorded,
+    and the message says to stop the job again once SLURM answers."""
 
 
 def _client_env(env: Mapping[str, str] | None, record: JobRecord | None = None) -> dict[str, str]:
@@ -66,70 +70,21 @@ def _run(argv: list[str], env: Mapping[str, str], timeout: float = CLIENT_TIMEOU
     return subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=timeout)
 
 
-class SqueueWatcher:
-    """One process's view of squeue: at most one query every :data:`SQUEUE_INTERVAL_S` seconds,
-    for every live SLURM job of the registry at once (so a listing of many jobs and many cards
-    cost one query). A job that was not among the last query's ids is "not asked yet", never
-    "gone"."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._last = float("-inf")
-        self._asked: frozenset[str] = frozenset()
-        self._jobs: dict[str, sq.SlurmJob] = {}
-        self.queries = 0  #: squeue runs by this process (tests and benchmarks read it)
-
-    def get(self, slurm_id: str, env: Mapping[str, str]) -> "sq.SlurmJob | None | bool":
-        """Return squeue's view of ``slurm_id``: the job, ``None`` when squeue did not list it,
-        or ``False`` when it has not been asked about yet (or squeue failed)."""
-        with self._lock:
-            now = time.monotonic()
-            if now - self._last >= SQUEUE_INTERVAL_S:
-                self._last = now
-                self._query(env, extra=slurm_id)
-            if slurm_id not in self._asked:
-                return False
-            return self._jobs.get(slurm_id)
-
-    def forget(self) -> None:
-        """Drop what is cached (the next get() queries at once)."""
-        with self._lock:
-            self._last = float("-inf")
-
-    def _query(self, env: Mapping[str, str], extra: str) -> None:
-        ids = {extra}
-        try:
-            for r in jobstore.list_records():
-                if r.scheduler == "slurm" and not r.state.is_terminal:
-                    slurm_id = r.backend.get("job_id") or r.extra.get("slurm_job_id")  # schema 2 kept it on top
-                    if isinstance(slurm_id, str) and slurm_id:
-                        ids.add(slurm_id)
-        except Exception:  # a listing problem never blocks the query for this job
-            pass
-        ids = sorted(ids, key=lambda x: int(x.split("_")[0]) if x.split("_")[0].isdigit() else 0)
-        self.queries += 1
-        try:
-            r = _run(sq.squeue_argv(ids, json_output=True), env)
-            jobs = sq.parse_squeue_json(r.stdout, ids) if r.returncode == 0 else None
-        except (OSError, subprocess.SubprocessError, sq.SqueueParseError, ValueError):
-            jobs = None
-        if jobs is None:  # older or odd squeue: the plain format
-            try:
-                r = _run(sq.squeue_argv(ids, json_output=False), env)
-                # exit 1 lists nothing when the ids are unknown; an unreachable controller or a
-                # timeout also exits 1, and that is no answer at all
-                answered = r.returncode == 0 or (r.returncode == 1 and "Invalid job id" in r.stderr)
-                jobs = sq.parse_squeue_format(r.stdout) if answered else None
-            except (OSError, subprocess.SubprocessError, sq.SqueueParseError, ValueError):
-                jobs = None
-        if jobs is None:
-            self._asked = frozenset()  # squeue failed: nothing is known, nothing is "gone"
-            return
-        self._asked = frozenset(ids)
-        self._jobs = {k: v for k, v in jobs.items() if k in self._asked}
+def _live_ids(conf: str) -> list[str]:
+    """SLURM ids of the registry's live SLURM jobs on the cluster of ``conf`` (one query asks for all)."""
+    here = os.environ.get("SLURM_CONF", "")
+    out = []
+    for r in jobstore.list_records():
+        if r.scheduler == "slurm" and not r.state.is_terminal and (r.backend.get("conf") or here) == conf:
+            slurm_id = r.backend.get("job_id") or r.extra.get("slurm_job_id")  # schema 2 kept it on top
+            if isinstance(slurm_id, str) and slurm_id:
+                out.append(slurm_id)
+    return out
 
 
-WATCHER = SqueueWatcher()
+#: This process's view of the controller, shared by every job, card and listing (and, on disk, by
+#: every process): :mod:`.queue`.
+WATCHER = queue.QueueWatcher(_live_ids)
 
 
 def parse_sbatch_id(out: str) -> str | None:
@@ -145,15 +100,16 @@ def parse_sbatch_id(out: str) -> str | None:
     return None
 
 
-def find_by_name(job_id: str, env: Mapping[str, str]) -> str | None:
+def find_by_name(job_id: str, env: Mapping[str, str]) -> tuple[str | None, bool]:
     """SLURM's id of the job submitted as ``tune_magic-<job_id>`` (a launcher killed between
-    sbatch and recording the id leaves only the name), or ``None``."""
-    try:
-        r = _run(["squeue", f"--name=tune_magic-{job_id}", "--states=all", "--noheader", "--format=%i"], env)
-    except (OSError, subprocess.SubprocessError):
-        return None
+    sbatch and recording the id leaves only the name), or ``None``; and whether squeue answered
+    at all (within :func:`.queue.query_timeout_s`): no answer is no news."""
+    r = queue.run_bounded(["squeue", f"--name=tune_magic-{job_id}", "--states=all", "--noheader", "--format=%i"], env,
+                          queue.query_timeout_s())
+    if r is None or r.returncode != 0:
+        return None, False
     ids = [line.strip() for line in r.stdout.splitlines() if line.strip().isdigit()]
-    return ids[0] if r.returncode == 0 and ids else None
+    return (ids[0] if ids else None), True
 
 
 def _directive_names(script: str) -> set[str]:
@@ -256,7 +212,7 @@ class SlurmScheduler(Scheduler):
             # it may still have queued the job: keep the record; the next look finds it by name
             raise JobStartError(f"sbatch did not answer within {CLIENT_TIMEOUT_S:.0f} s; job {record.id} stays listed "
                                 f"and is found in squeue as tune_magic-{record.id} if SLURM took it (else it is marked "
-                                f"failed after {MISSING_GRACE_S:.0f} s)") from None
+                                f"failed after {queue.missing_grace_s():.0f} s)") from None
         except OSError as exc:
             raise PlanError(f"sbatch could not run ({exc}); nothing was submitted") from None
         if r.returncode != 0:
@@ -264,7 +220,7 @@ class SlurmScheduler(Scheduler):
             raise PlanError(f"sbatch refused the job: {message}")
         slurm_id = parse_sbatch_id(r.stdout)
         if slurm_id is None:
-            slurm_id = find_by_name(record.id, client_env)
+            slurm_id = find_by_name(record.id, client_env)[0]
         if slurm_id is None:
             raise JobStartError(f"sbatch answered {r.stdout.strip()[:200]!r}, not a job id, and squeue lists no "
                                 f"tune_magic-{record.id}; see {job_dir}")
@@ -276,103 +232,66 @@ class SlurmScheduler(Scheduler):
 
     # -- following ----------------------------------------------------------------------------
     def describe(self, job_dir: Path, record: JobRecord) -> dict[str, Any]:
-        """Settle from the exit file the batch script wrote, else from squeue (one query every
-        :data:`SQUEUE_INTERVAL_S` for all jobs), through the outcome rule
-        (:func:`tune_magic.registry.outcome.decide`)."""
+        """Settle from the exit file the batch script wrote, else from the controller's shared
+        answer (:mod:`.queue`; no answer changes nothing), through the outcome rule (:mod:`.follow`)."""
         state = record.state
         if state.is_terminal:
             return {}
         changes, started = self._from_log(job_dir, record)
         exit_info = jobstore.read_exit_code(job_dir)
         if exit_info is not None:
-            verdict, verdict_reason = self._failure_verdict(record)
-            evidence, reason = ending.evidence(job_dir, record, exit_info.returncode, nothing_runs=True,
-                                               with_host=True, verdict=verdict, verdict_reason=verdict_reason)
-            ending.keep_failure(job_dir, reason)
-            return {**changes, **ending.changes(decide(evidence), record, exit_info.ended_at), "pending_reason": None}
+            return {**changes, **follow.from_exit_file(job_dir, record, exit_info, self._failure_verdict(record))}
         env = _client_env(None, record)
         slurm_id = self.engine_id(record)
         if slurm_id is None:
             if jobstore.lock_is_held(job_dir / jobstore.SUPERVISOR_LOCK):
                 return changes  # the launcher is submitting it right now
-            slurm_id = find_by_name(record.id, env)
+            slurm_id, answered = find_by_name(record.id, env)
             if slurm_id is None:
-                if time.time() - record.started_at > MISSING_GRACE_S:
+                if answered and time.time() - record.started_at > queue.missing_grace_s():
                     gone = f"the submission did not complete: squeue lists no job tune_magic-{record.id}"
-                    changes.update(self._end(job_dir, record, Evidence(verdict=outcome.FAILED, verdict_reason=gone,
-                                                                       nothing_runs=True)))
+                    changes.update(follow.end(record, Evidence(verdict=outcome.FAILED, verdict_reason=gone,
+                                                               nothing_runs=True)))
                 return changes
-            changes["backend"] = {**record.backend, "job_id": slurm_id}
-        job = WATCHER.get(slurm_id, env)
-        if job is False:  # no fresh squeue answer yet
-            if started and state is Status.PENDING:
-                changes.update(status=RUNNING, pending_reason=None)
-            return changes
-        if job is None:
-            return {**changes, **self._not_listed(job_dir, record, slurm_id)}
-        # a requeued job's log holds its earlier attempt: SLURM's fresh word outvotes it
-        return {**changes, **self._listed(job_dir, record, job, started)}
+            record = dataclasses.replace(record, backend={**record.backend, "job_id": slurm_id})
+            changes["backend"] = record.backend
+        answer = WATCHER.get(slurm_id, env)
+        if answer.kind == queue.NOT_LISTED:
+            return {**changes, **follow.not_listed(job_dir, record, slurm_id, answer)}
+        if answer.kind == queue.LISTED:
+            # a requeued job's log holds its earlier attempt: SLURM's fresh word outvotes it
+            return {**changes, **follow.listed(job_dir, record, answer.job, started)}
+        # no news (no answer, or not asked yet): only what the job itself shows
+        if started and state is Status.PENDING and not record.backend.get("restarts"):
+            changes.update(status=RUNNING, pending_reason=None)
+        return changes
+
+    def status_note(self, record: JobRecord) -> str | None:
+        """``"SLURM not answering since HH:MM"`` for a job not ended while the controller does not
+        answer (the shared answer's own time); else ``None``. Asks nothing."""
+        if record.state.is_terminal:
+            return None
+        return WATCHER.note(_client_env(None, record))
+
+    def queued_s(self, record: JobRecord) -> float:
+        """Seconds the job waited in SLURM's queue again after a requeue (not run time)."""
+        return follow.queued_s(record)
 
     def _failure_verdict(self, record: JobRecord) -> tuple[str | None, str | None]:
         """SLURM's own failure verdict on a job that left an exit file (a time limit, a node failure,
-        out of memory: the exit file alone can say 0 then), from the shared squeue answer; ``(None,
-        None)`` when squeue has none or does not answer."""
+        out of memory: the exit file alone can say 0 then), from a fresh answer; ``(None, None)``
+        when the controller has none or does not answer."""
         slurm_id = self.engine_id(record)
         if not slurm_id:
             return None, None
         WATCHER.forget()  # once per job's end: an answer from before the exit file may predate the failure
-        job = WATCHER.get(slurm_id, _client_env(None, record))
-        if not job:
+        answer = WATCHER.get(slurm_id, _client_env(None, record))
+        if answer.kind != queue.LISTED:
             return None, None
-        said = sq.job_outcome(job, time_limit=record.scheduler_options.get("time_limit"))
+        said = sq.job_outcome(answer.job, time_limit=record.scheduler_options.get("time_limit"))
         if said.verdict in (outcome.TIMEOUT, outcome.NODE_FAIL, outcome.OUT_OF_MEMORY):
             return said.verdict, said.reason
         return None, None
-
-    def _end(self, job_dir: Path, record: JobRecord, evidence: Evidence) -> dict[str, Any]:
-        """Record fields for the end :func:`decide` makes of ``evidence`` (``{}``: not ended)."""
-        end = decide(evidence)
-        if end is None or end.status is record.state:
-            return {}
-        return {**ending.changes(end, record, time.time()), "pending_reason": None}
-
-    def _not_listed(self, job_dir: Path, record: JobRecord, slurm_id: str) -> dict[str, Any]:
-        """squeue no longer lists the job and it left no exit code: ``unknown``, then ``failed``
-        saying so after :data:`MISSING_GRACE_S` (``stopped`` when a stop was asked)."""
-        missing_since = record.backend.get("missing_since")
-        if record.state is Status.UNKNOWN and isinstance(missing_since, (int, float)):
-            if time.time() - missing_since <= MISSING_GRACE_S:
-                return {}
-            gone = f"SLURM no longer lists job {slurm_id} and it left no exit code in {job_dir}; its outcome cannot be known"
-            return self._end(job_dir, record, Evidence(verdict=outcome.FAILED, verdict_reason=gone, nothing_runs=True))
-        evidence, _ = ending.evidence(job_dir, record, None, nothing_runs=True)
-        changes = self._end(job_dir, record, evidence)
-        if changes.get("status") is Status.UNKNOWN:
-            changes["backend"] = {**record.backend, "missing_since": time.time()}
-        return changes
-
-    def _listed(self, job_dir: Path, record: JobRecord, job: sq.SlurmJob, started: bool) -> dict[str, Any]:
-        """squeue lists the job: its queue state, or its end (SLURM's verdict) when it ended
-        without an exit file (the exit file, written just before, wins when it turns up first)."""
-        stop = jobstore.stop_was_requested(job_dir, record)
-        time_limit = record.scheduler_options.get("time_limit")
-        said = sq.job_outcome(job, stopped_by_us=stop, time_limit=time_limit)
-        changes: dict[str, Any] = {"nodes": list(job.nodes)} if job.nodes else {}
-        if said.status is Status.PENDING and started and not job.restart_count:  # an answer older than the start
-            changes.update(status=RUNNING, pending_reason=None)
-        elif said.status is Status.PENDING:
-            changes.update(status=PENDING, pending_reason=said.reason)
-        elif said.verdict is None:  # running, or a state we do not map: it exists
-            changes.update(status=RUNNING, pending_reason=said.reason)
-        else:
-            reason = said.reason
-            if job.state == "TIMEOUT" and not time_limit and reason:  # the partition's limit, not one we set
-                reason = reason.replace("the --time limit", "the partition's time limit")
-            evidence, failure = ending.evidence(job_dir, record, job.exit_code, verdict=said.verdict,
-                                                verdict_reason=reason, nothing_runs=True, with_host=True)
-            ending.keep_failure(job_dir, failure)
-            changes.update(self._end(job_dir, record, evidence))
-        return changes
 
     @staticmethod
     def _from_log(job_dir: Path, record: JobRecord) -> tuple[dict[str, Any], bool]:
@@ -398,41 +317,66 @@ class SlurmScheduler(Scheduler):
 
     # -- stopping -----------------------------------------------------------------------------
     def cancel(self, job_dir: Path, record: JobRecord | None, grace_s: float) -> None:
-        if record is not None and record.state.is_terminal:
-            return
-        jobstore.mark_stop_requested(job_dir)
+        """Cancel the job through the controller whatever its record says (a record left ``failed``
+        by an outage may name a job SLURM still runs); nothing when its batch script ended (exit
+        file) or the controller says it ended.
+
+        Raises:
+            ControllerUnreachable: scancel could not reach the controller (the stop is recorded).
+        """
         env = _client_env(None, record)
+        terminal = record is not None and record.state.is_terminal
+        if terminal and jobstore.read_exit_code(job_dir) is not None:
+            return  # its batch script ended: nothing of it runs
+        if not terminal:
+            jobstore.mark_stop_requested(job_dir)
         # a damaged record: the job is still findable, by the name it was submitted with
-        slurm_id = (self.engine_id(record) if record is not None else None) or find_by_name(job_dir.name, env)
+        slurm_id = (self.engine_id(record) if record is not None else None) or find_by_name(job_dir.name, env)[0]
         if slurm_id is None:
             return
         WATCHER.forget()
-        job = WATCHER.get(slurm_id, env)
-        if job and sq.job_outcome(job).status is Status.PENDING:
-            _run(["scancel", slurm_id], env)
+        answer = WATCHER.get(slurm_id, env)
+        said = sq.job_outcome(answer.job).status if answer.kind == queue.LISTED else None
+        if answer.kind == queue.NOT_LISTED or (said is not None and said.is_terminal):
+            return
+        if said is Status.PENDING:
+            self._scancel([slurm_id], env)
         else:
             # the agents forward SIGTERM to their workers; what ignores it goes after the grace
-            _run(["scancel", "--signal=TERM", "--full", slurm_id], env)
+            self._scancel(["--signal=TERM", "--full", slurm_id], env)
             deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline and self._alive(slurm_id, env):
+            while time.monotonic() < deadline and self._alive(slurm_id, env) is not False:
                 time.sleep(0.5)
-            _run(["scancel", slurm_id], env)
+            self._scancel([slurm_id], env)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and self._alive(slurm_id, env):
+        while time.monotonic() < deadline and self._alive(slurm_id, env) is not False:
             time.sleep(0.5)
         WATCHER.forget()
 
     @staticmethod
-    def _alive(slurm_id: str, env: Mapping[str, str]) -> bool:
+    def _scancel(args: list[str], env: Mapping[str, str]) -> None:
+        """Run ``scancel ARGS``; an answer that the job already ended is fine.
+
+        Raises:
+            ControllerUnreachable: scancel did not reach the controller in time.
+        """
+        r = queue.run_bounded(["scancel", *args], env, CANCEL_TIMEOUT_S)
+        text = " ".join(((r.stderr or r.stdout) if r is not None else "").split())
+        if r is None or (r.returncode != 0 and "Invalid job id" not in text and "already" not in text):
+            why = text or f"no answer within {CANCEL_TIMEOUT_S:.0f} s"
+            raise ControllerUnreachable(f"SLURM did not take the cancel of job {args[-1]} ({why}); the stop is "
+                                        f"recorded: run the stop again once SLURM answers (squeue works again)")
+
+    @staticmethod
+    def _alive(slurm_id: str, env: Mapping[str, str]) -> bool | None:
+        """Whether SLURM still runs or queues the job; ``None`` when it does not answer."""
+        r = queue.run_bounded(sq.squeue_argv([slurm_id], json_output=False), env, queue.query_timeout_s())
+        if r is None or (r.returncode != 0 and not sq.scontrol_invalid_id(r.returncode, r.stderr)):
+            return None
         try:
-            r = _run(sq.squeue_argv([slurm_id], json_output=False), env)
-        except (OSError, subprocess.SubprocessError):
-            return False
-        try:
-            jobs = sq.parse_squeue_format(r.stdout) if r.returncode == 0 else {}
+            job = sq.parse_squeue_format(r.stdout if r.returncode == 0 else "").get(slurm_id)
         except sq.SqueueParseError:
-            return False
-        job = jobs.get(slurm_id)
+            return None
         return job is not None and sq.job_outcome(job).status in (Status.PENDING, Status.RUNNING, Status.UNKNOWN)
 
     def settle_after_cancel(self, job_dir: Path, record: JobRecord) -> dict[str, Any]:
@@ -440,15 +384,18 @@ class SlurmScheduler(Scheduler):
         changes = self.describe(job_dir, record)
         if changes.get("status") in (None, RUNNING, PENDING, UNKNOWN):  # our cancel ended it: nothing runs
             evidence, _ = ending.evidence(job_dir, record, None, nothing_runs=True, stop_requested=True)
-            changes.update(self._end(job_dir, record, evidence))
+            changes.update(follow.end(record, evidence))
         return changes
 
     def has_live_parts(self, job_dir: Path, record: JobRecord | None) -> bool:
+        """Whether SLURM may still run the job: a launcher submitting it, a live record, or the
+        controller listing it alive (or not answering) while no exit file says its script ended."""
         if jobstore.lock_is_held(job_dir / jobstore.SUPERVISOR_LOCK):
             return True
         if record is not None and record.state.is_live:
             return True
+        if jobstore.read_exit_code(job_dir) is not None:
+            return False
         env = _client_env(None, record)
-        slurm_id = (self.engine_id(record) if record is not None else None) or find_by_name(job_dir.name, env)
-        return slurm_id is not None and self._alive(slurm_id, env)
-
+        slurm_id = (self.engine_id(record) if record is not None else None) or find_by_name(job_dir.name, env)[0]
+        return slurm_id is not None and self._alive(slurm_id, env) is not False

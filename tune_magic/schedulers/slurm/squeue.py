@@ -3,6 +3,8 @@
 - :func:`squeue_argv`: the one squeue command for a batch of job ids (``--json``, or the plain
   ``--format`` fallback where ``--json`` fails).
 - :func:`parse_squeue_json` / :func:`parse_squeue_format`: squeue's output -> :class:`SlurmJob`.
+- :func:`parse_scontrol_jobs`: ``scontrol --oneliner show job N`` -> :class:`SlurmJob` (the check
+  when squeue's answer leaves a job out), :func:`scontrol_invalid_id`: its "no such job" answer.
 - :func:`job_outcome`: a :class:`SlurmJob` -> our :class:`~tune_magic.registry.status.Status` and the
   reason a card shows.
 - :func:`expand_hostlist`: SLURM's compressed host lists (``n[1-2]``) -> host names. At run
@@ -11,7 +13,8 @@
 Formats: ``squeue --json`` of SLURM 22.05 (data_parser v0.0.38: ``job_state`` a string, numbers
 plain) and of 23.11+ (data_parser v0.0.40+: ``job_state`` a list of the base state and its flags,
 numbers as ``{"set", "infinite", "number"}``, ``exit_code`` as ``{"return_code", "signal",
-"status"}``). Recorded samples: ``tests/data/slurm/``.
+"status"}``); ``scontrol --oneliner show job`` of 22.05 (``Key=value`` pairs, ``ExitCode=code:signal``).
+Recorded samples: ``tests/data/slurm/``.
 """
 
 from __future__ import annotations
@@ -341,6 +344,59 @@ def parse_squeue_format(text: str) -> dict[str, SlurmJob]:
             time_limit_minutes=parse_time_limit(limit),
         )
     return out
+
+
+# --- scontrol show job (the check when squeue leaves a job out) --------------------------------
+
+_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)=")
+
+
+def _fields(line: str) -> dict[str, str]:
+    """``Key=value`` pairs of one ``scontrol --oneliner`` line; a value runs up to the next key, so
+    a job name with spaces stays whole."""
+    keys = list(_KEY.finditer(line))
+    return {m.group(1): line[m.end(): keys[i + 1].start() if i + 1 < len(keys) else len(line)].strip()
+            for i, m in enumerate(keys)}
+
+
+def parse_scontrol_jobs(text: str) -> dict[str, SlurmJob]:
+    """Parse ``scontrol --oneliner show job [N]`` into {job id: job} (one job a line).
+
+    Raises:
+        SqueueParseError: a ``JobId=`` line without a readable ``JobState``.
+    """
+    out = {}
+    for line in text.splitlines():
+        if not line.startswith("JobId="):
+            continue
+        f = _fields(line)
+        if not f.get("JobState"):
+            raise SqueueParseError(f"scontrol line without JobState: {line[:200]!r}")
+        base, flags = _split_state(f["JobState"])
+        code, _, sig = f.get("ExitCode", "").partition(":")
+        nodes = f.get("NodeList", "")
+        limit = f.get("TimeLimit", "")
+        try:
+            minutes = parse_time_limit(limit) if limit else None
+        except SqueueParseError:
+            minutes = None
+        out[f["JobId"]] = SlurmJob(
+            job_id=f["JobId"], name=f.get("JobName", ""), state=base, flags=flags,
+            reason=None if f.get("Reason") in (None, "", "None") else f["Reason"],
+            nodes=tuple(expand_hostlist(nodes)),
+            num_nodes=int(f["NumNodes"]) if f.get("NumNodes", "").isdigit() else None,
+            time_limit_minutes=minutes,
+            exit_code=int(code) if code.isdigit() else None,
+            signal=int(sig) if sig.isdigit() and int(sig) else None,
+            restart_count=int(f["Restarts"]) if f.get("Restarts", "").isdigit() else 0,
+        )
+    return out
+
+
+def scontrol_invalid_id(returncode: int, stderr: str) -> bool:
+    """Whether scontrol (or squeue) answered that it knows no such job: exit 1 with ``Invalid job id
+    specified`` (an unreachable or slow controller also exits 1, with another message)."""
+    return returncode == 1 and "Invalid job id specified" in (stderr or "")
 
 
 # --- states -> Status ------------------------------------------------------------------------

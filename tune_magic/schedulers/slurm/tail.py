@@ -14,6 +14,11 @@ Read as they stand they look like a crash. :data:`TAIL_RULES` shows them as one 
 first of them was, as the local tail shows torchrun's ``SignalException`` traceback:
 ``SLURM cancelled job 7 on n1 at 2026-12-01T10:00:00; srun stopped its tasks``. ``srun`` lines
 with no cancel line among them (a task killed for another reason) are shown as they are.
+
+When ``srun`` itself fails (it could not start the job's step, e.g. ``srun: error: Unable to create
+step for job 26: More processors requested than permitted`` for an inherited
+``SRUN_CPUS_PER_TASK``), :func:`srun_error` finds its own line, which a failed job's card then
+shows first instead of the bare exit code.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import re
 
 from tune_magic.logs.tailview import TailRule
 
-__all__ = ["TAIL_RULES", "CANCEL_RULE"]
+__all__ = ["TAIL_RULES", "CANCEL_RULE", "srun_error"]
 
 _CANCEL = (r"^slurmstepd: error: \*\*\* (?P<what>JOB|STEP) (?P<id>\S+) ON (?P<node>\S+) CANCELLED AT (?P<at>\S+)"
            r"(?: DUE TO (?P<why>.+?))? \*\*\*\s*$")
@@ -50,3 +55,18 @@ CANCEL_RULE = TailRule(name="SLURM cancel", member=re.compile(f"{_CANCEL}|{_SRUN
 
 #: The rules a SLURM job's card tail adds to :func:`tune_magic.logs.tailview.display_tail`.
 TAIL_RULES = (CANCEL_RULE,)
+
+
+# srun's report of a task's end (a consequence of a failure elsewhere, never the cause itself)
+_TASK_END = re.compile(r"^srun: error: \S+: tasks? [\d,\-]+: ")
+_SRUN_OWN = re.compile(r"^srun: (?:error|fatal): ")
+
+
+def srun_error(text: str) -> str | None:
+    """srun's own first error line in a job's log (``srun: error: Unable to create step ...``),
+    not its reports of tasks that ended; ``None`` when there is none."""
+    for line in text.splitlines():
+        line = line.rsplit("\r", 1)[-1].strip()
+        if _SRUN_OWN.match(line) and not _TASK_END.match(line) and not re.match(_SRUN, line):
+            return line
+    return None

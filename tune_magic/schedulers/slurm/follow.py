@@ -1,0 +1,138 @@
+"""What became of a SLURM job: its exit file first, else the controller's word, through the one
+outcome rule (:func:`tune_magic.registry.outcome.decide`).
+
+- The exit file the batch script writes settles the job whenever it appears (also after
+  ``unknown``), with SLURM's own failure verdict (a time limit, a node failure) when the controller
+  gives one, and srun's own error line when srun itself failed.
+- A controller that does not answer is no news: the status stays (:mod:`.queue`).
+- A job the controller no longer knows (a confirmed "not listed") is ``unknown``, then ``failed``
+  only after :func:`.queue.missing_answers` such answers over :func:`.queue.missing_grace_s`
+  seconds, and never while its log still grows (processes of the job write it).
+- A requeued job (SLURM's restart count went up) is ``pending`` with SLURM's reason while SLURM has
+  it queued, whatever its log from the first attempt shows; the time it waits there is kept in
+  ``backend`` (``queued_at``, ``waited_s``) and not counted in its elapsed time (:func:`queued_s`).
+
+Fields this module keeps in the record's ``backend``: ``job_id``, ``restarts``, ``queued_at``,
+``waited_s``, ``missing_since``, ``missing_answers``, ``missing_answer_at``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from tune_magic.logs import ending
+from tune_magic.registry import outcome
+from tune_magic.registry import store as jobstore
+from tune_magic.registry.outcome import Evidence, decide
+from tune_magic.registry.record import JobRecord
+from tune_magic.registry.status import Status
+from tune_magic.schedulers.slurm import queue
+from tune_magic.schedulers.slurm import squeue as sq
+from tune_magic.schedulers.slurm.tail import srun_error
+
+_MISSING_KEYS = ("missing_since", "missing_answers", "missing_answer_at")
+
+
+def queued_s(record: JobRecord, now: float | None = None) -> float:
+    """Seconds the job spent back in SLURM's queue after a requeue (not part of its run time)."""
+    b = record.backend
+    waited = b.get("waited_s") if isinstance(b.get("waited_s"), (int, float)) else 0.0
+    since = b.get("queued_at")
+    if isinstance(since, (int, float)):
+        end = record.ended_at or (time.time() if now is None else now)
+        waited += max(0.0, end - since)
+    return max(0.0, float(waited))
+
+
+def end(record: JobRecord, evidence: Evidence, at: float | None = None) -> dict[str, Any]:
+    """Record fields for the end :func:`decide` makes of ``evidence`` (``{}``: not ended)."""
+    result = decide(evidence)
+    if result is None or result.status is record.state:
+        return {}
+    return {**ending.changes(result, record, time.time() if at is None else at), "pending_reason": None}
+
+
+def from_exit_file(job_dir: Path, record: JobRecord, exit_info, verdict: tuple[str | None, str | None]) -> dict:
+    """The end the exit file says, with SLURM's failure ``verdict`` (verdict, reason) when it has one."""
+    evidence, reason = ending.evidence(job_dir, record, exit_info.returncode, nothing_runs=True, with_host=True,
+                                       verdict=verdict[0], verdict_reason=verdict[1])
+    if exit_info.returncode != 0 and evidence.failure_line is None and not evidence.stop_requested:
+        own = srun_error(ending.read_tail(record.log_path, ending.FAILURE_TAIL_BYTES))
+        if own and evidence.verdict in (None, outcome.FAILED):  # srun itself failed: its own words
+            evidence = dataclasses.replace(evidence, verdict_reason=own)
+    ending.keep_failure(job_dir, reason)
+    return {**end(record, evidence, exit_info.ended_at), "pending_reason": None}
+
+
+def listed(job_dir: Path, record: JobRecord, job: sq.SlurmJob, started: bool) -> dict[str, Any]:
+    """The controller lists the job: its queue state, or its end (SLURM's verdict) when it ended
+    without an exit file (the exit file, written just before, wins when it turns up first)."""
+    stop = jobstore.stop_was_requested(job_dir, record)
+    time_limit = record.scheduler_options.get("time_limit")
+    said = sq.job_outcome(job, stopped_by_us=stop, time_limit=time_limit)
+    changes: dict[str, Any] = {"nodes": list(job.nodes)} if job.nodes else {}
+    backend = {k: v for k, v in record.backend.items() if k not in _MISSING_KEYS}  # it is listed again
+    now = time.time()
+    if job.restart_count > int(backend.get("restarts") or 0):
+        backend["restarts"] = job.restart_count
+    requeued = bool(backend.get("restarts"))
+    if said.status is Status.PENDING and started and not requeued:  # an answer older than the start
+        changes.update(status=Status.RUNNING, pending_reason=None)
+    elif said.status is Status.PENDING:
+        changes.update(status=Status.PENDING, pending_reason=said.reason)
+        if requeued and record.state is not Status.PENDING and "queued_at" not in backend:
+            backend["queued_at"] = now  # back in the queue: its wait is not run time
+    elif said.verdict is None:  # running, or a state we do not map: it exists
+        changes.update(status=Status.RUNNING, pending_reason=said.reason)
+        if isinstance(backend.get("queued_at"), (int, float)):
+            backend["waited_s"] = float(backend.get("waited_s") or 0.0) + max(0.0, now - backend.pop("queued_at"))
+    else:
+        reason = said.reason
+        if job.state == "TIMEOUT" and not time_limit and reason:  # the partition's limit, not one we set
+            reason = reason.replace("the --time limit", "the partition's time limit")
+        evidence, failure = ending.evidence(job_dir, record, job.exit_code, verdict=said.verdict,
+                                            verdict_reason=reason, nothing_runs=True, with_host=True)
+        ending.keep_failure(job_dir, failure)
+        changes.update(end(record, evidence))
+    if backend != record.backend:
+        changes["backend"] = backend
+    return changes
+
+
+def not_listed(job_dir: Path, record: JobRecord, slurm_id: str, answer: queue.Answer) -> dict[str, Any]:
+    """The controller answered and knows no such job, and it left no exit code: ``unknown`` (or
+    ``stopped`` when a stop was asked), then ``failed`` saying so once the answers leaving it out
+    have come :func:`.queue.missing_answers` times over :func:`.queue.missing_grace_s` seconds. A
+    log that still grows means processes of the job run: the wait starts again from its last write."""
+    backend = dict(record.backend)
+    now = time.time()
+    since = backend.get("missing_since")
+    since = since if isinstance(since, (int, float)) else now
+    count = int(backend.get("missing_answers") or 0)
+    if backend.get("missing_answer_at") != answer.at:
+        count += 1
+        backend["missing_answer_at"] = answer.at
+    try:
+        written = os.stat(record.log_path).st_mtime
+    except OSError:
+        written = None
+    running = written is not None and written > since  # the job's processes still write its log
+    if running:
+        since = written
+    backend.update(missing_since=since, missing_answers=count)
+    changes: dict[str, Any] = {}
+    if not running and now - since > queue.missing_grace_s() and count >= queue.missing_answers():
+        gone = (f"SLURM no longer lists job {slurm_id} and it left no exit code in {job_dir}; its outcome "
+                "cannot be known")
+        changes = end(record, Evidence(verdict=outcome.FAILED, verdict_reason=gone, nothing_runs=True,
+                                       stop_requested=jobstore.stop_was_requested(job_dir, record)))
+    elif not running:
+        evidence, _ = ending.evidence(job_dir, record, None, nothing_runs=True)
+        changes = end(record, evidence)  # unknown records no end time
+    if backend != record.backend:
+        changes["backend"] = backend
+    return changes
