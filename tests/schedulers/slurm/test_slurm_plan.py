@@ -198,9 +198,9 @@ def test_batch_script_golden_text():
     assert text == GOLDEN.read_text()
 
 
-def test_shell_words_keep_only_the_placeholders_expandable():
-    assert shell_word("${SLURM_JOB_ID}") == '"${SLURM_JOB_ID}"'
-    assert shell_word("a:${TUNE_MAGIC_RDZV_ENDPOINT}") == 'a:"${TUNE_MAGIC_RDZV_ENDPOINT}"'
+def test_every_shell_word_is_literal():
+    assert shell_word("${SLURM_JOB_ID}") == "'${SLURM_JOB_ID}'"
+    assert shell_word("a:${TUNE_MAGIC_RDZV_ENDPOINT}") == "'a:${TUNE_MAGIC_RDZV_ENDPOINT}'"
     assert shell_word("${HOME}") == "'${HOME}'" and shell_word("$(rm -rf /)") == "'$(rm -rf /)'"
     lines = directives(job_id="j", job_dir="/d", cwd="/", nodes=1, gpus_per_node=None, cpus_per_node=None,
                        partition=None, time_limit=None, account=None, user_options=[["--requeue"]], requeue=True)

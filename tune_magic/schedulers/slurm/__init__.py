@@ -187,7 +187,7 @@ class SlurmScheduler(Scheduler):
         lines = directives(job_id=plan.job_id, job_dir=str(job_dir), cwd=plan.cwd or os.getcwd(), nodes=nodes,
                            gpus_per_node=options.get("gpus_per_node"), cpus_per_node=options.get("cpus_per_node"),
                            partition=options.get("partition"), time_limit=time_limit, account=options.get("account"),
-                           user_options=[shlex.split(v) for v in options.get("sbatch", ())], requeue=extra.requeue)
+                           user_options=extra.groups, requeue=extra.requeue, exports=extra.exports)
         script = batch_script(plan, job_id=plan.job_id, job_dir=str(job_dir), cwd=plan.cwd or os.getcwd(),
                               python=sys.executable, nodes=nodes, cpus_per_node=options.get("cpus_per_node"),
                               rdzv_conf=plan.rdzv_conf, user_endpoint=plan.rendezvous == "user", sbatch_lines=lines)
@@ -202,7 +202,9 @@ class SlurmScheduler(Scheduler):
         fd = jobstore.open_nofollow(script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
         with os.fdopen(fd, "w") as f:
             f.write(plan.batch_script)
-        client_env, _ = sopts.sbatch_env(env)
+        # the surrounding allocation's SLURM_*/SRUN_* stay out, unless the user named them (--export=NAME)
+        named = sopts.check_sbatch_options(list(options.get("sbatch", ()))).exported_names()
+        client_env, _ = sopts.sbatch_env(env, keep=named)
         client_env.pop("CUDA_VISIBLE_DEVICES", None)  # the kernel's GPUs are not the job's: SLURM allocates them
         for name in sopts.env_variables_of(_directive_names(plan.batch_script)):
             client_env.pop(name, None)  # sbatch would let it win over the script's #SBATCH line

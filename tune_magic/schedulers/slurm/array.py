@@ -67,11 +67,13 @@ def escape_filename(text: str) -> str:
     Raises:
         PlanError: ``text`` holds a backslash: SLURM then drops every backslash and turns off
             every ``%`` replacement of the whole pattern (``remove_path_slashes``), so the
-            per-task ``%A_%a`` would stay literal; choose a directory without one.
+            job's log would go to another file (and a per-task ``%A_%a`` stay literal); choose a
+            directory without one.
     """
     if "\\" in text:
-        raise PlanError(f"the path {text!r} holds a backslash, which makes SLURM ignore %A/%a in the task's output "
-                        "file name (and drop the backslash); use a directory without backslashes")
+        raise PlanError(f"the path {text!r} holds a backslash, which SLURM drops from an output file name (turning "
+                        "off its %j/%A/%a patterns too), so the job's log would go elsewhere; nothing was submitted. "
+                        "Use a TUNE_MAGIC_HOME and a directory without backslashes")
     return text.replace("%", "%%")
 
 

@@ -77,7 +77,9 @@ OWNED_OPTIONS: dict[str, str] = {
     "error": _OUTPUT_FIX,
     "open-mode": _OUTPUT_FIX,
     "chdir": "tune_magic sets the job's working directory",
-    "export": "tune_magic passes the kernel's environment; set variables there instead",
+    "export": ("tune_magic passes the kernel's environment (--export=ALL); set variables there instead, or name "
+               "variables to keep or set with --sbatch=--export=NAME,NAME=VALUE (e.g. SRUN_CPUS_PER_TASK, which "
+               "is otherwise dropped)"),
     "array": "one tune_magic job is one SLURM job; launch several jobs instead of an array",
     "wrap": "tune_magic writes the batch script",
     "wait": "use tune-magic run --wait, or job.wait(), instead",
@@ -115,11 +117,48 @@ class SbatchOptions:
         requeue: the user asked for requeue (``--requeue``, not undone by a later
             ``--no-requeue``); without it the scheduler submits with ``--no-requeue``.
         long_names: the long names of the options given (``qos`` for ``-q``/``--qos``).
+        groups: the words of each ``--sbatch=`` value (one ``#SBATCH`` line each), without the
+            ``--export`` the scheduler merges into its own.
+        exports: the variables named by ``--sbatch=--export=NAME[=VALUE],...`` (kept in, or set
+            in, the job's environment although the scheduler would drop them), in order.
     """
 
     argv: tuple[str, ...] = ()
     requeue: bool = False
     long_names: frozenset[str] = frozenset()
+    groups: tuple[tuple[str, ...], ...] = ()
+    exports: tuple[str, ...] = ()
+
+    def exported_names(self) -> frozenset[str]:
+        """The names of :attr:`exports` (``SRUN_CPUS_PER_TASK`` of ``SRUN_CPUS_PER_TASK=4``)."""
+        return frozenset(item.split("=", 1)[0] for item in self.exports)
+
+
+_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(=.*)?", re.DOTALL)
+
+
+def _export_items(value: str) -> list[str] | None:
+    """The variables of an ``--export`` value that only names variables (``NAME``, ``NAME=VALUE``,
+    after an optional leading ``ALL``), else ``None`` (``NONE``, ``NIL``, anything else)."""
+    items = value.split(",")
+    if items and items[0] == "ALL":
+        items = items[1:]
+    if not items or not all(_VARIABLE.fullmatch(i) for i in items) or items[0] in ("NONE", "NIL"):
+        return None
+    return items
+
+
+def _export_word(word: str, words: list[str], i: int, written: str) -> tuple[list[str], int] | None:
+    """``(variables, words used)`` when ``words[i]`` is an ``--export`` that only names variables."""
+    name, eq, value = word[2:].partition("=")
+    if not name or _resolve_long(name, written) != "export":
+        return None
+    if not eq:
+        if i + 1 >= len(words):
+            return None
+        value = words[i + 1]
+    items = _export_items(value)
+    return (items, 1 if eq else 2) if items is not None else None
 
 
 def _resolve_long(name: str, written: str) -> str | None:
@@ -154,11 +193,16 @@ def check_sbatch_options(values: list[str] | tuple[str, ...] | None) -> SbatchOp
     (``--sbatch='-p gpu'``). An option that needs a value must have it inside the same
     ``--sbatch=``, so a value never swallows whatever tune_magic puts after it.
 
+    ``--export`` is the scheduler's (``--export=ALL``: the job gets the kernel's environment); a
+    value that only names variables (``--sbatch=--export=SRUN_CPUS_PER_TASK,FOO=1``) is merged into
+    it, and keeps those variables although the scheduler drops ``SRUN_*`` and ``SLURM_*``.
+
     Args:
         values: the ``OPT`` of each ``--sbatch=OPT``, in order; None or empty: none.
 
     Returns:
-        The words for sbatch and whether the user asked for requeue.
+        The words for sbatch, their ``#SBATCH`` lines, the variables exported by name, and whether
+        the user asked for requeue.
 
     Raises:
         PlanError: an option the scheduler owns (naming the tune_magic option that sets it), one
@@ -168,6 +212,8 @@ def check_sbatch_options(values: list[str] | tuple[str, ...] | None) -> SbatchOp
     argv: list[str] = []
     requeue = False
     names: set[str] = set()
+    groups: list[tuple[str, ...]] = []
+    exports: list[str] = []
     for written in values or ():
         try:
             words = shlex.split(written)
@@ -176,8 +222,16 @@ def check_sbatch_options(values: list[str] | tuple[str, ...] | None) -> SbatchOp
         if not words:
             raise PlanError("--sbatch= is empty; give one sbatch option, e.g. --sbatch=--qos=high")
         i = 0
+        kept: list[str] = []
         while i < len(words):
             word = words[i]
+            export = _export_word(word, words, i, written) if word.startswith("--") and len(word) > 2 else None
+            if export is not None:  # variables to keep or set: merged into the scheduler's --export=ALL
+                exports.extend(export[0])
+                names.add("export")
+                i += export[1]
+                continue
+            start = i
             if word.startswith("--") and len(word) > 2:
                 long_name, used = _check_long(word, words, i, written)
                 if long_name is not None:
@@ -193,8 +247,11 @@ def check_sbatch_options(values: list[str] | tuple[str, ...] | None) -> SbatchOp
                     f"--sbatch={written}: {word!r} is not an sbatch option; each --sbatch= holds one "
                     "option with its value, e.g. --sbatch=--qos=high or --sbatch=--constraint=a100"
                 )
-        argv.extend(words)
-    return SbatchOptions(tuple(argv), requeue, frozenset(names))
+            kept.extend(words[start:i])
+        argv.extend(kept)
+        if kept:
+            groups.append(tuple(kept))
+    return SbatchOptions(tuple(argv), requeue, frozenset(names), tuple(groups), tuple(exports))
 
 
 def short_names(word: str) -> list[str]:
@@ -356,23 +413,30 @@ IGNORED_SBATCH_VARIABLES: dict[str, str] = {
 
 #: SLURM_* variables kept for sbatch: which cluster to ask.
 KEPT_SLURM_VARIABLES = frozenset({"SLURM_CONF"})
+#: Prefixes of the variables of a surrounding allocation that the new job must not inherit.
+ALLOCATION_PREFIXES = ("SLURM_", "SRUN_")
 
 
-def sbatch_env(env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+def sbatch_env(env: Mapping[str, str], keep: frozenset[str] | set[str] = frozenset()
+               ) -> tuple[dict[str, str], list[str]]:
     """Return the environment to run sbatch with, and one warning per variable ignored.
 
     A kernel started inside a SLURM allocation carries that job's ``SLURM_*`` variables
-    (``SLURM_JOB_ID``, ``SLURM_CPUS_PER_TASK``...); sbatch would export them into the new job,
-    where srun reads them. All ``SLURM_*`` are removed except :data:`KEPT_SLURM_VARIABLES`.
-    ``SBATCH_*`` variables stay (they fill in what the command line leaves out) except
-    :data:`IGNORED_SBATCH_VARIABLES`, removed with a warning each. The input is not changed.
+    (``SLURM_JOB_ID``, ``SLURM_CPUS_PER_TASK``...) and its ``SRUN_*`` ones (``SRUN_CPUS_PER_TASK``,
+    which sites tell users to export); sbatch would export them into the new job, where its srun
+    reads them and asks for the allocation's shape ("More processors requested than permitted").
+    All ``SLURM_*`` and ``SRUN_*`` are removed except :data:`KEPT_SLURM_VARIABLES` and the names
+    in ``keep`` (the user named them: ``--sbatch=--export=NAME``). ``SBATCH_*`` variables stay (they
+    fill in what the command line leaves out) except :data:`IGNORED_SBATCH_VARIABLES`, removed with
+    a warning each. The input is not changed.
 
     Returns:
         (environment, warnings): a new dict; warnings in the order of :data:`IGNORED_SBATCH_VARIABLES`.
     """
     out = {
         k: v for k, v in env.items()
-        if not (k.startswith("SLURM_") and k not in KEPT_SLURM_VARIABLES) and k not in IGNORED_SBATCH_VARIABLES
+        if not (k.startswith(ALLOCATION_PREFIXES) and k not in KEPT_SLURM_VARIABLES and k not in keep)
+        and k not in IGNORED_SBATCH_VARIABLES
     }
     warnings = [
         f"{name}={env[name]} is ignored: {why}"

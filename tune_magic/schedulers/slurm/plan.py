@@ -18,6 +18,33 @@ _SLURM_REFUSED = ("node_rank", "master_addr", "master_port", "local_addr", "stan
 #: torchrun options the SLURM scheduler takes from the user and places itself.
 _SLURM_PLACED = ("nnodes", "nproc_per_node", "rdzv_endpoint", "rdzv_backend", "rdzv_id", "rdzv_conf")
 
+#: The scheduler's own torchrun options whose value the batch script fills in on each node, and
+#: the variable that value comes from (the plan shows it as ``${VARIABLE}``).
+PLACEHOLDERS = {"--nnodes": "SLURM_JOB_NUM_NODES", "--rdzv-endpoint": "TUNE_MAGIC_RDZV_ENDPOINT",
+                "--rdzv-id": "SLURM_JOB_ID"}
+# the torchrun options :func:`place` writes first, in pairs, before any word of the user's
+_OWN_PAIRS = 5
+_TORCHRUN_START = 3  # argv: python, -m, torch.distributed.run, <torchrun options>...
+
+
+def placeholder_positions(plan: LaunchPlan) -> dict[int, str]:
+    """``{argv index: variable}`` of the words of ``plan.argv`` that :func:`place` wrote as
+    placeholders for the batch script to fill in. Found by position among the scheduler's own
+    leading torchrun options, never by their text: a user's word that looks the same (an override
+    ``tag=${SLURM_JOB_ID}``, a path) is not one and reaches the recipe exactly as typed."""
+    out: dict[int, str] = {}
+    if plan.scheduler != "slurm" or plan.rendezvous == "standalone":
+        return out
+    for k in range(_OWN_PAIRS):
+        i = _TORCHRUN_START + 2 * k
+        if i + 1 >= len(plan.argv):
+            break
+        var = PLACEHOLDERS.get(plan.argv[i])
+        if var is not None and plan.argv[i + 1] == f"${{{var}}}" and not (
+                var == "TUNE_MAGIC_RDZV_ENDPOINT" and plan.rendezvous == "user"):
+            out[i + 1] = var
+    return out
+
 
 def place(spec: RunSpec, *, nodes: int | None, gpus_per_node: int | None) -> LaunchPlan:
     """The per-node command of a SLURM job (one torchrun agent per node) for ``spec``.
@@ -25,7 +52,8 @@ def place(spec: RunSpec, *, nodes: int | None, gpus_per_node: int | None) -> Lau
     On one node without an endpoint of the user's the agent runs ``--standalone`` inside the
     allocation; otherwise every node runs ``--nnodes ${SLURM_JOB_NUM_NODES} --rdzv-endpoint
     ${TUNE_MAGIC_RDZV_ENDPOINT} --rdzv-id ${SLURM_JOB_ID}``, placeholders the batch script fills in
-    (the head is the batch host, see :mod:`.script`), or the user's endpoint unchanged.
+    (the head is the batch host, see :mod:`.script`; which words they are:
+    :func:`placeholder_positions`), or the user's endpoint unchanged.
 
     Raises:
         PlanError: ``--gpus`` (SLURM allocates GPUs), a torchrun option the scheduler sets per node,
@@ -51,6 +79,7 @@ def place(spec: RunSpec, *, nodes: int | None, gpus_per_node: int | None) -> Lau
         rendezvous = "standalone"
     else:
         backend = spec.given("rdzv_backend")[0] or "c10d"
+        # the first _OWN_PAIRS pairs are the scheduler's own (placeholder_positions reads them)
         torchrun_args = ["--nnodes", "${SLURM_JOB_NUM_NODES}", "--nproc_per_node", nproc, "--rdzv-backend", backend,
                          "--rdzv-endpoint", endpoint or "${TUNE_MAGIC_RDZV_ENDPOINT}", "--rdzv-id", "${SLURM_JOB_ID}",
                          *keep]

@@ -19,37 +19,28 @@ still fill in only what neither the user nor the scheduler set.
 
 from __future__ import annotations
 
-import re
 import shlex
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from tune_magic.errors import PlanError
 from tune_magic.plan.model import LaunchPlan
-
-#: Shell variables a plan's argv may name (rendered so the shell expands them on each node).
-EXPANDED = ("SLURM_JOB_NUM_NODES", "SLURM_JOB_ID", "TUNE_MAGIC_RDZV_ENDPOINT")
-_VAR = re.compile(r"\$\{(" + "|".join(EXPANDED) + r")\}")
-
+from tune_magic.schedulers.slurm.array import escape_filename
+from tune_magic.schedulers.slurm.plan import placeholder_positions
 
 def shell_word(token: str) -> str:
-    """Quote ``token`` for bash; the placeholders of :data:`EXPANDED` stay expandable."""
-    if not _VAR.search(token):
-        return shlex.quote(token)
-    parts, pos = [], 0
-    for m in _VAR.finditer(token):
-        if m.start() > pos:
-            parts.append(shlex.quote(token[pos : m.start()]))
-        parts.append(f'"${{{m.group(1)}}}"')
-        pos = m.end()
-    if pos < len(token):
-        parts.append(shlex.quote(token[pos:]))
-    return "".join(parts)
+    """Quote ``token`` for bash so that it reaches the program exactly as written (``$``, `````,
+    ``\\`` and quotes included): every user word is literal, as in a local launch."""
+    return shlex.quote(token)
 
 
-def shell_line(argv: Sequence[str], indent: str = "    ", width: int = 100) -> str:
-    """``argv`` as one bash command, continued over lines of at most ``width`` characters."""
+def shell_line(argv: Sequence[str], indent: str = "    ", width: int = 100,
+               expand: Mapping[int, str] | None = None) -> str:
+    """``argv`` as one bash command, continued over lines of at most ``width`` characters. The
+    words at the indexes of ``expand`` become ``"${VARIABLE}"`` (the script's own values, filled in
+    on each node); every other word is literal (:func:`shell_word`)."""
+    expand = expand or {}
     lines, current = [], ""
-    for word in (shell_word(a) for a in argv):
+    for word in (f'"${{{expand[i]}}}"' if i in expand else shell_word(a) for i, a in enumerate(argv)):
         if current and len(current) + 1 + len(word) > width:
             lines.append(current + " \\")
             current = indent + word
@@ -65,8 +56,10 @@ def batch_script(plan: LaunchPlan, *, job_id: str, job_dir: str, cwd: str, pytho
     """The batch script text (bash).
 
     Args:
-        plan: the job's plan; ``plan.argv`` is the per-node torchrun command (it may name
-            ``${SLURM_JOB_NUM_NODES}``, ``${SLURM_JOB_ID}``, ``${TUNE_MAGIC_RDZV_ENDPOINT}``).
+        plan: the job's plan; ``plan.argv`` is the per-node torchrun command. Only the words
+            :func:`.plan.placeholder_positions` names are filled in by the script
+            (``${SLURM_JOB_NUM_NODES}``, ``${SLURM_JOB_ID}``, ``${TUNE_MAGIC_RDZV_ENDPOINT}``);
+            every other word, the user's overrides and paths included, reaches the recipe as typed.
         job_id: tune_magic's id of the job.
         job_dir: the job's directory (on a filesystem every node shares).
         cwd: the job's working directory.
@@ -87,7 +80,9 @@ def batch_script(plan: LaunchPlan, *, job_id: str, job_dir: str, cwd: str, pytho
     srun += ["--kill-on-bad-exit=1", python, "-m", "tune_magic.schedulers.slurm.node", "run"]
     if user_endpoint:
         srun.append("--user-endpoint")
-    srun += ["--", *plan.argv]
+    srun += ["--"]
+    expand = {len(srun) + i: var for i, var in placeholder_positions(plan).items()}
+    srun += plan.argv
     conf = f"export TUNE_MAGIC_RDZV_CONF={shlex.quote(rdzv_conf)}\n" if rdzv_conf else ""
     head = "".join(f"{line}\n" for line in sbatch_lines)
     return f"""#!/bin/bash
@@ -103,7 +98,7 @@ if [ -z "${{rdzv_port:-}}" ]; then echo "tune_magic: could not find the head nod
 export TUNE_MAGIC_HEAD_HOST="$head_host" TUNE_MAGIC_HEAD_ADDR="$head_addr"
 export TUNE_MAGIC_RDZV_ENDPOINT="$head_addr:$rdzv_port"
 {conf}echo "rendezvous $TUNE_MAGIC_RDZV_ENDPOINT"
-{shell_line(srun)}
+{shell_line(srun, expand=expand)}
 rc=$?
 # the job's own exit code, in the job directory: the outcome never depends on accounting
 printf '{{"returncode": %d, "ended_at": %s}}\\n' "$rc" "$(date +%s.%N)" > "$job_dir/.exit_code.$$" \\
@@ -126,19 +121,28 @@ def directive_word(value: str) -> str:
 
 def output_pattern(path: str) -> str:
     """``path`` as sbatch's ``--output`` takes it: ``%`` starts a filename pattern there (``%j``,
-    ``%N``...), so a ``%`` that is part of the path is written ``%%``."""
-    return path.replace("%", "%%")
+    ``%N``...), so a ``%`` that is part of the path is written ``%%`` (:func:`.array.escape_filename`).
+
+    Raises:
+        PlanError: the path holds a backslash (SLURM would then drop it and expand nothing).
+    """
+    return escape_filename(path)
 
 
 def directives(*, job_id: str, job_dir: str, cwd: str, nodes: int, gpus_per_node: int | None,
                cpus_per_node: int | None, partition: str | None, time_limit: str | None, account: str | None,
-               user_options: Sequence[Sequence[str]], requeue: bool) -> list[str]:
+               user_options: Sequence[Sequence[str]], requeue: bool, exports: Sequence[str] = ()) -> list[str]:
     """The batch script's ``#SBATCH`` lines: the scheduler's options, then the user's (one line
     per ``--sbatch=`` value, its words as given). The job's output file is the job's combined log
-    (``output.log`` in its directory)."""
+    (``output.log`` in its directory); the job gets the kernel's environment (``--export=ALL``, and
+    the variables the user named: ``exports``).
+
+    Raises:
+        PlanError: the job directory holds a backslash (see :func:`output_pattern`).
+    """
     log = output_pattern(f"{job_dir}/output.log")
     opts = [f"--job-name=tune_magic-{job_id}", f"--nodes={nodes}", "--ntasks-per-node=1", f"--output={log}",
-            f"--error={log}", "--open-mode=append", f"--chdir={cwd}", "--export=ALL"]
+            f"--error={log}", "--open-mode=append", f"--chdir={cwd}", ",".join(["--export=ALL", *exports])]
     for flag, value in (("--gpus-per-node", gpus_per_node), ("--cpus-per-task", cpus_per_node),
                         ("--partition", partition), ("--time", time_limit), ("--account", account)):
         if value:
