@@ -20,6 +20,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -41,6 +42,7 @@ from tune_magic.plan.resolve import resolve_config
 from tune_magic.plan.words import check_job_id, split_args, with_config
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.ids import new_job_id
+from tune_magic.registry.owner import TOKEN_ENV, new_token
 from tune_magic.registry.store import JobRecord
 from tune_magic.schedulers.base import Scheduler, SchedulerOptions
 from tune_magic.schedulers.local import gpus as gpu_mod
@@ -49,6 +51,12 @@ from tune_magic.schedulers.local import gpus as gpu_mod
 DRY_RUN_ENV = "TUNE_MAGIC_DRY_RUN"
 #: Longest job name accepted, in characters (listings cut names to 40 anyway).
 MAX_NAME_CHARS = 1000
+#: Largest YAML cell body accepted, in bytes (UTF-8). A config is a few KB; a long value (a prompt
+#: template, a list of files) fits many times over. Larger bodies take OmegaConf tens of seconds.
+MAX_CELL_BODY_BYTES = 4 << 20
+#: Linux's limit on one argument or environment string of a new program, with its NUL
+#: (``MAX_ARG_STRLEN``: 32 pages, 128 KiB with 4 KiB pages); execve refuses more with E2BIG.
+MAX_ARG_STRLEN = 32 * os.sysconf("SC_PAGE_SIZE")
 
 _HOST = socket.gethostname()
 
@@ -209,6 +217,7 @@ def launch(
     if dry_run is None:
         dry_run = dry_run_requested(caller_env)
     tokens = split_args(args)
+    _check_word_sizes(tokens)  # first: the checks of a 1 MB value would take tens of seconds
     if job_id is not None and not dry_run:
         raise PlanError("job_id is for dry runs only; a launch picks its own id")
     request = _Request(tokens=tokens, caller_env=caller_env,
@@ -232,6 +241,10 @@ def _dry_run(req: _Request) -> LaunchPlan:
     would_be = jobstore.jobs_root(req.caller_env, create=False) / req.job_id
     plan = replace(plan, **req.sched.prepare(plan, req.options, req.caller_env, would_be))
     problems = resolve_dirs(plan, cwd=req.cwd).errors  # here, a launch would refuse these
+    try:
+        check_command_size(plan, req.caller_env)
+    except PlanError as exc:
+        problems.append(str(exc))
     return replace(plan, warnings=plan.warnings + [f"a launch here would refuse this: {e}" for e in problems])
 
 
@@ -286,11 +299,14 @@ def _stage(req: _Request, root: Path, stage: Path, final: Path):
                                          root=root, force=req.force, job_dir=final, options=req.options)
     if req.config_overlay is not None:
         plan = _replace_config(plan, str(final / "config.yaml"))
+    # the job's secret token, in its environment: a stop signals only processes that carry it
+    token = new_token(req.job_id)
+    plan = replace(plan, env={**plan.env, TOKEN_ENV: token})
     plan = replace(plan, **req.sched.prepare(plan, req.options, req.caller_env, final))
     faultpoints.reached("planned")
     record = _record(req, plan, dirs, resolved, final)
     jobstore.write_record(stage, record)
-    jobstore.write_procs(stage, scheduler=req.sched.name)  # a damaged record still says where it runs
+    jobstore.write_procs(stage, scheduler=req.sched.name, token=token)  # a damaged record still says where it runs
     os.close(jobstore.open_nofollow(stage / jobstore.LOCK, os.O_WRONLY | os.O_CREAT))
     faultpoints.reached("staged")
     return plan, dirs, resolved, record
@@ -363,6 +379,7 @@ def checked_plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, root: P
     running = _live_jobs(jobstore.list_records(root))
     plan, resolved = _plan(tokens, job_id, gpus=gpus, cwd=cwd, env=env, busy=_busy_gpus(running), force=force,
                            launching=True, job_dir=job_dir, options=options)
+    check_command_size(plan, env)
     dirs = resolve_dirs(plan, cwd=cwd)
     if dirs.errors:
         raise PlanError(dirs.errors[0] + "; nothing was started")
@@ -375,6 +392,48 @@ def checked_plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, root: P
     for message in dict.fromkeys(dirs.warnings + plan.warnings):  # also kept in the record: the card shows them
         warnings.warn(message, stacklevel=4)
     return plan, dirs, resolved
+
+
+def check_command_size(plan: LaunchPlan, env: Mapping[str, str]) -> None:
+    """Refuse a command Linux would not start: an argument or environment string longer than
+    :data:`MAX_ARG_STRLEN`, or all of them together over ``ARG_MAX`` (``sysconf``; with the
+    pointers to them, as execve counts). Checked before the job is registered, so nothing is left.
+
+    Raises:
+        PlanError: naming the long override (a long value belongs in a YAML cell body, which the
+            recipe reads from a file) or the variable, and the sizes in bytes.
+    """
+    strings = [*plan.argv, *(f"{k}={v}" for k, v in {**env, **plan.env}.items())]
+    _check_word_sizes(plan.argv, overrides=set(plan.overrides))
+    _check_word_sizes([f"{k}={v}" for k, v in {**env, **plan.env}.items()], variables=True)
+    total = sum(len(os.fsencode(text)) + 1 + 8 for text in strings)  # each string, its NUL and its pointer
+    limit = os.sysconf("SC_ARG_MAX")
+    if total > limit:
+        raise PlanError(f"the job's command and environment take {total:,} bytes, more than Linux passes to a new "
+                        f"program ({limit:,} bytes, ARG_MAX): move long override values into a YAML cell body, or "
+                        "unset large environment variables. Nothing was started")
+
+
+def _check_word_sizes(words: Iterable[str], overrides: set[str] | None = None, variables: bool = False) -> None:
+    """Refuse a word longer than :data:`MAX_ARG_STRLEN` (with its NUL), naming it: an override
+    (``key=value`` among the launch's words, or in ``overrides``) with the fix, a variable, or an argument.
+
+    Raises:
+        PlanError: the first such word.
+    """
+    for text in words:
+        size = len(os.fsencode(text)) + 1
+        if size <= MAX_ARG_STRLEN:
+            continue
+        name = text.split("=", 1)[0]
+        if not variables and "=" in text and (overrides is None or text in overrides):
+            raise PlanError(f"the override {name}=... is {size - 1:,} bytes long, more than Linux passes as one "
+                            f"argument ({MAX_ARG_STRLEN:,} bytes, MAX_ARG_STRLEN): a long value belongs in a YAML cell "
+                            f"body (the %%tune_run cell, or config_overlay=), which the recipe reads from a file. "
+                            "Nothing was started")
+        what = f"the environment variable {name}" if variables else f"the argument {text[:60]!r}..."
+        raise PlanError(f"{what} is {size - 1:,} bytes long, more than Linux passes to a new program "
+                        f"({MAX_ARG_STRLEN:,} bytes, MAX_ARG_STRLEN); shorten it. Nothing was started")
 
 
 def _state_error(exc: OSError, root: Path) -> StateDirError:
@@ -407,13 +466,23 @@ def _apply_overlay(tokens: list[str], overlay: str, cwd: str, dest: Path) -> lis
     """Check a YAML cell body against the config it is merged over (its keys and value types, as
     overrides are), write the overlaid config to ``dest`` and point ``--config`` at it. The body's
     warnings (keys the config lacks) are issued as :class:`UserWarning`."""
+    size = len(overlay.encode("utf-8", "surrogatepass"))
+    if size > MAX_CELL_BODY_BYTES:
+        raise PlanError(f"the cell body is {size / 2**20:.1f} MiB; a YAML body holds a config, at most "
+                        f"{MAX_CELL_BODY_BYTES >> 20} MiB: put larger data in a file the recipe reads (and its path in "
+                        "the body). Nothing was started")
     tokens, base = with_config(tokens, str(dest))
     base_path = resolve_config(base, Path(cwd))[0] if base is not None else None
-    for message in check_overrides(base_path, [], overlay).warnings:
-        warnings.warn(message, UserWarning, stacklevel=4)
     try:
+        for message in check_overrides(base_path, [], overlay).warnings:
+            warnings.warn(message, UserWarning, stacklevel=4)
         write_overlaid_config(base_path, overlay, dest)
     except ValueError as exc:
+        limit = re.search(r"YAML node expansion exceeds the configured limit of (\d+)", str(exc))
+        if limit:  # OmegaConf's limit counts every node, not only the aliases its message speaks of
+            raise PlanError(f"the cell body has more than {limit[1]} YAML nodes (keys, values, list items), more than "
+                            "OmegaConf reads (max_yaml_expanded_nodes): put that much data in a file the recipe reads, "
+                            "or give it as --config FILE. Nothing was started") from None
         raise PlanError(str(exc)) from None
     return tokens
 

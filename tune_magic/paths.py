@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Mapping
 
@@ -34,3 +35,14 @@ def home(env: Mapping[str, str] | None = None) -> Path:
 def assets_dir(env: Mapping[str, str] | None = None) -> Path:
     """Return the default directory of the tiny offline assets: ``home()/assets``."""
     return home(env) / "assets"
+
+
+def file_kind(mode: int) -> str:
+    """What a file of this ``st_mode`` is, in words (``"a FIFO"``, ``"a directory"``...), for
+    messages about a path that is not the regular file expected."""
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"

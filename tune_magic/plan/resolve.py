@@ -6,10 +6,29 @@ from __future__ import annotations
 
 import difflib
 import os
+import stat
 from pathlib import Path
 
 from tune_magic.errors import PlanError
+from tune_magic.paths import file_kind
 from tune_magic.plan import catalog
+
+
+def _not_a_file(what: str, name: str, path: Path) -> None:
+    """Refuse a path that exists but is not a regular file (a FIFO, a socket, a device), naming what it is.
+
+    Raises:
+        PlanError: it is one.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        fix = "give a .yaml file" if what == "config" else "give the recipe's .py file"
+        raise PlanError(f"{what} {name!r} ({path}) is {file_kind(mode)}, not a regular file: the recipe could not "
+                        f"read it as one (reading it could block, or never end); {fix}")
+
 
 def resolve_recipe(name: str, cwd: Path) -> tuple[Path, str | None, str, bool | None]:
     """Return (path, registry name, source, supports_distributed or None for custom)."""
@@ -20,6 +39,7 @@ def resolve_recipe(name: str, cwd: Path) -> tuple[Path, str | None, str, bool | 
     if entry is not None:
         return entry.path, entry.name, entry.source, entry.supports_distributed if entry.source == catalog.TORCHTUNE else None
     path = cwd / Path(name).expanduser()
+    _not_a_file("recipe", name, path)
     if path.is_file():
         if path.suffix != ".py":  # torchrun runs it with Python; tune run imports it as a module
             raise PlanError(f"recipe {name!r} ({path}) is not a Python file: a custom recipe must be a .py file; "
@@ -48,6 +68,7 @@ def resolve_config(name: str, cwd: Path) -> tuple[Path, str | None]:
     if entry is not None:
         return entry.path, entry.name
     path = cwd / Path(name).expanduser()
+    _not_a_file("config", name, path)
     if path.is_file():
         return path.absolute(), None
     if path.is_dir():

@@ -278,9 +278,11 @@ def list_records_checked(root: Path | None = None, stamps: dict[str, tuple] | No
 
 
 def write_procs(d: Path, supervisor: ProcessRef | None = None, agent: ProcessRef | None = None,
-                workers: list[ProcessRef] | None = None, *, merge: bool = True, scheduler: str | None = None) -> None:
+                workers: list[ProcessRef] | None = None, *, merge: bool = True, scheduler: str | None = None,
+                token: str | None = None) -> None:
     """Record the job's processes in ``procs.json`` (kept apart from the record so that a damaged
-    record never hides what must be stopped). With ``merge``, fields not given keep their value.
+    record never hides what must be stopped), and the job's token (:mod:`tune_magic.registry.owner`:
+    which processes a stop may signal). With ``merge``, fields not given keep their value.
 
     Raises:
         OSError: the file cannot be written (e.g. ``ENOSPC``).
@@ -294,6 +296,8 @@ def write_procs(d: Path, supervisor: ProcessRef | None = None, agent: ProcessRef
         data["workers"] = workers
     if scheduler is not None:
         data["scheduler"] = scheduler
+    if token is not None:
+        data["token"] = token
     out = {k: (asdict(v) if isinstance(v, ProcessRef) else v if isinstance(v, str) else [asdict(w) for w in v])
            for k, v in data.items()}
     write_atomic(d / PROCS, json.dumps(out).encode(), fsync=False)
@@ -301,9 +305,9 @@ def write_procs(d: Path, supervisor: ProcessRef | None = None, agent: ProcessRef
 
 def read_procs(d: Path) -> dict[str, Any]:
     """Return ``{"supervisor": ProcessRef, "agent": ProcessRef, "workers": [ProcessRef],
-    "scheduler": str}`` (keys present only when known) from ``procs.json``; ``{}`` when missing or
-    damaged. The scheduler is written at registration, so a damaged record still says where the
-    job runs."""
+    "scheduler": str, "token": str}`` (keys present only when known) from ``procs.json``; ``{}``
+    when missing or damaged. The scheduler and the token are written at registration, so a damaged
+    record still says where the job runs and which processes are its own."""
     try:
         data = read_json(d / PROCS, 1 << 20)
     except (OSError, ValueError):
@@ -322,6 +326,9 @@ def read_procs(d: Path) -> dict[str, Any]:
     name = data.get("scheduler")
     if isinstance(name, str) and 0 < len(name) <= 64 and name.isprintable():
         out["scheduler"] = name
+    token = data.get("token")
+    if isinstance(token, str) and 0 < len(token) <= 200 and token.isprintable():
+        out["token"] = token
     return out
 
 

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 from tune_magic.errors import JobStartError
 from tune_magic.logs import ending
 from tune_magic.registry import outcome
+from tune_magic.registry import owner as owners
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.outcome import Evidence, decide
 from tune_magic.registry.store import FAILED, RUNNING, JobRecord
@@ -54,6 +55,9 @@ class LocalScheduler(Scheduler):
     def submit(self, job_dir: Path, record: JobRecord, plan, options: SchedulerOptions, env: Mapping[str, str],
                lock_fd: int | None) -> None:
         argv = [sys.executable, "-m", "tune_magic.schedulers.local.supervisor", str(job_dir)]
+        token = record.env.get(owners.TOKEN_ENV)
+        if token is not None:  # the supervisor carries it too: a stop's signal to it is checked the same way
+            env = {**env, owners.TOKEN_ENV: token}
         if lock_fd is not None:
             argv += ["--lock-fd", str(lock_fd)]
         # the supervisor writes to this pipe once the job's first process is in the record (and exiting
@@ -124,6 +128,23 @@ class LocalScheduler(Scheduler):
             sup, agent = procs.from_supervisor(job_dir) or (sup, agent)
         return sup, agent, list(workers.values())
 
+    @staticmethod
+    def _owner(job_dir: Path, record: JobRecord | None) -> procs.Owner:
+        """Which processes are the job's (:mod:`tune_magic.registry.owner`): those carrying its token
+        (from the record, else procs.json); a token of another job's matches nothing; a record
+        without one (an earlier release) counts only when this user wrote it."""
+        if record is None:
+            try:
+                record = jobstore.read(job_dir)
+            except jobstore.CorruptRecord:
+                record = None
+        token = (record.env.get(owners.TOKEN_ENV) if record is not None else None) \
+            or jobstore.read_procs(job_dir).get("token")
+        if token is not None:
+            return procs.Owner(token=owners.bound_token(job_dir.name, token) or "\0")  # "\0": in no environment
+        written = job_dir / (jobstore.RECORD if record is not None else jobstore.PROCS)
+        return procs.Owner(token=None, legacy_ok=owners.written_by_me(written))
+
     def keeps_summary(self, job_dir: Path, record: JobRecord) -> bool:
         """A live supervisor keeps the job's summary current (readers read it as is)."""
         return self.supervisor_alive(job_dir, record)
@@ -159,7 +180,7 @@ class LocalScheduler(Scheduler):
         if supervised:
             return {}
         _, agent, workers = self._refs(job_dir, record)
-        if procs.job_processes(agent, workers):
+        if procs.job_processes(agent, workers, self._owner(job_dir, record)):
             return {"status": RUNNING} if state is Status.UNKNOWN else {}  # runs on without its supervisor
         if agent is None and not jobstore.stop_was_requested(job_dir, record):
             evidence = Evidence(verdict=outcome.FAILED, nothing_runs=True, failure_line=(
@@ -177,9 +198,10 @@ class LocalScheduler(Scheduler):
 
         live = record is None or record.state.is_live
         sup, agent, workers = self._refs(job_dir, record)
+        own = self._owner(job_dir, record)  # a planted record names nothing a stop may signal
         if live:
             # tell the supervisor first (a signal: it works on a read-only or full disk), then the registry
-            supervisor = procs.alive(sup)
+            supervisor = procs.alive(sup, own)
             if supervisor is not None:
                 procs.signal_all([supervisor], STOP_SIGNAL)
             jobstore.mark_stop_requested(job_dir)  # never raises: the signals matter more
@@ -188,7 +210,7 @@ class LocalScheduler(Scheduler):
             while agent is None and time.monotonic() < deadline and self.supervisor_alive(job_dir, record):
                 time.sleep(0.02)
                 _, agent, workers = self._refs(job_dir, None)
-        procs.kill_job(agent, workers, grace_s)
+        procs.kill_job(agent, workers, grace_s, own)
         # the supervisor records the end and exits; give it the time to
         deadline = time.monotonic() + RECORD_TIMEOUT_S
         while self.supervisor_alive(job_dir, record) and time.monotonic() < deadline:
@@ -200,10 +222,10 @@ class LocalScheduler(Scheduler):
             time.sleep(0.05)
         # workers that started while we killed (a launch racing the stop)
         _, agent, workers = self._refs(job_dir, None)
-        procs.kill_job(agent, workers, 0.0)
+        procs.kill_job(agent, workers, 0.0, own)
 
     def has_live_parts(self, job_dir: Path, record: JobRecord | None) -> bool:
         if self.supervisor_alive(job_dir, record):
             return True
         _, agent, workers = self._refs(job_dir, record)
-        return bool(procs.job_processes(agent, workers))
+        return bool(procs.job_processes(agent, workers, self._owner(job_dir, record)))

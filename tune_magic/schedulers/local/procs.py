@@ -5,7 +5,9 @@ recipe process) in a new session, and torchrun starts each worker in a session o
 "every process of the job" is every member of the agent's session and of each recorded worker's
 session: that also catches a rank's own children (DataLoader workers, a ``sleep`` it spawned) and
 processes orphaned when the agent died. A session is matched by its leader's pid *and* create
-time, so a recycled pid is never mistaken for the job.
+time, so a recycled pid is never mistaken for the job. Every process signalled must also pass the
+job's :class:`Owner` check: it is this user's, and it carries the job's token in its environment
+(:mod:`tune_magic.registry.owner`), so a record planted by someone else names nothing a stop may kill.
 
 Only this package (the local scheduler) imports psutil and sends signals.
 """
@@ -15,19 +17,47 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import dataclass
 from typing import Iterable
 
 import psutil
 
+from tune_magic.registry.owner import TOKEN_ENV
 from tune_magic.registry.store import ProcessRef
 
 #: Seconds of create-time difference under which two observations are the same process.
 CREATE_TIME_TOLERANCE_S = 0.05
 
 
-def alive(ref: ProcessRef | None) -> psutil.Process | None:
-    """Return the process if ``ref``'s pid is alive and is the same process (create-time match);
-    zombies count as gone."""
+@dataclass(frozen=True)
+class Owner:
+    """Which processes belong to a job, beyond pid and create time.
+
+    Attributes:
+        token: the job's token (:data:`tune_magic.registry.owner.TOKEN_ENV` in each of its
+            processes' environment), or ``None`` for a record of an earlier release, which has none.
+        legacy_ok: for a record without a token: its record was written by this user (a planted
+            one was not), so its processes are known by pid and create time alone, as before.
+    """
+
+    token: str | None = None
+    legacy_ok: bool = True
+
+    def allows(self, proc: psutil.Process) -> bool:
+        """Whether ``proc`` is this user's and the job's (see the class docstring)."""
+        try:
+            if proc.uids().real != os.getuid():
+                return False
+            if self.token is None:
+                return self.legacy_ok
+            return proc.environ().get(TOKEN_ENV) == self.token
+        except psutil.Error:  # gone, or not ours to read
+            return False
+
+
+def alive(ref: ProcessRef | None, owner: Owner | None = None) -> psutil.Process | None:
+    """Return the process if ``ref``'s pid is alive and is the same process (create-time match,
+    and ``owner``'s check when given); zombies count as gone."""
     if ref is None:
         return None
     try:
@@ -36,9 +66,9 @@ def alive(ref: ProcessRef | None) -> psutil.Process | None:
             return None  # the pid was recycled: never signal a stranger
         if proc.status() == psutil.STATUS_ZOMBIE:
             return None
-        return proc
     except psutil.Error:
         return None
+    return proc if owner is None or owner.allows(proc) else None
 
 
 def ref_of(proc: psutil.Process, rank: int | None = None) -> ProcessRef:
@@ -102,9 +132,11 @@ def descendants(ref: ProcessRef | None) -> list[psutil.Process]:
         return []
 
 
-def job_processes(agent: ProcessRef | None, workers: Iterable[ProcessRef]) -> list[psutil.Process]:
+def job_processes(agent: ProcessRef | None, workers: Iterable[ProcessRef],
+                  owner: Owner | None = None) -> list[psutil.Process]:
     """Every live process of a job: the agent, its sessions' members, each worker's session's
-    members, and the agent's descendants (workers not yet recorded). Deduplicated by pid."""
+    members, and the agent's descendants (workers not yet recorded). Deduplicated by pid. With
+    ``owner``, only the processes it allows (this user's, carrying the job's token)."""
     found: dict[int, psutil.Process] = {}
     workers = list(workers)
     proc = alive(agent)
@@ -116,7 +148,7 @@ def job_processes(agent: ProcessRef | None, workers: Iterable[ProcessRef]) -> li
         p = alive(w)
         if p is not None:
             found.setdefault(p.pid, p)
-    return list(found.values())
+    return [p for p in found.values() if owner is None or owner.allows(p)]
 
 
 def from_supervisor(job_dir) -> tuple[ProcessRef, ProcessRef] | None:
@@ -169,23 +201,24 @@ def _running(p: psutil.Process) -> bool:
         return False
 
 
-def kill_job(agent: ProcessRef | None, workers: list[ProcessRef], grace_s: float) -> int:
+def kill_job(agent: ProcessRef | None, workers: list[ProcessRef], grace_s: float, owner: Owner | None = None) -> int:
     """End every process of a job: SIGTERM to the agent (torchrun forwards it to its workers and
     kills them after its own grace), or to every member when the agent is gone; after ``grace_s``
-    seconds, SIGKILL whatever is left, found afresh (a rank may have spawned more meanwhile).
+    seconds, SIGKILL whatever is left, found afresh (a rank may have spawned more meanwhile). Only
+    processes ``owner`` allows are signalled.
 
     Returns:
         How many processes were still alive and got SIGKILL.
     """
-    procs = job_processes(agent, workers)
+    procs = job_processes(agent, workers, owner)
     if not procs:
         return 0
-    head = alive(agent)
+    head = alive(agent, owner)
     signal_all([head] if head is not None else procs, signal.SIGTERM)
     wait_gone(procs, grace_s)
     killed = 0
     for _ in range(3):  # members may appear while we kill (a dying rank's children)
-        left = job_processes(agent, workers)
+        left = job_processes(agent, workers, owner)
         if not left:
             break
         killed += len(left)

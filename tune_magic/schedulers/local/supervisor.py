@@ -39,6 +39,7 @@ from tune_magic.logs import ending, follow, lineformat, logfiles, parse, points,
 from tune_magic.logs.oom import OomWatch
 from tune_magic.logs.summary import SummaryTracker, write_summary
 from tune_magic.registry import store as jobstore
+from tune_magic.registry.owner import TOKEN_ENV
 from tune_magic.registry.outcome import Evidence, Outcome, decide
 from tune_magic.registry.store import FAILED, CorruptRecord, JobRecord, ProcessRef
 from tune_magic.schedulers.local import procs
@@ -255,7 +256,7 @@ class Supervisor:
         self._watch(wrapper)
         code = self._exit_code(wrapper, wrapper_ref)
         # whatever outlived the command (a killed agent's workers, a rank's children) goes now
-        procs.kill_job(self.agent, self.workers, ORPHAN_GRACE_S)
+        procs.kill_job(self.agent, self.workers, ORPHAN_GRACE_S, procs.Owner(rec.env.get(TOKEN_ENV)))
         self.check_registry()
         self._copy_log()
         self._end(code, oom_watch)

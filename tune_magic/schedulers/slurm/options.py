@@ -215,43 +215,54 @@ def check_sbatch_options(values: list[str] | tuple[str, ...] | None) -> SbatchOp
     groups: list[tuple[str, ...]] = []
     exports: list[str] = []
     for written in values or ():
-        try:
-            words = shlex.split(written)
-        except ValueError as exc:
-            raise PlanError(f"--sbatch={written}: {exc}; quote the value as a shell would") from None
-        if not words:
-            raise PlanError("--sbatch= is empty; give one sbatch option, e.g. --sbatch=--qos=high")
-        i = 0
-        kept: list[str] = []
-        while i < len(words):
-            word = words[i]
-            export = _export_word(word, words, i, written) if word.startswith("--") and len(word) > 2 else None
-            if export is not None:  # variables to keep or set: merged into the scheduler's --export=ALL
-                exports.extend(export[0])
-                names.add("export")
-                i += export[1]
-                continue
-            start = i
-            if word.startswith("--") and len(word) > 2:
-                long_name, used = _check_long(word, words, i, written)
-                if long_name is not None:
-                    names.add(long_name)
-                if long_name in ("requeue", "no-requeue"):
-                    requeue = long_name == "requeue"
-                i += used
-            elif word.startswith("-") and len(word) > 1 and word != "--":
-                names.update(short_names(word))
-                i += _check_short_group(word, words, i, written)
-            else:
-                raise PlanError(
-                    f"--sbatch={written}: {word!r} is not an sbatch option; each --sbatch= holds one "
-                    "option with its value, e.g. --sbatch=--qos=high or --sbatch=--constraint=a100"
-                )
-            kept.extend(words[start:i])
+        kept, asked_requeue = _check_value(written, names, exports)
+        if asked_requeue is not None:
+            requeue = asked_requeue
         argv.extend(kept)
         if kept:
             groups.append(tuple(kept))
     return SbatchOptions(tuple(argv), requeue, frozenset(names), tuple(groups), tuple(exports))
+
+
+def _check_value(written: str, names: set[str], exports: list[str]) -> tuple[list[str], bool | None]:
+    """Check one ``--sbatch=`` value (see :func:`check_sbatch_options`): return its words for sbatch
+    and the last ``--requeue``/``--no-requeue`` in it (``None``: neither); add the long names of its
+    options to ``names`` and the variables of an ``--export`` that only names variables to ``exports``."""
+    try:
+        words = shlex.split(written)
+    except ValueError as exc:
+        raise PlanError(f"--sbatch={written}: {exc}; quote the value as a shell would") from None
+    if not words:
+        raise PlanError("--sbatch= is empty; give one sbatch option, e.g. --sbatch=--qos=high")
+    i = 0
+    kept: list[str] = []
+    requeue = None
+    while i < len(words):
+        word = words[i]
+        export = _export_word(word, words, i, written) if word.startswith("--") and len(word) > 2 else None
+        if export is not None:  # variables to keep or set: merged into the scheduler's --export=ALL
+            exports.extend(export[0])
+            names.add("export")
+            i += export[1]
+            continue
+        start = i
+        if word.startswith("--") and len(word) > 2:
+            long_name, used = _check_long(word, words, i, written)
+            if long_name is not None:
+                names.add(long_name)
+            if long_name in ("requeue", "no-requeue"):
+                requeue = long_name == "requeue"
+            i += used
+        elif word.startswith("-") and len(word) > 1 and word != "--":
+            names.update(short_names(word))
+            i += _check_short_group(word, words, i, written)
+        else:
+            raise PlanError(
+                f"--sbatch={written}: {word!r} is not an sbatch option; each --sbatch= holds one "
+                "option with its value, e.g. --sbatch=--qos=high or --sbatch=--constraint=a100"
+            )
+        kept.extend(words[start:i])
+    return kept, requeue
 
 
 def short_names(word: str) -> list[str]:
