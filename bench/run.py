@@ -49,6 +49,7 @@ ROWS = [
     ("concurrent_launch", "bench.rows.concurrent_launch", "10", 600, 120),
     ("table_cpu", "bench.rows.table_cpu", "11", 600, 150),
     ("resume_preflight", "bench.rows.resume_preflight", "12", 300, 60),
+    ("stop_all", "bench.rows.stop_all", "13", 600, 120),
 ]
 QUICK_BUDGET_S = 600
 OUT = REPO / "bench" / "out"

@@ -42,6 +42,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -300,6 +301,67 @@ class SlurmCluster:
             if time.monotonic() > deadline:
                 raise ClusterError(f"cluster not idle after {timeout} s: jobs {jobs}, node states {states}")
             time.sleep(0.2)
+
+    # ---- controller faults (a restart, a failover, an overloaded controller) ---------------------
+
+    def pause_controller(self) -> None:
+        """Freeze ``slurmctld`` (SIGSTOP, by its recorded pid): clients then wait and time out, as
+        with an overloaded or failing-over controller."""
+        os.kill(self.pids["slurmctld"], signal.SIGSTOP)
+
+    def resume_controller(self) -> None:
+        """Let a paused ``slurmctld`` go on (SIGCONT, by its recorded pid)."""
+        os.kill(self.pids["slurmctld"], signal.SIGCONT)
+
+    def kill_controller(self) -> None:
+        """Kill ``slurmctld`` (SIGKILL, by its recorded pid) and wait until it is gone: clients then
+        fail with "Unable to contact slurm controller"; running jobs go on on their nodes."""
+        pid = self.pids["slurmctld"]
+        try:
+            proc = psutil.Process(pid)
+            proc.kill()
+            proc.wait(10)
+        except psutil.Error:
+            pass
+
+    def restart_controller(self, timeout: float = 30) -> None:
+        """Start ``slurmctld`` again, without ``-c``: it recovers its jobs from StateSaveLocation, as
+        a restarted controller does. Its new pid replaces the old one in :attr:`pids` and
+        ``cluster.json`` (what :meth:`stop` removes). Returns once it answers.
+
+        Raises:
+            ClusterError: it exited, or did not answer within ``timeout`` seconds.
+        """
+        _spawn(self, "slurmctld", [_exe("slurmctld"), "-D", "-f", str(self.conf)])
+        self.wait_controller(timeout)
+
+    def wait_controller(self, timeout: float = 30) -> None:
+        """Wait until the controller answers ``squeue`` again.
+
+        Raises:
+            ClusterError: slurmctld exited, or did not answer within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            if not _alive(self.pids["slurmctld"]):
+                raise ClusterError(_daemon_failed(self, "slurmctld"))
+            if self.client(["squeue", "-h"], check=False, timeout=10).returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"slurmctld does not answer after {timeout} s; its log ends:\n"
+                                   f"{self.log('slurmctld')[-2000:]}")
+            time.sleep(0.2)
+
+    def heal_controller(self) -> None:
+        """After a test: a paused controller goes on, a killed one is started again."""
+        pid = self.pids.get("slurmctld")
+        try:
+            if pid and psutil.Process(pid).status() == psutil.STATUS_STOPPED:
+                self.resume_controller()
+        except psutil.Error:
+            pass
+        if not pid or not _alive(pid):
+            self.restart_controller()
 
     # ---- tearing down ---------------------------------------------------------------------------
 

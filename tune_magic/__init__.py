@@ -26,6 +26,7 @@ _API = {
     "launch": "launcher",
     "jobs": "job",
     "get_job": "job",
+    "stop_jobs": "job",
     "Job": "job",
     "JobNotFound": "errors",
     "Panel": "ui.panel",

@@ -15,6 +15,7 @@ def cluster(slurm_netns_cluster, monkeypatch):
 
     Jobs a test appends to ``cluster.started`` (a list of :class:`tune_magic.job.Job`) are
     stopped afterwards, even when the test failed, and the cluster must then go idle within 60 s.
+    A controller a test paused or killed is resumed or started again first.
     """
     c = slurm_netns_cluster
     for key in list(os.environ):
@@ -25,6 +26,8 @@ def cluster(slurm_netns_cluster, monkeypatch):
     slurm_sched.WATCHER.forget()
     c.started = []
     yield c
+    c.heal_controller()
+    slurm_sched.WATCHER.forget()
     for job in c.started:
         try:
             job.stop(grace_s=1)

@@ -269,7 +269,7 @@ def end_line(job) -> str:
     parts = [f"job {job.id} {job.status.label}"]
     if s.step is not None:
         parts.append(f"step {s.step}" + (f" loss {s.loss:.6g}" if s.loss is not None else ""))
-    if job.status == "failed" and job.error:
+    if job.status in ("failed", "stopped") and job.error:
         parts.append(escape(job.error))
     elif job.record.returncode is not None and job.status != "succeeded":
         parts.append(f"exit code {job.record.returncode}")
@@ -310,10 +310,20 @@ def _jobs(argv: Sequence[str]) -> int:
         rows.append((cell(j.id), cell(j.name), cell(j.record.state.label), "-" if s.step is None else str(s.step),
                      "-" if s.loss is None else f"{s.loss:.4g}", f"{j.elapsed_s:.0f}s",
                      cell(j.record.rendezvous_endpoint, NAME_WIDTH), cell(j.output_dir, PATH_WIDTH, keep="end"),
-                     cell(j.record.error, PATH_WIDTH) if j.record.status == "failed" else ""))
+                     _reason(j)))
     for line in table(rows):  # aligned in terminal columns: 实验 and emoji take two
         print(line)
     return 0
+
+
+def _reason(job) -> str:
+    """The REASON cell: why a job failed or who stopped it, else the engine's note on a job not
+    ended (e.g. "SLURM not answering since 14:05")."""
+    r = job.record
+    if r.state in ("failed", "stopped"):
+        return cell(r.error, PATH_WIDTH) if r.error else ""
+    note = job.engine_note if not r.state.is_terminal else None
+    return cell(note, PATH_WIDTH) if note else ""
 
 
 def _job_json(job) -> dict:
@@ -323,7 +333,8 @@ def _job_json(job) -> dict:
             "pid": job.pid, "gpus": r.gpus, "physical_gpus": r.physical_gpus, "argv": r.argv, "env": r.env, "cwd": r.cwd,
             "started_at": r.started_at, "ended_at": r.ended_at, "workers": job.workers,
             "scheduler": job.scheduler, "engine_id": job.engine_id, "num_nodes": job.num_nodes,
-            "nodes": job.nodes, "pending_reason": r.pending_reason, "scheduler_options": r.scheduler_options}
+            "nodes": job.nodes, "pending_reason": r.pending_reason, "scheduler_options": r.scheduler_options,
+            "engine_note": job.engine_note}
 
 
 #: What ``tune-magic logs`` can print instead of the whole log: ``dest -> (flag, help, source)``. A
@@ -367,9 +378,9 @@ def _logs(argv: Sequence[str]) -> int:
 
 
 def _stop(argv: Sequence[str]) -> int:
-    from tune_magic.job import damaged_live_jobs, get_job
+    from tune_magic.job import damaged_live_jobs, get_job, stop_jobs
 
-    parser = argparse.ArgumentParser(prog="tune-magic stop", description="Stop a running job (or all).")
+    parser = argparse.ArgumentParser(prog="tune-magic stop", description="Stop a running job (or all, together).")
     parser.add_argument("job", nargs="?", help="job id")
     parser.add_argument("--all", action="store_true", help="stop every running job")
     parser.add_argument("--grace", type=_seconds, default=10.0, help="seconds between SIGTERM and SIGKILL (10)")
@@ -377,8 +388,8 @@ def _stop(argv: Sequence[str]) -> int:
     if bool(ns.job) == ns.all:
         raise CliError("give a job id or --all, not both" if ns.all else "give a job id or --all")
     targets = ([j for j in _listed("stop") if j.record.state.is_live] + damaged_live_jobs()) if ns.all else [get_job(ns.job)]
-    for job in targets:
-        print(f"{job.id} {job.stop(grace_s=ns.grace)}")
+    for job_id, status in stop_jobs(targets, grace_s=ns.grace).items():
+        print(f"{job_id} {status}")
     return 0
 
 

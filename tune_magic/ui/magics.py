@@ -186,7 +186,7 @@ class TuneMagics(Magics):
         if _wants_help(line):
             print(self.tune_stop.__doc__)
             return None
-        from tune_magic.job import damaged_live_jobs, get_job, jobs
+        from tune_magic.job import damaged_live_jobs, get_job, jobs, stop_jobs
 
         ns = _parse(self.tune_stop, line)
         if bool(ns.job) == ns.all:
@@ -197,8 +197,8 @@ class TuneMagics(Magics):
             targets = ([j for j in jobs() if j.status.is_live] + damaged_live_jobs()) if ns.all else [get_job(ns.job)]
         except UserError as exc:
             raise UsageError(str(exc)) from None
-        for job in targets:
-            print(f"{job.id} {job.stop(grace_s=ns.grace)}")
+        for job_id, status in stop_jobs(targets, grace_s=ns.grace).items():
+            print(f"{job_id} {status}")
 
 
 def register(ipython) -> None:

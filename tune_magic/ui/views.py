@@ -25,7 +25,7 @@ from tune_magic.schedulers.local.gpus import gpus_label
 from tune_magic.job import Job, jobs
 from tune_magic.registry.status import Status
 from tune_magic.ui.textfmt import cut, escape, table
-from tune_magic.ui.watch import JobSnapshot, JobWatcher
+from tune_magic.ui.watch import JobSnapshot, JobWatcher, stopped_how
 
 #: Longest log line shown in a card, in characters (the full line stays on disk).
 MAX_LINE_CHARS = 400
@@ -216,8 +216,8 @@ class JobCard(widgets.VBox):
                      + html.escape(snap.traceback) + "</pre>")
                 _show(self.traceback, True)
         elif status is Status.STOPPED:
-            at = "" if snap.step is None else f" at step {snap.step}"
-            _set(self.error, f"<div class='tm-stopped' style='{_CARD_WRAP};color:#7f7f7f'><b>stopped</b> by the user{at}</div>")
+            _set(self.error, f"<div class='tm-stopped' style='{_CARD_WRAP};color:#7f7f7f'><b>stopped</b>"
+                 f"{html.escape(stopped_how(snap)[len('stopped'):])}</div>")
             _show(self.error, True)
         elif status is Status.UNKNOWN:
             _set(self.error, f"<div class='tm-unknown' style='{_CARD_WRAP};color:#8c564b'><b>outcome unknown</b>: its "
@@ -241,7 +241,7 @@ class JobCard(widgets.VBox):
             if snap.traceback:
                 lines.append(f"(whole traceback: tune-magic logs {snap.job_id} --error)")
         elif snap.status == Status.STOPPED:
-            lines.append("stopped by the user" + ("" if snap.step is None else f" at step {snap.step}"))
+            lines.append(stopped_how(snap))
         lines += snap.placement()
         lines += snap.notes()
         lines.append(snap.progress_text())
@@ -426,8 +426,11 @@ class JobsTable(widgets.VBox):
             reason = r.error or s.error or (f"exit code {r.returncode}" if r.returncode is not None else "")
         elif state is Status.PENDING:
             reason = r.pending_reason or ""
-        elif state is Status.UNKNOWN:
+        elif state in (Status.UNKNOWN, Status.STOPPED):  # a stop's reason: who stopped it, when not the user
             reason = r.error or ""
+        note = job.engine_note if not state.is_terminal else None  # e.g. the engine is not answering
+        if note:
+            reason = f"{reason} ({note})" if reason else note
         return (r.name, state.label, s.step, s.loss, job.elapsed_s, reason)
 
     def _show(self, row: _Row) -> None:
@@ -455,8 +458,10 @@ class JobsTable(widgets.VBox):
             c["elapsed"].value = _fmt_elapsed(elapsed)
         if reason != old[5]:
             if reason:
-                kind = "pending" if state is Status.PENDING else "error"
-                why = "waiting for" if kind == "pending" else "failed:" if state is Status.FAILED else ""
+                kind, why = {Status.FAILED: ("error", "failed:"), Status.STOPPED: ("stopped", "stopped:"),
+                             Status.UNKNOWN: ("error", "")}.get(state, ("note", ""))
+                if state is Status.PENDING and job.record.pending_reason:
+                    kind, why = "pending", "waiting for"
                 row.reason.value = (f"<div class='tm-reason tm-reason-{kind}' title='{html.escape(escape(reason))}' "
                                     f"style='color:{_STATUS_COLOURS.get(state.value, '#000')};{_WRAP}'>"
                                     f"{why} {html.escape(cut(reason, REASON_WIDTH))}</div>")

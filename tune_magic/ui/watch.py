@@ -83,6 +83,8 @@ class JobSnapshot:
         warnings: the record's launch warnings (e.g. SLURM's "no --cpus-per-node: ...").
         log_lost_at: unix seconds since which the log is kept, when the job's directory was
             deleted while it ran (the log before is gone), else ``None``.
+        engine_note: the scheduler's note on how sure the status is (``Job.engine_note``, e.g.
+            "SLURM not answering since 14:05": the status shown is the last known one), or ``None``.
     """
 
     job_id: str
@@ -109,6 +111,7 @@ class JobSnapshot:
     num_nodes: int = 1
     warnings: tuple[str, ...] = ()
     log_lost_at: float | None = None
+    engine_note: str | None = None
 
     @property
     def label(self) -> str:
@@ -177,8 +180,9 @@ class JobSnapshot:
         return ["  ".join(d for d in details if d)] if any(details) else []
 
     def notes(self) -> list[str]:
-        """Small notes about the job: where it runs (several nodes), launch warnings, a lost log."""
-        out = []
+        """Small notes about the job: the engine's note (it does not answer), where it runs
+        (several nodes), launch warnings, a lost log."""
+        out = [self.engine_note] if self.engine_note else []
         if self.nodes:
             out.append(("nodes " if len(self.nodes) > 1 else "node ") + ", ".join(self.nodes))
         if self.log_lost_at is not None:
@@ -304,8 +308,8 @@ class JobWatcher:
         if (seen is not None and last is not None and seen == self._seen and status.is_live
                 and self.follower.caught_up):
             # nothing was written and the record is the same object: only the elapsed time moved
-            snap = replace(last, elapsed_s=self.job.elapsed_s)
-            self.changed = False
+            snap = replace(last, elapsed_s=self.job.elapsed_s, engine_note=self.job.engine_note)
+            self.changed = snap.engine_note != last.engine_note
         else:
             snap = self._read(status)
             self._seen = seen
@@ -349,6 +353,7 @@ class JobWatcher:
             run=run, run_at_s=self._run_at, traceback=failure.traceback if failure else None,
             pending_reason=r.pending_reason if status == Status.PENDING else None, nodes=nodes,
             num_nodes=r.num_nodes, warnings=tuple(r.warnings), log_lost_at=r.log_lost_at,
+            engine_note=self.job.engine_note,
         )
 
     def _tail(self) -> tuple[tuple[str, ...], list[list[str]]]:
@@ -514,6 +519,13 @@ class JobWatcher:
         """Wait for the thread to end (it ends once the job ended and was read)."""
         if self._thread is not None:
             self._thread.join(timeout)
+
+
+def stopped_how(snap: JobSnapshot) -> str:
+    """How a stopped job was stopped, in words: ``stopped by the user at step 6``, or with its
+    reason when someone else stopped it: ``stopped: cancelled outside tune_magic at step 6``."""
+    at = "" if snap.step is None else f" at step {snap.step}"
+    return f"stopped: {snap.error}{at}" if snap.error else f"stopped by the user{at}"
 
 
 def _latest_bar(sections: list[list[str]]) -> Bar | None:

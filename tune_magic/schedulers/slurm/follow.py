@@ -133,6 +133,8 @@ def not_listed(job_dir: Path, record: JobRecord, slurm_id: str, answer: queue.An
     elif not running:
         evidence, _ = ending.evidence(job_dir, record, None, nothing_runs=True)
         changes = end(record, evidence)  # unknown records no end time
+    elif record.state is Status.UNKNOWN:  # it writes its log again: it runs, whatever SLURM said
+        changes = {"status": Status.RUNNING}
     if backend != record.backend:
         changes["backend"] = backend
     return changes
