@@ -22,6 +22,7 @@ from tune_magic import schedulers
 from tune_magic.errors import JobNotFound, PlanError, StateDirError
 from tune_magic.logs.notify import get_notifier
 from tune_magic.plan.words import check_job_id
+from tune_magic.registry import owner
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.status import Status
 from tune_magic.registry.store import JobRecord
@@ -410,6 +411,7 @@ def jobs(skipped: list | None = None) -> list[Job]:
     """
     root = jobstore.jobs_root(create=False)
     jobstore.collect_staging(root)
+    _warn_if_open(root)
     stamps: dict[str, tuple] = {}
     records, bad = jobstore.list_records_checked(root, stamps)
     if skipped is not None:
@@ -418,6 +420,17 @@ def jobs(skipped: list | None = None) -> list[Job]:
         for s in bad:
             warnings.warn(f"skipped job directory {s.path}: {s.reason}", RuntimeWarning, stacklevel=2)
     return [_listed_job(root, r, stamps) for r in records]
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_if_open(root: Path) -> None:
+    """Warn once per process and registry when others may write into it (records could be planted)."""
+    message = owner.open_to_others(root)
+    if message and str(root) not in _WARNED:
+        _WARNED.add(str(root))
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def _listed_job(root: Path, record: JobRecord, stamps: Mapping[str, tuple]) -> Job:
@@ -442,6 +455,21 @@ def damaged_live_jobs() -> list[Job]:
         if job.damaged and job._sched().has_live_parts(job.dir, None):
             out.append(job)
     return out
+
+
+def _not_found(d: Path, job_id: str) -> None:
+    """Why there is no job directory ``d``: another user's registry we may not read, or no such job.
+
+    Raises:
+        StateDirError: permission denied (said plainly, with whose registry it is).
+        JobNotFound: no such job.
+    """
+    denied = owner.permission_denied(d)
+    if denied is not None:
+        raise StateDirError(f"permission denied: {d.parent} belongs to another user, and you may not read it, so "
+                            f"job {job_id!r} cannot be looked at from here ({denied.strerror}); point TUNE_MAGIC_HOME "
+                            "at your own registry, or ask its owner")
+    raise JobNotFound(f"no job {job_id!r}; tune-magic jobs lists the jobs")
 
 
 def stop_jobs(targets, grace_s: float = 10.0) -> dict[str, Status]:
@@ -483,7 +511,7 @@ def get_job(job_id: str) -> Job:
     check_job_id(job_id)
     d = jobstore.job_dir(job_id)
     if not os.path.lexists(d):
-        raise JobNotFound(f"no job {job_id!r}; tune-magic jobs lists the jobs")
+        _not_found(d, job_id)
     jobstore.check_job_dir(d)
     job = Job(d)
     if job.damaged and not job._sched().has_live_parts(d, None):
@@ -503,7 +531,7 @@ def remove(job_id: str) -> None:
     check_job_id(job_id)
     d = jobstore.job_dir(job_id)
     if not os.path.lexists(d):
-        raise JobNotFound(f"no job {job_id!r}; tune-magic jobs lists the jobs")
+        _not_found(d, job_id)
     jobstore.check_job_dir(d)
     job = Job(d)
     if not job.damaged:

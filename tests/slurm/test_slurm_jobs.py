@@ -162,7 +162,7 @@ def test_squeue_runs_at_most_once_per_5_s_for_a_listing_and_live_cards(cluster, 
     (wrapper_dir / "squeue").chmod(0o755)
     monkeypatch.setenv("PATH", f"{wrapper_dir}:{os.environ['PATH']}")
     slurm_sched.WATCHER.forget()
-    time.sleep(slurm_sched.SQUEUE_INTERVAL_S)  # what launching queried is over
+    time.sleep(slurm_sched.queue.interval_s())  # what launching queried is over
     count.write_text("")
     cards = [JobCard(J.get_job(j.id), interval_s=0.25) for j in held[:4]]
     t0 = time.monotonic()
@@ -268,10 +268,15 @@ def test_a_job_squeue_no_longer_lists_without_an_exit_file_is_unknown_then_faile
     wait_for(lambda: ghost.status == "unknown", timeout=30, interval=0.5, what="the ghost job's outcome unknown",
              describe=lambda: ghost.status)
     assert ghost.status.label == "outcome unknown"
-    monkeypatch.setattr(slurm_sched, "MISSING_GRACE_S", 0.0)
-    slurm_sched.WATCHER.forget()
-    ghost._checked = 0.0
-    time.sleep(1.1)
+    # failed only once the controller has left it out of its answers over the grace period
+    monkeypatch.setenv("TUNE_MAGIC_SLURM_GRACE_S", "0")
+    monkeypatch.setenv("TUNE_MAGIC_SLURM_MISSING_ANSWERS", "2")
+    monkeypatch.setenv("TUNE_MAGIC_SLURM_INTERVAL_S", "0.2")
+    for _ in range(2):
+        slurm_sched.WATCHER.forget()
+        ghost._checked = 0.0
+        time.sleep(0.3)
+        ghost.refresh()
     assert ghost.status == "failed"
     assert "SLURM no longer lists job 999999 and it left no exit code" in ghost.error
 

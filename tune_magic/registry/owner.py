@@ -9,8 +9,9 @@ signals a process, the scheduler checks that it is yours (same real uid) and tha
   its processes inherit and ``/proc/PID/environ`` shows to their owner only. A token that does not
   start with the job's own id (copied from another record) matches no process;
 - a record of an earlier release has no token: its processes are signalled as before (pid and
-  create time), but only when its record file was written by you (a planted token-less record was
-  written by someone else).
+  create time), but only when its job directory was made by you (a planted token-less record sits
+  in a directory its planter made; the record file itself says nothing, since your own listings
+  rewrite it).
 
 Group project directories (setgid, umask 002), root-squashed NFS and containers keep working: only
 the registry root and what is below it are looked at, never its parents, and a registry writable by
@@ -42,7 +43,7 @@ def bound_token(job_id: str, token: object) -> str | None:
 
 
 def written_by_me(path: Path) -> bool:
-    """Whether the file at ``path`` (not followed if a link) belongs to this process's user."""
+    """Whether the file or directory at ``path`` (not followed if a link) belongs to this process's user."""
     try:
         return os.lstat(path).st_uid == os.getuid()
     except OSError:

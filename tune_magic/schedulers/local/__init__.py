@@ -132,7 +132,7 @@ class LocalScheduler(Scheduler):
     def _owner(job_dir: Path, record: JobRecord | None) -> procs.Owner:
         """Which processes are the job's (:mod:`tune_magic.registry.owner`): those carrying its token
         (from the record, else procs.json); a token of another job's matches nothing; a record
-        without one (an earlier release) counts only when this user wrote it."""
+        without one (an earlier release) counts only when this user made the job's directory."""
         if record is None:
             try:
                 record = jobstore.read(job_dir)
@@ -142,8 +142,9 @@ class LocalScheduler(Scheduler):
             or jobstore.read_procs(job_dir).get("token")
         if token is not None:
             return procs.Owner(token=owners.bound_token(job_dir.name, token) or "\0")  # "\0": in no environment
-        written = job_dir / (jobstore.RECORD if record is not None else jobstore.PROCS)
-        return procs.Owner(token=None, legacy_ok=owners.written_by_me(written))
+        # the job's directory, made by whoever registered the job (a record in it may since have been
+        # rewritten by this user's own listings, so the record file's owner says nothing)
+        return procs.Owner(token=None, legacy_ok=owners.written_by_me(job_dir))
 
     def keeps_summary(self, job_dir: Path, record: JobRecord) -> bool:
         """A live supervisor keeps the job's summary current (readers read it as is)."""
@@ -155,7 +156,7 @@ class LocalScheduler(Scheduler):
         if held is not None:
             return held
         sup, _, _ = self._refs(job_dir, record)  # records written before the lock existed
-        return procs.alive(sup) is not None
+        return procs.alive(sup, self._owner(job_dir, record)) is not None
 
     def describe(self, job_dir: Path, record: JobRecord) -> dict[str, Any]:
         """Settle from the exit file or a vanished supervisor, through the outcome rule

@@ -60,10 +60,12 @@ def from_exit_file(job_dir: Path, record: JobRecord, exit_info, verdict: tuple[s
     """The end the exit file says, with SLURM's failure ``verdict`` (verdict, reason) when it has one."""
     evidence, reason = ending.evidence(job_dir, record, exit_info.returncode, nothing_runs=True, with_host=True,
                                        verdict=verdict[0], verdict_reason=verdict[1])
-    if exit_info.returncode != 0 and evidence.failure_line is None and not evidence.stop_requested:
+    generic = reason is None or reason.kind == "exit_code"  # the log named no failing rank
+    if exit_info.returncode != 0 and generic and not evidence.stop_requested:
         own = srun_error(ending.read_tail(record.log_path, ending.FAILURE_TAIL_BYTES))
-        if own and evidence.verdict in (None, outcome.FAILED):  # srun itself failed: its own words
-            evidence = dataclasses.replace(evidence, verdict_reason=own)
+        if own and evidence.verdict in (None, outcome.FAILED):  # srun itself failed: its own words first
+            evidence = dataclasses.replace(evidence, failure_line=own)
+            reason = dataclasses.replace(reason, line=own) if reason is not None else None
     ending.keep_failure(job_dir, reason)
     return {**end(record, evidence, exit_info.ended_at), "pending_reason": None}
 
@@ -94,7 +96,9 @@ def listed(job_dir: Path, record: JobRecord, job: sq.SlurmJob, started: bool) ->
         reason = said.reason
         if job.state == "TIMEOUT" and not time_limit and reason:  # the partition's limit, not one we set
             reason = reason.replace("the --time limit", "the partition's time limit")
-        evidence, failure = ending.evidence(job_dir, record, job.exit_code, verdict=said.verdict,
+        # killed by a signal: -N, as the outcome rule reads it (23.11's JSON and scontrol give 0 and the signal apart)
+        code = -job.signal if job.signal else job.exit_code
+        evidence, failure = ending.evidence(job_dir, record, code, verdict=said.verdict,
                                             verdict_reason=reason, nothing_runs=True, with_host=True)
         ending.keep_failure(job_dir, failure)
         changes.update(end(record, evidence))
