@@ -299,12 +299,13 @@ def _stage(req: _Request, root: Path, stage: Path, final: Path):
                                          root=root, force=req.force, job_dir=final, options=req.options)
     if req.config_overlay is not None:
         plan = _replace_config(plan, str(final / "config.yaml"))
-    # the job's secret token, in its environment: a stop signals only processes that carry it
-    token = new_token(req.job_id)
-    plan = replace(plan, env={**plan.env, TOKEN_ENV: token})
     plan = replace(plan, **req.sched.prepare(plan, req.options, req.caller_env, final))
     faultpoints.reached("planned")
     record = _record(req, plan, dirs, resolved, final)
+    # the job's secret token, in the environment its processes get (record.env; not in the plan, which
+    # a dry run shows alike): a stop signals only processes that carry it (tune_magic.registry.owner)
+    token = new_token(req.job_id)
+    record.env = {**record.env, TOKEN_ENV: token}
     jobstore.write_record(stage, record)
     jobstore.write_procs(stage, scheduler=req.sched.name, token=token)  # a damaged record still says where it runs
     os.close(jobstore.open_nofollow(stage / jobstore.LOCK, os.O_WRONLY | os.O_CREAT))
