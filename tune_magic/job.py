@@ -235,13 +235,12 @@ class Job:
         """Let an ended job's supervisor finish exiting (it writes the final record, then exits),
         and reap it if this process started it, so neither it nor a zombie is left behind."""
         ref = self._record.supervisor
-        supervisor = _alive(ref)
-        if supervisor is not None:
-            try:
-                supervisor.wait(timeout)  # psutil reaps it when it is our child
-            except (psutil.Error, psutil.TimeoutExpired):
-                pass
-        elif ref is not None:  # exited already: if it is our zombie child, reap it
+        deadline = time.monotonic() + timeout
+        # not psutil's wait(): for another process's child it waits until the pid is gone, and a
+        # zombie its parent has not reaped keeps it for the whole timeout although it has exited
+        while _alive(ref) is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if ref is not None:  # exited: if it is our zombie child, reap it
             try:
                 proc = psutil.Process(ref.pid)
                 if proc.ppid() == os.getpid() and abs(proc.create_time() - ref.create_time) <= 0.05:

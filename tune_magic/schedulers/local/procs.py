@@ -104,18 +104,21 @@ def session_members(leaders: Iterable[ProcessRef]) -> list[psutil.Process]:
         return []
     out = []
     me = os.getpid()
-    for proc in psutil.process_iter(["create_time", "status"]):
-        if proc.pid == me:
+    # getsid() first (a system call, no /proc file read): only the few members are read further,
+    # which keeps many stops at once (stop --all) from each reading every process's /proc files
+    for pid in psutil.pids():
+        if pid == me:
             continue
         try:
-            sid = os.getsid(proc.pid)
-        except OSError:
+            started = sessions.get(os.getsid(pid))
+            if started is None:
+                continue
+            proc = psutil.Process(pid)
+            with proc.oneshot():
+                ctime, status = proc.create_time(), proc.status()
+        except (OSError, psutil.Error):
             continue
-        started = sessions.get(sid)
-        if started is None:
-            continue
-        ctime = proc.info.get("create_time")
-        if ctime is None or ctime + CREATE_TIME_TOLERANCE_S < started or proc.info.get("status") == psutil.STATUS_ZOMBIE:
+        if ctime + CREATE_TIME_TOLERANCE_S < started or status == psutil.STATUS_ZOMBIE:
             continue
         out.append(proc)
     return out
