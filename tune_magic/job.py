@@ -471,20 +471,23 @@ def _not_found(d: Path, job_id: str) -> None:
     raise JobNotFound(f"no job {job_id!r}; tune-magic jobs lists the jobs")
 
 
-def stop_jobs(targets, grace_s: float = 10.0) -> dict[str, Status]:
+def stop_jobs(targets, grace_s: float = 10.0, errors: list | None = None) -> dict[str, Status]:
     """Stop several jobs together (one thread per job, so N jobs take about as long as one: each
     stop waits out its own grace period at the same time), e.g. every live job or a sweep's trials.
 
     Args:
         targets: the :class:`Job` objects to stop.
         grace_s: seconds between SIGTERM and SIGKILL for each (see :meth:`Job.stop`).
+        errors: when given, ``(job, exception)`` of each stop that raised is appended to it (those
+            jobs are left out of the result) instead of the first being raised.
 
     Returns:
         Job id -> its status afterwards, in the order given.
 
     Raises:
         ValueError: ``grace_s`` is not a number of seconds >= 0.
-        TuneMagicError: the first error a stop raised, once every other stop has finished.
+        TuneMagicError: without ``errors``, the first error a stop raised, once every other stop
+            has finished (e.g. an engine that did not take the cancel).
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -493,10 +496,12 @@ def stop_jobs(targets, grace_s: float = 10.0) -> dict[str, Status]:
         return {}
     with ThreadPoolExecutor(max_workers=min(64, len(targets)), thread_name_prefix="tune_magic-stop") as pool:
         futures = [pool.submit(job.stop, grace_s) for job in targets]
-    errors = [f.exception() for f in futures if f.exception() is not None]
-    if errors:
-        raise errors[0]
-    return {job.id: f.result() for job, f in zip(targets, futures)}
+    failed = [(job, f.exception()) for job, f in zip(targets, futures) if f.exception() is not None]
+    if failed and errors is None:
+        raise failed[0][1]
+    if errors is not None:
+        errors.extend(failed)
+    return {job.id: f.result() for job, f in zip(targets, futures) if f.exception() is None}
 
 
 def get_job(job_id: str) -> Job:

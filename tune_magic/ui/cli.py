@@ -388,9 +388,14 @@ def _stop(argv: Sequence[str]) -> int:
     if bool(ns.job) == ns.all:
         raise CliError("give a job id or --all, not both" if ns.all else "give a job id or --all")
     targets = ([j for j in _listed("stop") if j.record.state.is_live] + damaged_live_jobs()) if ns.all else [get_job(ns.job)]
-    for job_id, status in stop_jobs(targets, grace_s=ns.grace).items():
+    failed: list = []
+    for job_id, status in stop_jobs(targets, grace_s=ns.grace, errors=failed).items():
         print(f"{job_id} {status}")
-    return 0
+    for job, exc in failed:  # the others were stopped all the same
+        if not isinstance(exc, UserError):
+            raise exc
+        print(f"tune-magic stop: error: {job.id}: {exc}", file=sys.stderr)
+    return EXIT_USAGE if failed else 0
 
 
 def _seconds(text: str) -> float:
