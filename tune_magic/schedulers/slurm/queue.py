@@ -227,18 +227,25 @@ class QueueWatcher:
         if view is not None and now - view.mono < every:
             return view
         path = _cache_file(conf)
-        if not self._forced:
-            disk = _read_view(path)
-            if disk is not None and 0 <= time.monotonic() - disk.mono < every and slurm_id in disk.ids:
-                self._views[conf] = disk
-                return disk
-        self._forced = False
+        forced, self._forced = self._forced, False
+
+        def recent_on_disk() -> _View | None:
+            disk = None if forced else _read_view(path)
+            fresh = disk is not None and 0 <= time.monotonic() - disk.mono < every and slurm_id in disk.ids
+            return disk if fresh else None
+
+        disk = recent_on_disk()
+        if disk is not None:
+            self._views[conf] = disk
+            return disk
         lock_fd, busy = self._take_lock(path)
         try:
             if busy:  # another process asked all this time: what it found, or no news
                 disk = _read_view(path)
                 view = disk if disk is not None and slurm_id in disk.ids else _View(
                     asked_at=time.time(), mono=time.monotonic(), failing_since=view.failing_since if view else None)
+            elif (disk := recent_on_disk()) is not None:  # another process answered while this one waited
+                view = disk
             else:
                 view = self._query(conf, slurm_id, env, view or _read_view(path))
                 try:
