@@ -55,6 +55,12 @@ def _stepping(job, timeout=TIMEOUT):
              what=f"{job.id} past its first step", describe=lambda: (job.status, job.tail(10)))
 
 
+def _notes_from(t: float) -> set[str]:
+    """The notes a controller silent since about ``t`` (unix s) may show: its first failed query
+    ends up to a query's time later, perhaps in the next minute."""
+    return {NOT_ANSWERING + time.strftime("%H:%M", time.localtime(t + dt)) for dt in range(0, 8)}
+
+
 def _fresh(job):
     job._checked = 0.0
     return job.refresh()
@@ -125,8 +131,7 @@ def test_a_paused_controller_is_no_news_and_the_job_ends_with_its_true_status(cl
             assert _fresh(job).status == "running" and job.record.ended_at is None, job.record
             time.sleep(0.3)
         note = job.engine_note
-        assert note in (NOT_ANSWERING + time.strftime("%H:%M", time.localtime(paused_at)),
-                        NOT_ANSWERING + time.strftime("%H:%M", time.localtime(paused_at + 2))), note
+        assert note in _notes_from(paused_at), note
         listed, took = _listed(job.id)
         assert (listed["status"], listed["engine_note"]) == ("running", note)
         assert took - anchor < 4.0, (took, anchor)  # one bounded query at most, never squeue's 20 s
@@ -243,8 +248,7 @@ def test_a_hanging_squeue_costs_one_bounded_query_shared_by_every_job_and_proces
     listed = {j["id"]: j for j in json.loads(r.stdout)}
     for j in held:
         assert listed[j.id]["status"] == "pending"  # the last known state
-        assert listed[j.id]["engine_note"] == NOT_ANSWERING + time.strftime("%H:%M", time.localtime(started)) or \
-            listed[j.id]["engine_note"] == NOT_ANSWERING + time.strftime("%H:%M", time.localtime(started + 3))
+        assert listed[j.id]["engine_note"] in _notes_from(started), listed[j.id]
     assert len(calls.read_text().split()) == 1
     r, took = _cli("jobs")  # another process within the interval reads the answer kept on disk
     assert took - anchor < 1.5 and len(calls.read_text().split()) == 1, took
