@@ -437,6 +437,20 @@ def damaged_live_jobs() -> list[Job]:
     return out
 
 
+def _job_at(job_id: str) -> Job:
+    """The job in ``job_id``'s directory, as it reads (damaged or not).
+
+    Raises:
+        PlanError: the id is malformed. JobNotFound: no such directory. StateDirError: a link.
+    """
+    check_job_id(job_id)
+    d = jobstore.job_dir(job_id)
+    if not os.path.lexists(d):
+        raise JobNotFound(f"no job {job_id!r}; tune-magic jobs lists the jobs")
+    jobstore.check_job_dir(d)
+    return Job(d)
+
+
 def get_job(job_id: str) -> Job:
     """Return the job with this id (also one whose record is damaged but whose processes live).
 
@@ -445,12 +459,8 @@ def get_job(job_id: str) -> Job:
         JobNotFound: no such job.
         StateDirError: its directory is a symbolic link.
     """
-    check_job_id(job_id)
-    d = jobstore.job_dir(job_id)
-    if not os.path.lexists(d):
-        raise JobNotFound(f"no job {job_id!r}; tune-magic jobs lists the jobs")
-    jobstore.check_job_dir(d)
-    job = Job(d)
+    job = _job_at(job_id)
+    d = job.dir
     if job.damaged and not job._sched().has_live_parts(d, None):
         raise JobNotFound(f"job {job_id!r} has a damaged record and nothing of it runs; tune-magic rm {job_id} "
                           "removes it")
@@ -465,12 +475,8 @@ def remove(job_id: str) -> None:
         JobNotFound: no such job.
         StateDirError: its directory is a symbolic link (the link is never followed).
     """
-    check_job_id(job_id)
-    d = jobstore.job_dir(job_id)
-    if not os.path.lexists(d):
-        raise JobNotFound(f"no job {job_id!r}; tune-magic jobs lists the jobs")
-    jobstore.check_job_dir(d)
-    job = Job(d)
+    job = _job_at(job_id)
+    d = job.dir
     if not job.damaged:
         job.refresh()
     if (not job.damaged and job.record.state.is_live) or job._sched().has_live_parts(d, None if job.damaged else job.record):
