@@ -101,6 +101,9 @@ GENERIC: tuple[Option, ...] = (
                                              "and return the LaunchPlan; start nothing"),
     Option("--scheduler", "scheduler", "text", "where the job runs: local (default, or $TUNE_MAGIC_SCHEDULER) or "
                                                "another installed scheduler (see the groups below)"),
+    Option("--max-resumes", "max_resumes", "count", "relaunch the job from its last checkpoint when it fails after "
+                                                    "saving one, at most N times, as the same job (torchrun's "
+                                                    "--max-restarts starts the recipe over)", example="2"),
     Option("--json", "json", "switch", "print the plan as JSON"),
     Option("--job-id", "job_id", "text", "build the plan for this job id (per-job output_dir)"),
     Option("--help", "help", "switch", "show this help"),
@@ -109,7 +112,7 @@ _GENERIC = {o.flag: o for o in GENERIC}
 _HELP = _GENERIC["--help"]
 
 #: The generic own options of a launch (``%%tune_run``, ``tune-magic run``); schedulers add theirs.
-RUN = ("--name", "--gpus", "--force", "--wait", "--dry-run", "--scheduler", "--help")
+RUN = ("--name", "--gpus", "--force", "--wait", "--dry-run", "--scheduler", "--max-resumes", "--help")
 #: The generic own options of ``tune-magic cmd``.
 CMD = ("--json", "--gpus", "--job-id", "--scheduler", "--help")
 
