@@ -94,7 +94,7 @@ def lineage_points(records: Sequence[JobRecord], points: Sequence[Sequence[Metri
 @dataclass(frozen=True)
 class EarlierCurve:
     """What a card draws of a job's earlier runs: their loss points (lineage steps), and the steps
-    where a run resumed (the lineage's jobs, and this job's own attempts)."""
+    where a run of the lineage resumed."""
 
     steps: tuple[int, ...] = ()
     values: tuple[float, ...] = ()
@@ -103,16 +103,23 @@ class EarlierCurve:
 
 def earlier_curve(record: JobRecord, earlier: Sequence[JobRecord], name: str = "loss") -> EarlierCurve:
     """The earlier runs' ``name`` points (``earlier``: :func:`ancestors` of ``record``, all ended)
-    and the resume steps to mark, for ``record``'s card."""
+    and the steps where a run of the lineage resumed, for ``record``'s card (its own attempts:
+    :func:`attempt_marks`)."""
     chain = [*earlier, record]
     pts = [record_points(r, finished=True) for r in earlier] + [[]]
     merged = [p for _, p in lineage_points(chain, pts) if p.name == name]
     marks = {s for s in (_resume_step(r) for r in chain[1:]) if s is not None}
+    return EarlierCurve(tuple(p.step for p in merged), tuple(p.value for p in merged), tuple(sorted(marks)))
+
+
+def attempt_marks(record: JobRecord) -> list[int]:
+    """Global steps where an attempt of ``record`` resumed (``--max-resumes``, a requeue)."""
+    out = []
     for a in attempt_entries.parse(record.attempts)[1:]:
         step = (a.resumed_from or {}).get("step")
-        if isinstance(step, int):
-            marks.add(step)
-    return EarlierCurve(tuple(p.step for p in merged), tuple(p.value for p in merged), tuple(sorted(marks)))
+        if isinstance(step, int) and not isinstance(step, bool):
+            out.append(step)
+    return out
 
 
 def notes(record: JobRecord) -> list[str]:
@@ -131,6 +138,20 @@ def notes(record: JobRecord) -> list[str]:
     if record.resumed_by:
         out.append(f"resumed by job {record.resumed_by}")
     return out
+
+
+def mark(record: JobRecord) -> str:
+    """A listing's short word on ``record``'s lineage: ``"resume of <id> from epoch_1/"``,
+    ``"resumed by <id>"``, ``"2 attempts"`` (joined by ``", "``), or ``""``."""
+    out = []
+    if record.resumed_from:
+        checkpoint = (record.resume_point or {}).get("checkpoint")
+        out.append(f"resume of {record.resumed_from}" + (f" from {checkpoint}" if isinstance(checkpoint, str) else ""))
+    if record.resumed_by:
+        out.append(f"resumed by {record.resumed_by}")
+    if len(record.attempts) > 1:
+        out.append(f"{len(record.attempts)} attempts")
+    return ", ".join(out)
 
 
 def link_resumes(records: Iterable[JobRecord], root: Path | None = None) -> None:

@@ -15,8 +15,9 @@ the Resume buttons of a card and of a jobs-table row. What it does, in order:
    refuses when there is nothing to resume from; a job that died before its first checkpoint can
    start again with the same settings instead (``fresh=True``).
 3. The launch (:func:`tune_magic.launcher.launch`) of the same recipe, config, torchrun options and
-   overrides — the original ``output_dir=`` override kept, so the launcher adds no per-job folder:
-   the resumed run continues in the same ``output_dir`` — with the pre-flight's overrides and the
+   overrides — the ``output_dir=`` override kept, its value the job's ``output_dir`` as resolved at
+   its launch, so the launcher adds no per-job folder and the resumed run continues in the same
+   ``output_dir`` whatever the environment now — with the pre-flight's overrides and the
    extra ones, on the same scheduler with the same options and GPUs unless others are given. The
    new record says ``resumed_from`` (the old job's id) and ``resume_point`` (where), written with
    the record at its registration.
@@ -270,6 +271,8 @@ def plan_resume(job: "Job | str", overrides: "str | Sequence[str]" = (), *, fres
         launched = pre.resumed_overrides([*original, *extra])
         point = {"checkpoint": f"{pre.checkpoint.name}/", "epoch": pre.epoch, "step": pre.resume_step,
                  "first_step": pre.first_step, "case": pre.case, "lost_steps": pre.lost_steps}
+    # the job's own folder, resolved when it launched: the same place whatever the environment now
+    launched = [f"output_dir={r.output_dir}" if o.startswith("output_dir=") else o for o in launched]
     torchrun = given_torchrun_options(r.argv, r.recipe, r.torchrun_options, rendezvous=r.rendezvous, job_dir=job.dir)
     args = [*torchrun, r.recipe_name or r.recipe, *(["--config", config] if config else []), *launched]
     same = scheduler is None or scheduler == r.scheduler
