@@ -78,7 +78,8 @@ def failed_resume_line(path: str | os.PathLike, since: int = 0) -> str | None:
             chunk = os.pread(fd, _SCAN_BYTES, offset)
             if not chunk:
                 return None
-            found = (carry + chunk).find(needle)
+            window = carry + chunk  # the end of what came before: a line cut by the chunks is found whole
+            found = window.find(needle)
             if found >= 0:
                 at = offset - len(carry) + found  # where the text starts in the file
                 start = max(0, at - 4096)
@@ -87,7 +88,7 @@ def failed_resume_line(path: str | os.PathLike, since: int = 0) -> str | None:
                 line = re.split(rb"[\r\n]", around[:at - start])[-1] + re.split(rb"[\r\n]", around[at - start:], 1)[0]
                 return line.decode("utf-8", "replace").strip()
             offset += len(chunk)
-            carry = chunk[-len(needle):]
+            carry = window[-(len(needle) - 1):]
     except OSError:
         return None
     finally:

@@ -87,7 +87,8 @@ def next_attempt(job_dir: Path, record: JobRecord, code: int | None, *, stop: bo
                                      log_offset=_size(record.log_path))
     number = len(attempts)
     return NextAttempt({"argv": argv, "overrides": overrides, "attempts": attempts},
-                       f"[tune_magic] attempt {number - 1} failed ({end.reason}) at step {step}; attempt {number} of "
+                       f"[tune_magic] attempt {number - 1} failed ({end.reason})"
+                       f"{'' if step is None else f' at step {step}'}; attempt {number} of "
                        f"at most {allowed + 1} resumes from {attempt_entries.where(source)} "
                        f"(--max-resumes {allowed}): {' '.join(pre.overrides)}")
 
