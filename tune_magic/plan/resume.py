@@ -282,8 +282,9 @@ def preflight(
 
     Raises:
         NothingToResume: (a PlanError) nothing to resume from: no checkpoint yet (the job died in its
-            first epoch; ``fresh_start`` is True), only a final checkpoint, or training finished.
-        PlanError: the ``output_dir`` is gone, the recipe is unknown, the
+            first epoch) or the ``output_dir`` is gone (``fresh_start`` is True for both), only a
+            final checkpoint, or training finished.
+        PlanError: the recipe is unknown, the
             recipe state is truncated, damaged or not a torch file, the checkpoint it pairs with is
             missing or incomplete, the base checkpoint is gone, or the config cannot be read. The
             message says why and what to do.
@@ -292,8 +293,8 @@ def preflight(
     cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
     out = Path(os.path.normpath(os.path.join(cwd, os.fspath(output_dir))))
     if not out.is_dir():
-        raise PlanError(f"cannot resume: the job's output_dir {out} is gone, and with it every checkpoint; "
-                        "start a fresh run with the same settings")
+        raise NothingToResume(f"cannot resume: the job's output_dir {out} is gone, and with it every checkpoint; "
+                              "start a fresh run with the same settings", fresh_start=True)
     cfg = load_config(config, overrides)
     warnings: list[str] = []
     root = _checkpoint_root(cfg, out, cwd, warnings)

@@ -189,6 +189,13 @@ def show_lineage(earlier, markers, snap) -> None:
     """Set the lineage marks from a :class:`tune_magic.ui.watch.JobSnapshot` (traits only)."""
     if list(earlier.x) != list(snap.earlier_steps):
         earlier.x, earlier.y = list(snap.earlier_steps), list(snap.earlier_losses)
-    wanted = [[s, s] for s in snap.resumed_at]
-    if [list(x) for x in markers.x] != wanted:
+    wanted = [[float(s), float(s)] for s in snap.resumed_at]
+    if marker_steps(markers) != wanted:
         markers.x, markers.y = wanted, [[0.0, 1.0] for _ in wanted]
+
+
+def marker_steps(markers) -> list[list[float]]:
+    """The markers' ``[[x, x], ...]`` (bqplot keeps a single line's 2-D array as 1-D)."""
+    import numpy as np
+
+    return np.asarray(markers.x, dtype=float).reshape(-1, 2).tolist()
