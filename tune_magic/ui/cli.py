@@ -352,7 +352,7 @@ def _jobs(argv: Sequence[str]) -> int:
                      "-" if s.loss is None else f"{s.loss:.4g}", f"{j.elapsed_s:.0f}s",
                      cell(j.record.rendezvous_endpoint, NAME_WIDTH), cell(j.output_dir, PATH_WIDTH, keep="end"),
                      cell(j.record.error, PATH_WIDTH) if j.record.status == "failed" else "",
-                     cell(mark(j.record), PATH_WIDTH, empty="")))
+                     cell(mark(j.record), 2 * PATH_WIDTH, empty="")))
     for line in table(rows):  # aligned in terminal columns: 实验 and emoji take two
         print(line)
     return 0
