@@ -26,6 +26,7 @@ RESUMABLE = (Status.STOPPED, Status.FAILED, Status.UNKNOWN)
 #: Opacity of the earlier runs' points on a card's chart.
 EARLIER_OPACITY = 0.3
 _PRE = "font-size:11px;margin:0;white-space:pre-wrap;overflow-wrap:anywhere;word-break:break-word"
+_WRAP = "white-space:normal;overflow-wrap:anywhere;word-break:break-word;line-height:1.35;min-width:0"
 
 
 def can_resume(record: JobRecord) -> bool:
@@ -50,9 +51,10 @@ class ResumeFlow:
         self.plan = None
         self.new = None
 
-    def preview(self) -> tuple[str, str | None]:
+    def preview(self, *, compact: bool = False) -> tuple[str, str | None]:
         """Run the pre-flight (a dry run). Returns ``(html, confirm label)``: the summary and
-        "Resume now" / "Start again", or the refusal and ``None`` (nothing to confirm)."""
+        "Resume now" / "Start again", or the refusal and ``None`` (nothing to confirm). ``compact``:
+        lines that wrap anywhere and no command line (a table row's narrow line)."""
         from tune_magic.resuming import resume
 
         self.plan, self.fresh = None, False
@@ -68,8 +70,12 @@ class ResumeFlow:
                 return _refused(again), None
         except UserError as exc:
             return _refused(exc), None
-        text = html.escape(self.plan.summary())
-        return f"<pre class='tm-resume-plan' style='{_PRE}'>{text}</pre>", "Start again" if self.fresh else "Resume now"
+        label = "Start again" if self.fresh else "Resume now"
+        lines = self.plan.summary().splitlines()
+        if compact:
+            shown = "<br>".join(html.escape(line) for line in lines if not line.startswith("  command: "))
+            return f"<div class='tm-resume-plan' style='font-size:11px;{_WRAP}'>{shown}</div>", label
+        return f"<pre class='tm-resume-plan' style='{_PRE}'>{html.escape(chr(10).join(lines))}</pre>", label
 
     def confirm(self) -> str:
         """Resume for real (every check again); return the html saying what happened."""
@@ -84,7 +90,7 @@ class ResumeFlow:
 
 
 def _refused(exc: Exception) -> str:
-    return (f"<div class='tm-resume-refused' style='color:#d62728;white-space:normal;overflow-wrap:anywhere'>"
+    return (f"<div class='tm-resume-refused' style='color:#d62728;{_WRAP}'>"
             f"cannot resume: {html.escape(str(exc))}</div>")
 
 
@@ -159,7 +165,7 @@ def resume_row(row) -> None:
     flow = getattr(row, "resume_flow", None)
     if button.description == "Resume" or flow is None:
         row.resume_flow = flow = ResumeFlow(row.job)
-        text, label = flow.preview()
+        text, label = flow.preview(compact=True)
         button.description = label and ("Confirm" if label == "Resume now" else label) or "Resume"
     else:
         button.disabled = True

@@ -311,7 +311,8 @@ class _Row:
         self.cells = {kind: cell(kind) for kind in ("id", "name", "status", "step", "loss", "elapsed")}
         self.button = widgets.Button(description="Stop", button_style="danger", layout=widgets.Layout(width="70px"))
         self.button.on_click(lambda _b: table._stop(self))
-        self.resume_button = widgets.Button(description="Resume", button_style="info", layout=widgets.Layout(width="70px"))
+        self.resume_button = widgets.Button(description="Resume", button_style="info",
+                                            layout=widgets.Layout(width="auto", min_width="70px"))
         self.resume_button.on_click(lambda _b: resume_row(self))
         self.stop_cell = widgets.Box(layout=widgets.Layout(display="none"))
         self.stop_cell.add_class("tm-cell-stop")
@@ -380,7 +381,7 @@ class JobsTable(widgets.VBox):
         self._top_up()
         self.grid = widgets.GridBox(self._grid_children(), layout=widgets.Layout(
             # id and name: auto, so they wrap (ids at their hyphens) rather than widen a narrow notebook
-            grid_template_columns="auto auto repeat(4, max-content) 76px", justify_content="flex-start",
+            grid_template_columns="auto auto repeat(4, max-content) minmax(76px, max-content)", justify_content="flex-start",
             grid_gap="2px 12px", align_items="center", max_width="100%"))
         self.grid.add_class("tm-jobs-grid")
         self.note = widgets.HTML(layout=widgets.Layout(display="none"))
