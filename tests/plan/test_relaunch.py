@@ -38,3 +38,39 @@ def test_relaunch_argv_replaces_the_trailing_overrides_only():
     assert relaunch_argv([PY, "r.py"], [], ["a=1"]) == [PY, "r.py", "a=1"]
     with pytest.raises(ValueError, match="does not end with its recorded overrides"):
         relaunch_argv(ARGV, ["epochs=4"], [])
+
+
+def test_the_next_attempts_command_for_a_requeued_batch_script(tmp_path, monkeypatch):
+    """``python -m tune_magic.plan.relaunch JOB_DIR``: the command that continues from the last
+    checkpoint, or (``--from-start-if-none``) from the beginning when none was saved."""
+    import json
+    import subprocess
+    import sys
+
+    from resumehelpers import fake_job, toy_checkpoint
+
+    root = tmp_path / "jobs"
+    out = tmp_path / "out"
+    out.mkdir()
+    rec = fake_job(root, "j", out)
+
+    def run(*flags):
+        p = subprocess.run([sys.executable, "-m", "tune_magic.plan.relaunch", str(root / "j"), *flags],
+                           capture_output=True, text=True, timeout=60)
+        return p.returncode, json.loads(p.stdout)
+
+    code, data = run()
+    assert code == 3 and data["argv"] is None and data["summary"].startswith("nothing to resume from")
+    code, data = run("--from-start-if-none")
+    assert code == 0 and data["argv"] == rec.argv and data["resumed_from"] is None
+    assert data["summary"].startswith("from the beginning: nothing to resume from")
+    toy_checkpoint(out)
+    code, data = run("--from-start-if-none")
+    assert code == 0 and data["resumed_from"] == {"checkpoint": "epoch_0/", "epoch": 0, "step": 2}
+    assert data["argv"] == rec.argv + ["resume_from_checkpoint=True",
+                                       "checkpointer.checkpoint_files=[epoch_0/model-00001-of-00001.safetensors]",
+                                       "checkpointer.recipe_checkpoint=recipe_state/recipe_state.pt"]
+    assert data["overrides"][-3:] == data["argv"][-3:] and data["summary"].startswith("Resume toy_recipe from epoch_0/")
+    p = subprocess.run([sys.executable, "-m", "tune_magic.plan.relaunch", str(tmp_path / "nope")], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2 and "cannot read the job's record" in p.stderr

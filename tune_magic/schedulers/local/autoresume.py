@@ -22,8 +22,7 @@ from pathlib import Path
 
 from tune_magic.errors import PlanError
 from tune_magic.logs import ending
-from tune_magic.plan.relaunch import original_overrides, relaunch_argv
-from tune_magic.plan.resume import preflight
+from tune_magic.plan import relaunch
 from tune_magic.registry import attempts as attempt_entries
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.outcome import decide
@@ -32,7 +31,7 @@ from tune_magic.registry.status import Status
 
 
 @dataclass(frozen=True)
-class NextAttempt:
+class Decision:
     """What the supervisor does after an attempt ended.
 
     Attributes:
@@ -51,7 +50,7 @@ def resumes_done(record: JobRecord) -> int:
 
 
 def next_attempt(job_dir: Path, record: JobRecord, code: int | None, *, stop: bool, step: int | None,
-                 now: float) -> NextAttempt:
+                 now: float) -> Decision:
     """Decide whether the attempt that just ended with ``code`` is started again, and how.
 
     Args:
@@ -63,34 +62,31 @@ def next_attempt(job_dir: Path, record: JobRecord, code: int | None, *, stop: bo
     """
     allowed = record.max_resumes or 0
     if not allowed or stop or code is None or code == 0:
-        return NextAttempt({})
+        return Decision({})
     evidence, _ = ending.evidence(job_dir, record, code, stop_requested=stop, nothing_runs=True)
     end = decide(evidence)
     if end is None or end.status is not Status.FAILED:
-        return NextAttempt({})
+        return Decision({})
     if resumes_done(record) >= allowed:
-        return NextAttempt({}, f"[tune_magic] attempt {resumes_done(record) + 1} failed ({end.reason}); no resume "
+        return Decision({}, f"[tune_magic] attempt {resumes_done(record) + 1} failed ({end.reason}); no resume "
                                f"left (--max-resumes {allowed}): the job ends failed")
-    original = original_overrides(record.argv, record.config, record.overrides)
     try:
-        pre = preflight(record.recipe or "", record.output_dir or "", config=record.config, overrides=original,
-                        recipe_name=record.recipe_name, log_path=record.log_path, cwd=record.cwd)
-        overrides = pre.resumed_overrides(original)
-        argv = relaunch_argv(record.argv, original, overrides)
+        nxt = relaunch.next_attempt(record)
     except (PlanError, ValueError) as exc:
-        return NextAttempt({}, f"[tune_magic] attempt {resumes_done(record) + 1} failed ({end.reason}) and is not "
+        return Decision({}, f"[tune_magic] attempt {resumes_done(record) + 1} failed ({end.reason}) and is not "
                                f"resumed: {str(exc).splitlines()[0]}")
-    source = {"checkpoint": f"{pre.checkpoint.name}/", "epoch": pre.epoch, "step": pre.resume_step}
+    source = nxt.resumed_from
     done = attempt_entries.finish(record.attempts, ended_at=now, reason=end.reason, step=step, returncode=code,
                                   first_started_at=record.started_at)
     attempts = attempt_entries.begin(done, started_at=now, first_started_at=record.started_at, resumed_from=source,
                                      log_offset=_size(record.log_path))
     number = len(attempts)
-    return NextAttempt({"argv": argv, "overrides": overrides, "attempts": attempts},
+    added = [o for o in nxt.overrides if o not in record.argv]
+    return Decision({"argv": nxt.argv, "overrides": nxt.overrides, "attempts": attempts},
                        f"[tune_magic] attempt {number - 1} failed ({end.reason})"
                        f"{'' if step is None else f' at step {step}'}; attempt {number} of "
                        f"at most {allowed + 1} resumes from {attempt_entries.where(source)} "
-                       f"(--max-resumes {allowed}): {' '.join(pre.overrides)}")
+                       f"(--max-resumes {allowed}): {' '.join(added)}")
 
 
 def set_exit_file_aside(job_dir: Path, number: int) -> None:
