@@ -123,3 +123,12 @@ def fake_job(root: Path, job_id: str, out: Path, *, status: str = "failed", over
                     returncode={"succeeded": 0, "failed": 1, "stopped": -15}.get(status), **fields)
     jobstore.write_record(d, rec)
     return rec
+
+
+def metric_log(out: Path, steps, start: float = 10.0) -> str:
+    """A DiskLogger file (torchtune 0.6.1's ``Step N | loss:X lr:Y``) under ``out/logs`` with
+    ``start / step`` losses, and the combined log's line naming it."""
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    path = out / "logs" / f"log_{steps[0]}.txt"
+    path.write_text("".join(f"Step {s} | loss:{start / s} lr:0.001 \n" for s in steps))
+    return f"INFO:torchtune.utils._logging:Writing logs to {path}\n"

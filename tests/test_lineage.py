@@ -11,24 +11,14 @@ from tune_magic import lineage as L
 from tune_magic.logs.points import MetricPoint
 from tune_magic.registry import store as jobstore
 
-from resumehelpers import fake_job
+from resumehelpers import fake_job, metric_log
 
 
 @pytest.fixture
-def root(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    monkeypatch.setenv("TUNE_MAGIC_HOME", str(home))
-    r = home / "jobs"
-    r.mkdir(parents=True)
-    return r
+def root(job_registry):
+    return job_registry
 
 
-def metric_log(out, steps, start=10.0):
-    """A DiskLogger file (torchtune 0.6.1) and the combined log's line naming it."""
-    (out / "logs").mkdir(parents=True, exist_ok=True)
-    path = out / "logs" / f"log_{steps[0]}.txt"
-    path.write_text("".join(f"Step {s} | loss:{start / s} lr:0.001 \n" for s in steps))
-    return f"INFO:torchtune.utils._logging:Writing logs to {path}\n"
 
 
 def chain(root, tmp_path):

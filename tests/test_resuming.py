@@ -21,13 +21,8 @@ BAR = "\r{e}|{s}|Loss: 2.5:  50%|█████     | {n}/2 [00:01<00:01,  2.00
 
 
 @pytest.fixture
-def root(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    monkeypatch.setenv("TUNE_MAGIC_HOME", str(home))
-    monkeypatch.delenv("TUNE_MAGIC_DRY_RUN", raising=False)
-    r = home / "jobs"
-    r.mkdir(parents=True)
-    return r
+def root(job_registry):
+    return job_registry
 
 
 def test_a_failed_job_with_a_checkpoint_resumes_in_its_own_output_dir(root, tmp_path):

@@ -572,6 +572,18 @@ def _left_sidebar_collapsed(page) -> None:
     wait_for(lambda: not page.evaluate(shown), 10, what="the left sidebar to collapse")
 
 
+def _run_all(page, lab, name: str, cells) -> None:
+    """Write a notebook of ``cells`` into the Lab's root, open it, wait for its kernel, collapse the
+    left sidebar and run all its cells from the Run menu."""
+    (lab.root / name).write_text(json.dumps(_notebook(cells), indent=1))
+    page.goto(lab.url(f"/lab/tree/{name}?reset"), timeout=120 * MS)
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120 * MS)
+    page.locator(".jp-StatusBar-Widget", has_text=re.compile(r"\|\s*Idle")).first.wait_for(timeout=KERNEL_READY_S * MS)
+    _left_sidebar_collapsed(page)
+    page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+
+
 @pytest.mark.timeout(420)
 def test_live_jobs_table_and_panel_layout_in_jupyterlab(lab, page, new_jobs):
     from jobhelpers import toy_args
@@ -584,13 +596,7 @@ def test_live_jobs_table_and_panel_layout_in_jupyterlab(lab, page, new_jobs):
             for name, loss in zip(CMP_NAMES, (10.0, 8.0))]
     crashed = tune_magic.launch(toy_args("steps=4", "step_s=0", "crash_rank=1"), name="crash rank 1")
     assert [j.wait(120) for j in done] + [crashed.wait(120)] == ["succeeded", "succeeded", "failed"]
-    (lab.root / "tables_test.ipynb").write_text(json.dumps(_notebook(TABLE_CELLS), indent=1))
-    page.goto(lab.url("/lab/tree/tables_test.ipynb?reset"), timeout=120 * MS)
-    page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120 * MS)
-    page.locator(".jp-StatusBar-Widget", has_text=re.compile(r"\|\s*Idle")).first.wait_for(timeout=KERNEL_READY_S * MS)
-    _left_sidebar_collapsed(page)
-    page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
-    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    _run_all(page, lab, "tables_test.ipynb", TABLE_CELLS)
     tables, panels = page.locator(".tune-magic-jobs"), page.locator(".tune-magic-panel")
     wait_for(lambda: tables.count() == 3 and panels.count() == 2, CARDS_S, what="%tune_jobs and two panels",
              describe=lambda: page.locator(".jp-OutputArea").all_inner_texts())
@@ -713,13 +719,7 @@ def test_resume_buttons_and_a_lineage_card_in_jupyterlab(lab, page, new_jobs, tm
     assert [card_job.wait(120), row_job.wait(120)] == ["failed", "failed"]
     cells = [("markdown", "# tune_magic browser test: resume"), ("code", "%load_ext tune_magic\nimport tune_magic"),
              ("code", f"%tune_logs {card_job.id}"), ("code", "%tune_jobs")]
-    (lab.root / "resume_test.ipynb").write_text(json.dumps(_notebook(cells), indent=1))
-    page.goto(lab.url("/lab/tree/resume_test.ipynb?reset"), timeout=120 * MS)
-    page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120 * MS)
-    page.locator(".jp-StatusBar-Widget", has_text=re.compile(r"\|\s*Idle")).first.wait_for(timeout=KERNEL_READY_S * MS)
-    _left_sidebar_collapsed(page)
-    page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
-    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    _run_all(page, lab, "resume_test.ipynb", cells)
     card = page.locator(".tune-magic-card").first
     card.locator(".tm-status", has_text="failed").wait_for(timeout=CARDS_S * MS)
     table = page.locator(".tune-magic-jobs").first

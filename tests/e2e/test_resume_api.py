@@ -27,12 +27,11 @@ from pathlib import Path
 import pytest
 
 import tune_magic
-import tune_magic.job as J
 from tune_magic import faultpoints
 from tune_magic.registry import store as jobstore
 
 import waiting
-from jobhelpers import toy_args
+from jobhelpers import registry_problem, toy_args
 from resumehelpers import OFFLINE, TIMEOUT, assert_same, run_job, series, wait_for_file
 
 pytestmark = pytest.mark.e2e
@@ -155,22 +154,13 @@ tune_magic.resume(sys.argv[1])
 
 
 def _consistent(root: Path, old: str) -> str | None:
-    """None when no staging is left, every record reads, every live record has a live part, and at
-    most one job says it resumed ``old``; else what is wrong."""
-    J.jobs()  # a listing settles records, removes dead launchers' staging and links unlinked resumes
-    children = []
-    for d in root.iterdir():
-        if d.name.startswith(jobstore.STAGING_PREFIX):
-            return f"staging directory {d.name} left"
-        if d.name.startswith("."):
-            continue
-        try:
-            rec = jobstore.read(d)
-        except jobstore.CorruptRecord as exc:
-            return f"{d.name}: {exc}"
-        if rec.state.is_live and not J.Job(d, rec)._sched().has_live_parts(d, rec):
-            return f"{d.name} is {rec.status} with no live process"
-        children += [rec.id] if rec.resumed_from == old else []
+    """None when the registry is consistent (no staging left, every record reads, every live record
+    has a live part) and at most one job says it resumed ``old``, which names it back; else what is
+    wrong."""
+    problem = registry_problem(root)
+    if problem is not None:
+        return problem
+    children = [r.id for r in jobstore.list_records(root) if r.resumed_from == old]
     if len(children) > 1:
         return f"{old} resumed twice: {children}"
     linked = jobstore.read(root / old).resumed_by

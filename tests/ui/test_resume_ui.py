@@ -18,24 +18,14 @@ from tune_magic.job import Job
 from tune_magic.ui.resumeview import marker_steps
 from tune_magic.ui.views import JobCard, JobsTable
 
-from resumehelpers import fake_job, toy_checkpoint
+from resumehelpers import fake_job, metric_log, toy_checkpoint
 
 
 @pytest.fixture
-def root(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    monkeypatch.setenv("TUNE_MAGIC_HOME", str(home))
-    monkeypatch.delenv("TUNE_MAGIC_DRY_RUN", raising=False)
-    r = home / "jobs"
-    r.mkdir(parents=True)
-    return r
+def root(job_registry):
+    return job_registry
 
 
-def metric_log(out, steps, start=10.0):
-    (out / "logs").mkdir(parents=True, exist_ok=True)
-    path = out / "logs" / f"log_{steps[0]}.txt"
-    path.write_text("".join(f"Step {s} | loss:{start / s} lr:0.001 \n" for s in steps))
-    return f"INFO:torchtune.utils._logging:Writing logs to {path}\n"
 
 
 def test_a_resumed_jobs_card_draws_the_earlier_run_dimmed_and_a_marker_where_it_resumed(root, tmp_path):
