@@ -334,7 +334,7 @@ def _stage(req: _Request, root: Path, stage: Path, final: Path):
         plan = _replace_config(plan, str(final / "config.yaml"))
     plan = replace(plan, **req.sched.prepare(plan, req.options, req.caller_env, final))
     faultpoints.reached("planned")
-    record = _record(req, plan, dirs, resolved, final)
+    record = _record(req, plan, dirs, resolved, final, tokens)
     jobstore.write_record(stage, record)
     jobstore.write_procs(stage, scheduler=req.sched.name)  # a damaged record still says where it runs
     os.close(jobstore.open_nofollow(stage / jobstore.LOCK, os.O_WRONLY | os.O_CREAT))
@@ -342,9 +342,9 @@ def _stage(req: _Request, root: Path, stage: Path, final: Path):
     return plan, dirs, resolved, record
 
 
-def _record(req: _Request, plan: LaunchPlan, dirs, resolved, final: Path) -> JobRecord:
+def _record(req: _Request, plan: LaunchPlan, dirs, resolved, final: Path, tokens: list[str]) -> JobRecord:
     """The job's first record (with ``req.record_fields``, and what a resume launches again: the
-    recipe name, the torchrun options as given, the overrides)."""
+    recipe name, the torchrun options as given in ``tokens``, the overrides)."""
     record = JobRecord(
         id=req.job_id, name=req.name or plan.recipe_name or Path(plan.recipe).stem, argv=plan.argv, env=plan.env,
         cwd=req.cwd, log_path=str(final / jobstore.OUTPUT_LOG), started_at=time.time(),
@@ -356,7 +356,7 @@ def _record(req: _Request, plan: LaunchPlan, dirs, resolved, final: Path) -> Job
         scheduler_options=_json_options(req.options), status=req.sched.initial_status.value,
         num_nodes=int(plan.nnodes) if (plan.nnodes or "").isdigit() else 1,
         epochs=dirs.epochs, max_steps_per_epoch=dirs.max_steps_per_epoch, recipe_name=plan.recipe_name,
-        torchrun_options=tokenise(req.tokens).torchrun_tokens, overrides=list(plan.overrides),
+        torchrun_options=tokenise(tokens).torchrun_tokens, overrides=list(plan.overrides),
         max_resumes=req.max_resumes,
     )
     for key, value in (req.record_fields or {}).items():
