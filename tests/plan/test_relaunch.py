@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tune_magic.errors import PlanError
 from tune_magic.plan.relaunch import given_torchrun_options, original_overrides, relaunch_argv
 
 PY = "/venv/bin/python"
@@ -36,7 +37,7 @@ def test_relaunch_argv_replaces_the_trailing_overrides_only():
     new = relaunch_argv(ARGV, ["epochs=3", "output_dir=/o/j1"], ["epochs=3", "output_dir=/o/j1", "resume=1"])
     assert new == ARGV + ["resume=1"]
     assert relaunch_argv([PY, "r.py"], [], ["a=1"]) == [PY, "r.py", "a=1"]
-    with pytest.raises(ValueError, match="does not end with its recorded overrides"):
+    with pytest.raises(PlanError, match="does not end with its recorded overrides"):
         relaunch_argv(ARGV, ["epochs=4"], [])
 
 

@@ -85,11 +85,15 @@ def relaunch_argv(argv: Sequence[str], original: Sequence[str], overrides: Seque
     """``argv`` with its trailing overrides ``original`` replaced by ``overrides``.
 
     Raises:
-        ValueError: ``argv`` does not end with ``original`` (a command this module did not build).
+        PlanError: ``argv`` does not end with ``original`` (a command a launch did not build, e.g. a
+            hand-edited record): it cannot be continued.
     """
+    from tune_magic.errors import PlanError
+
     n = len(original)
     if list(argv[len(argv) - n:]) != list(original) or len(argv) <= n:
-        raise ValueError("the job's command does not end with its recorded overrides")
+        raise PlanError("the job's command does not end with its recorded overrides, so it cannot be continued "
+                        "from a checkpoint; start it again with tune-magic resume")
     return list(argv[:len(argv) - n]) + list(overrides)
 
 
@@ -129,9 +133,9 @@ def next_attempt(record, *, from_start_if_none: bool = False) -> NextAttempt:
             before the first checkpoint); else that is an error.
 
     Raises:
-        PlanError: nothing to resume from (and not ``from_start_if_none``), or the checkpoint cannot
-            be used (damaged, an unknown recipe); the message says why.
-        ValueError: the record's command does not end with its overrides.
+        PlanError: nothing to resume from (and not ``from_start_if_none``), the checkpoint cannot
+            be used (damaged, an unknown recipe), or the record's command does not end with its
+            overrides; the message says why.
     """
     from tune_magic.errors import NothingToResume
     from tune_magic.plan.resume import preflight
@@ -167,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         print(next_attempt(record, from_start_if_none=start).to_json())
-    except (PlanError, ValueError) as exc:
+    except PlanError as exc:
         print(json.dumps({"argv": None, "overrides": None, "resumed_from": None, "summary": str(exc)}))
         return 3
     return 0

@@ -72,7 +72,7 @@ def next_attempt(job_dir: Path, record: JobRecord, code: int | None, *, stop: bo
                                f"left (--max-resumes {allowed}): the job ends failed")
     try:
         nxt = relaunch.next_attempt(record)
-    except (PlanError, ValueError) as exc:
+    except PlanError as exc:
         return Decision({}, f"[tune_magic] attempt {resumes_done(record) + 1} failed ({end.reason}) and is not "
                                f"resumed: {str(exc).splitlines()[0]}")
     source = nxt.resumed_from
