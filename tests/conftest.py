@@ -148,3 +148,15 @@ def cleanup_jobs():
             job.stop(grace_s=2)
         except Exception:
             pass
+
+
+@pytest.fixture
+def job_registry(tmp_path, monkeypatch):
+    """A registry of the test's own: ``TUNE_MAGIC_HOME`` under ``tmp_path`` (dry runs off); returns
+    its ``jobs/`` folder, for records written by hand."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("TUNE_MAGIC_HOME", str(home))
+    monkeypatch.delenv("TUNE_MAGIC_DRY_RUN", raising=False)
+    root = home / "jobs"
+    root.mkdir(parents=True)
+    return root

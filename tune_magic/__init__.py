@@ -29,6 +29,9 @@ _API = {
     "Job": "job",
     "JobNotFound": "errors",
     "Panel": "ui.panel",
+    "resume": "resuming",
+    "ResumePlan": "resuming",
+    "NothingToResume": "errors",
 }
 
 __all__ = sorted(_API) + ["load_ipython_extension"]

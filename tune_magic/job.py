@@ -349,6 +349,36 @@ class Job:
 
         return points_to_frame(self.metric_points())
 
+    def resume(self, overrides=(), **options) -> "Job":
+        """Resume this stopped, failed or ``unknown`` job from its last checkpoint, as a new job in
+        the same ``output_dir`` linked to it; return the new job (a ``ResumePlan`` for a dry run).
+        The same as ``tune_magic.resume(self, overrides, **options)``: see there
+        (:func:`tune_magic.resuming.resume`) for the options, the pre-flight and the refusals."""
+        import importlib
+
+        # the resume launches a job through tune_magic.launcher, which imports this module: reached
+        # by name at call time, as the package's lazy API reaches it, so job.py stays below the launcher
+        return importlib.import_module("tune_magic.resuming").resume(self, overrides, **options)
+
+    def lineage(self) -> list["Job"]:
+        """This job and the jobs it resumed, oldest first: the chain of ``resumed_from`` back to the
+        first run (a job removed with ``rm`` ends it; see :mod:`tune_magic.lineage`)."""
+        from tune_magic.lineage import ancestors
+
+        return [Job(jobstore.job_dir(r.id, self.dir.parent), r) for r in ancestors(self.refresh()._record,
+                                                                                   self.dir.parent)] + [self]
+
+    def lineage_metrics(self) -> list[dict]:
+        """The metrics of :meth:`lineage` as one run: dicts as :meth:`metrics` returns, plus ``job``
+        (the id of the job that logged the point). Each job's points stop at the global step where
+        the next job resumed (the steps it redid replace them); a resumed run that numbered its
+        steps from 1 again has them shifted to continue (:func:`tune_magic.lineage.lineage_points`)."""
+        from tune_magic.lineage import lineage_points
+
+        chain = self.lineage()
+        points = [j.metric_points() for j in chain]
+        return [{**p._asdict(), "job": job_id} for job_id, p in lineage_points([j.record for j in chain], points)]
+
     def tail(self, n: int = 20) -> list[str]:
         """Return the last ``n`` lines of the job's log (a progress bar's redraws collapsed to the
         latest one, as a terminal would show it)."""
@@ -405,6 +435,9 @@ def jobs(skipped: list | None = None) -> list[Job]:
     jobstore.collect_staging(root)
     stamps: dict[str, tuple] = {}
     records, bad = jobstore.list_records_checked(root, stamps)
+    from tune_magic.lineage import link_resumes
+
+    link_resumes(records, root)  # a resume killed before it linked the job it resumed
     if skipped is not None:
         skipped.extend(bad)
     else:

@@ -38,7 +38,7 @@ from tune_magic.plan.checks import check_overrides
 from tune_magic.plan.configview import resolve_dirs, write_overlaid_config
 from tune_magic.plan.model import LaunchPlan
 from tune_magic.plan.resolve import resolve_config
-from tune_magic.plan.words import check_job_id, split_args, with_config
+from tune_magic.plan.words import check_job_id, split_args, tokenise, with_config
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.ids import new_job_id
 from tune_magic.registry.store import JobRecord
@@ -143,6 +143,8 @@ class _Request:
     options: SchedulerOptions
     sched: Scheduler
     job_id: str
+    record_fields: Mapping[str, Any] | None = None
+    max_resumes: int | None = None
 
 
 def launch(
@@ -157,6 +159,8 @@ def launch(
     config_overlay: str | None = None,
     scheduler: str | None = None,
     job_id: str | None = None,
+    record_fields: Mapping[str, Any] | None = None,
+    max_resumes: int | None = None,
     **options: Any,
 ) -> "Job | LaunchPlan":
     """Launch a ``tune run``-style job in the background and return at once.
@@ -183,6 +187,13 @@ def launch(
             ``"slurm"``, or an installed scheduler's name.
         job_id: the id a dry run's plan is built for (default: a new one, as a launch would pick);
             a real launch always picks its own.
+        record_fields: fields of the job's record set when it is registered, in the same atomic
+            step (a resume's ``resumed_from`` and ``resume_point``: :mod:`tune_magic.resuming`).
+        max_resumes: when the job fails after saving a checkpoint, start it again from that
+            checkpoint, as the same job, at most this many times (``--max-resumes N``; each
+            attempt is recorded in ``record.attempts``). For schedulers that do it
+            (``Scheduler.relaunches_from_checkpoint``: ``local``) and recipes the resume
+            pre-flight knows.
         options: the scheduler's own options by name (``nodes=2, partition="gpu"`` for SLURM;
             ``tune-magic run --help`` lists each scheduler's). Another scheduler's option is refused.
 
@@ -206,6 +217,7 @@ def launch(
         if value is not None and not isinstance(value, bool):
             raise PlanError(f"{flag}={value!r}: give True or False")
     read = schedulers.read_options(scheduler, caller_env, **options)
+    max_resumes = _check_max_resumes(max_resumes, schedulers.get(read.scheduler))
     if dry_run is None:
         dry_run = dry_run_requested(caller_env)
     tokens = split_args(args)
@@ -214,8 +226,40 @@ def launch(
     request = _Request(tokens=tokens, caller_env=caller_env,
                        cwd=os.path.abspath(os.getcwd() if cwd is None else os.fspath(cwd)), name=name, gpus=gpus,
                        force=force, config_overlay=config_overlay, options=read, sched=schedulers.get(read.scheduler),
-                       job_id=check_job_id(job_id) if job_id is not None else new_job_id())
+                       job_id=check_job_id(job_id) if job_id is not None else new_job_id(),
+                       record_fields=record_fields, max_resumes=max_resumes)
     return _dry_run(request) if dry_run else _register_and_submit(request)
+
+
+def _check_max_resumes(value: Any, sched: Scheduler) -> int | None:
+    """``max_resumes`` read (a whole number >= 1, or ``None``), for a scheduler that honours it.
+
+    Raises:
+        PlanError: another value, or a scheduler that does not relaunch jobs itself.
+    """
+    from tune_magic.plan.options import generic
+
+    value = generic("--max-resumes").read(value)
+    if value is not None and not sched.relaunches_from_checkpoint:
+        raise PlanError(f"--max-resumes {value}: scheduler {sched.name} does not relaunch failed jobs itself; leave "
+                        f"--max-resumes out there (its own options may offer a requeue), or resume by hand: "
+                        "tune-magic resume JOB")
+    return value
+
+
+def _resumable_recipe(plan: LaunchPlan, max_resumes: int | None) -> None:
+    """With ``max_resumes``: the recipe must be one the resume pre-flight knows.
+
+    Raises:
+        PlanError: it is not; the message lists the recipes it knows.
+    """
+    if max_resumes:
+        from tune_magic.plan.resumerecipes import recipe_support
+
+        try:
+            recipe_support(plan.recipe, plan.recipe_name)
+        except PlanError as exc:
+            raise PlanError(f"--max-resumes {max_resumes}: {exc}") from None
 
 
 def _dry_run(req: _Request) -> LaunchPlan:
@@ -228,6 +272,7 @@ def _dry_run(req: _Request) -> LaunchPlan:
         digest = hashlib.sha256(f"{tokens}\0{req.config_overlay}\0{req.cwd}".encode()).hexdigest()[:16]
         tokens = _apply_overlay(tokens, req.config_overlay, req.cwd, d / f"config-{digest}.yaml")
     plan, _ = _plan(tokens, req.job_id, gpus=req.gpus, cwd=req.cwd, env=req.caller_env, busy={}, options=req.options)
+    _resumable_recipe(plan, req.max_resumes)
     # the job's directory as it would be (the same id-dependent paths a launch gets)
     would_be = jobstore.jobs_root(req.caller_env, create=False) / req.job_id
     plan = replace(plan, **req.sched.prepare(plan, req.options, req.caller_env, would_be))
@@ -284,11 +329,12 @@ def _stage(req: _Request, root: Path, stage: Path, final: Path):
         tokens = _apply_overlay(tokens, req.config_overlay, req.cwd, stage / "config.yaml")
     plan, dirs, resolved = checked_plan(tokens, req.job_id, gpus=req.gpus, cwd=req.cwd, env=req.caller_env,
                                          root=root, force=req.force, job_dir=final, options=req.options)
+    _resumable_recipe(plan, req.max_resumes)
     if req.config_overlay is not None:
         plan = _replace_config(plan, str(final / "config.yaml"))
     plan = replace(plan, **req.sched.prepare(plan, req.options, req.caller_env, final))
     faultpoints.reached("planned")
-    record = _record(req, plan, dirs, resolved, final)
+    record = _record(req, plan, dirs, resolved, final, tokens)
     jobstore.write_record(stage, record)
     jobstore.write_procs(stage, scheduler=req.sched.name)  # a damaged record still says where it runs
     os.close(jobstore.open_nofollow(stage / jobstore.LOCK, os.O_WRONLY | os.O_CREAT))
@@ -296,9 +342,10 @@ def _stage(req: _Request, root: Path, stage: Path, final: Path):
     return plan, dirs, resolved, record
 
 
-def _record(req: _Request, plan: LaunchPlan, dirs, resolved, final: Path) -> JobRecord:
-    """The job's first record."""
-    return JobRecord(
+def _record(req: _Request, plan: LaunchPlan, dirs, resolved, final: Path, tokens: list[str]) -> JobRecord:
+    """The job's first record (with ``req.record_fields``, and what a resume launches again: the
+    recipe name, the torchrun options as given in ``tokens``, the overrides)."""
+    record = JobRecord(
         id=req.job_id, name=req.name or plan.recipe_name or Path(plan.recipe).stem, argv=plan.argv, env=plan.env,
         cwd=req.cwd, log_path=str(final / jobstore.OUTPUT_LOG), started_at=time.time(),
         output_dir=dirs.output_dir, metric_log_dir=dirs.metric_log_dir, checkpoint_dir=dirs.checkpoint_dir,
@@ -308,8 +355,15 @@ def _record(req: _Request, plan: LaunchPlan, dirs, resolved, final: Path) -> Job
         recipe=plan.recipe, config=plan.config, rank_log_dir=plan.rank_log_dir, scheduler=req.sched.name,
         scheduler_options=_json_options(req.options), status=req.sched.initial_status.value,
         num_nodes=int(plan.nnodes) if (plan.nnodes or "").isdigit() else 1,
-        epochs=dirs.epochs, max_steps_per_epoch=dirs.max_steps_per_epoch,
+        epochs=dirs.epochs, max_steps_per_epoch=dirs.max_steps_per_epoch, recipe_name=plan.recipe_name,
+        torchrun_options=tokenise(tokens).torchrun_tokens, overrides=list(plan.overrides),
+        max_resumes=req.max_resumes,
     )
+    for key, value in (req.record_fields or {}).items():
+        if key not in JobRecord.__dataclass_fields__ or key in ("id", "status", "extra"):
+            raise PlanError(f"record_fields: {key!r} is not a record field a launch may set")
+        setattr(record, key, value)
+    return record
 
 
 def _json_options(options: SchedulerOptions) -> dict[str, Any]:
@@ -424,7 +478,8 @@ def _replace_config(plan: LaunchPlan, config_at: str) -> LaunchPlan:
     return replace(plan, config=config_at, argv=[config_at if a == staged else a for a in plan.argv])
 
 
-def _same_or_nested(a: str, b: str) -> bool:
+def same_or_nested(a: str, b: str) -> bool:
+    """Whether directories ``a`` and ``b`` (links resolved) are the same or one holds the other."""
     a, b = Path(os.path.realpath(a)), Path(os.path.realpath(b))
     return a == b or a in b.parents or b in a.parents
 
@@ -466,7 +521,7 @@ def check_clashes(resolved, dirs, running: list[Job], *, force: bool, plan: Laun
     mine = [x for x in (dirs.output_dir, dirs.metric_log_dir, dirs.checkpoint_dir) if x]
     for job in running:
         theirs = [x for x in (job.output_dir, job.record.metric_log_dir, job.record.checkpoint_dir) if x]
-        clash = next(((m, t) for m in mine for t in theirs if _same_or_nested(m, t)), None)
+        clash = next(((m, t) for m in mine for t in theirs if same_or_nested(m, t)), None)
         if clash:
             raise PlanError(
                 f"{clash[0]} would share {clash[1]} with {job.record.status} job {job.id}; choose another "

@@ -489,6 +489,7 @@ _ROW_JS = """([root, id]) => {
     return {status: cell('status').textContent.trim(), step: cell('step').textContent.trim(),
             loss: cell('loss').textContent.trim(), name: cell('name').textContent.trim(),
             buttons: cell('stop').querySelectorAll('button').length,
+            labels: [...cell('stop').querySelectorAll('button')].map(b => b.textContent.trim()),
             reason: reason.textContent.trim(), reason_shown: reason.offsetParent !== null};
 }"""
 
@@ -571,6 +572,18 @@ def _left_sidebar_collapsed(page) -> None:
     wait_for(lambda: not page.evaluate(shown), 10, what="the left sidebar to collapse")
 
 
+def _run_all(page, lab, name: str, cells) -> None:
+    """Write a notebook of ``cells`` into the Lab's root, open it, wait for its kernel, collapse the
+    left sidebar and run all its cells from the Run menu."""
+    (lab.root / name).write_text(json.dumps(_notebook(cells), indent=1))
+    page.goto(lab.url(f"/lab/tree/{name}?reset"), timeout=120 * MS)
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120 * MS)
+    page.locator(".jp-StatusBar-Widget", has_text=re.compile(r"\|\s*Idle")).first.wait_for(timeout=KERNEL_READY_S * MS)
+    _left_sidebar_collapsed(page)
+    page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+
+
 @pytest.mark.timeout(420)
 def test_live_jobs_table_and_panel_layout_in_jupyterlab(lab, page, new_jobs):
     from jobhelpers import toy_args
@@ -583,25 +596,19 @@ def test_live_jobs_table_and_panel_layout_in_jupyterlab(lab, page, new_jobs):
             for name, loss in zip(CMP_NAMES, (10.0, 8.0))]
     crashed = tune_magic.launch(toy_args("steps=4", "step_s=0", "crash_rank=1"), name="crash rank 1")
     assert [j.wait(120) for j in done] + [crashed.wait(120)] == ["succeeded", "succeeded", "failed"]
-    (lab.root / "tables_test.ipynb").write_text(json.dumps(_notebook(TABLE_CELLS), indent=1))
-    page.goto(lab.url("/lab/tree/tables_test.ipynb?reset"), timeout=120 * MS)
-    page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120 * MS)
-    page.locator(".jp-StatusBar-Widget", has_text=re.compile(r"\|\s*Idle")).first.wait_for(timeout=KERNEL_READY_S * MS)
-    _left_sidebar_collapsed(page)
-    page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
-    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    _run_all(page, lab, "tables_test.ipynb", TABLE_CELLS)
     tables, panels = page.locator(".tune-magic-jobs"), page.locator(".tune-magic-panel")
     wait_for(lambda: tables.count() == 3 and panels.count() == 2, CARDS_S, what="%tune_jobs and two panels",
              describe=lambda: page.locator(".jp-OutputArea").all_inner_texts())
     jobs_table, panel = tables.nth(0), panels.nth(0)
     assert "Error displaying widget" not in page.locator(".jp-Notebook").inner_text()
 
-    # rows: finished ones without a Stop button, the failed one with its reason under it
+    # rows: succeeded ones without a button, the failed one with its reason under it and a Resume button
     for job in done:
         r = wait_for(lambda: _row(jobs_table, job.id), 30, what=f"row {job.id}")
         assert (r["status"], r["step"], r["buttons"], r["reason_shown"]) == ("succeeded", "6", 0, False), r
     r = _row(jobs_table, crashed.id)
-    assert r["status"] == "failed" and r["buttons"] == 0 and r["reason_shown"], r
+    assert r["status"] == "failed" and r["labels"] == ["Resume"] and r["reason_shown"], r
     assert "rank 1" in r["reason"] and "RuntimeError: toy recipe crashed on purpose" in r["reason"], r
 
     # a job launched elsewhere (here, the test process) appears in both tables and its step moves on
@@ -621,7 +628,7 @@ def test_live_jobs_table_and_panel_layout_in_jupyterlab(lab, page, new_jobs):
     for steps in seen.values():
         assert [int(s) for s in steps] == sorted(int(s) for s in steps), seen
     r = _row(jobs_table, running.id)
-    assert r["status"] == "running" and r["buttons"] == 1, r
+    assert r["status"] == "running" and r["labels"] == ["Stop"], r
     _shot(page, "tables/01-tune-jobs-running", jobs_table)
 
     # the panel at two widths, left sidebar collapsed: nothing wider than its box
@@ -675,7 +682,101 @@ def test_live_jobs_table_and_panel_layout_in_jupyterlab(lab, page, new_jobs):
     wait_for(lambda: (_row(jobs_table, running.id) or {}).get("status") == "stopped", STOP_S,
              what="the row to read stopped", describe=lambda: json.dumps(_row(jobs_table, running.id)))
     assert tune_magic.get_job(running.id).status == "stopped"
-    assert _row(jobs_table, running.id)["buttons"] == 0
+    assert _row(jobs_table, running.id)["labels"] == ["Resume"]  # a stopped job may be resumed
     _shot(page, "tables/05-tune-jobs-after-stop", jobs_table)
+    errors = [line for line in page.tm_console if line.startswith("[pageerror]")]
+    assert not errors, errors
+
+
+# --- resume (issue 21): the Resume button of a card and of a table row, a lineage card ------------
+
+RESUME = ARTIFACTS / "resume"
+
+_CURVES_JS = """el => [...el.querySelectorAll('svg g.curve')].map(g => {
+    const path = g.querySelector('path.line');
+    const cs = path ? getComputedStyle(path) : null;
+    return {dots: g.querySelectorAll('path.dot').length, line: path ? (path.getAttribute('d') || '').length : 0,
+            opacity: cs ? parseFloat(cs.opacity) : null, dash: cs ? cs.strokeDasharray : null};
+})"""
+
+
+def _crashing_toy(tmp_path, name: str):
+    """A stand-in job of 3 epochs of 4 steps that saves checkpoints and crashes once at step 6 (epoch
+    2), after epoch_0/: a failed job with a checkpoint to resume from."""
+    from jobhelpers import toy_args
+
+    return tune_magic.launch(toy_args("epochs=3", "steps=4", "step_s=0.05", "save_checkpoints=true", "crash_rank=0",
+                                      "crash_step=6", f"crash_once_file={tmp_path / (name + '.crashed')}",
+                                      f"output_dir={tmp_path / name}", nproc=None), name=name)
+
+
+@pytest.mark.timeout(420)
+def test_resume_buttons_and_a_lineage_card_in_jupyterlab(lab, page, new_jobs, tmp_path):
+    RESUME.mkdir(parents=True, exist_ok=True)
+    for old in RESUME.glob("*.png"):
+        old.unlink()
+    card_job, row_job = _crashing_toy(tmp_path, "resume-from-card"), _crashing_toy(tmp_path, "resume-from-row")
+    assert [card_job.wait(120), row_job.wait(120)] == ["failed", "failed"]
+    cells = [("markdown", "# tune_magic browser test: resume"), ("code", "%load_ext tune_magic\nimport tune_magic"),
+             ("code", f"%tune_logs {card_job.id}"), ("code", "%tune_jobs")]
+    _run_all(page, lab, "resume_test.ipynb", cells)
+    card = page.locator(".tune-magic-card").first
+    card.locator(".tm-status", has_text="failed").wait_for(timeout=CARDS_S * MS)
+    table = page.locator(".tune-magic-jobs").first
+    table.wait_for(timeout=CARDS_S * MS)
+
+    # the card: Resume shows the pre-flight and starts nothing; Resume now starts the resumed job,
+    # whose card appears inside, draws the earlier run dimmed and a marker where it resumed
+    resume = card.locator("button.widget-button", has_text=re.compile(r"^\s*Resume\s*$"))
+    resume.click()
+    plan = card.locator(".tm-resume-plan")
+    plan.wait_for(timeout=30 * MS)
+    assert plan.inner_text().startswith(f"Resume job {card_job.id}: toy_recipe from epoch_0/ (1 of 3 epochs done, "
+                                        "global step 4)"), plan.inner_text()
+    assert "lost: 1 step (step 5), done again" in plan.inner_text()
+    assert [j.id for j in tune_magic.jobs() if j.record.resumed_from == card_job.id] == []  # nothing started yet
+    _shot(page, "resume/01-card-preflight", card)
+    card.locator("button.widget-button", has_text="Resume now").click()
+    inner = card.locator(".tune-magic-card")
+    inner.locator(".tm-status", has_text="succeeded").wait_for(timeout=STEPS_S * MS)
+    new_id = tune_magic.get_job(card_job.id).record.resumed_by
+    new = tune_magic.get_job(new_id)
+    assert new.status == "succeeded" and new.record.resumed_from == card_job.id
+    assert new_id in card.locator(".tm-resumed").inner_text()
+    state = wait_for(lambda: (lambda s: s if _step(s) == 12 else None)(_card_state(inner)), 30,
+                     what="the resumed card's last step", describe=lambda: json.dumps(_card_state(inner), indent=1))
+    assert f"resumed job {card_job.id} from epoch_0/ at step 4" in state["text"], state["text"]
+    curves = wait_for(lambda: (lambda c: c if sorted(x["dots"] for x in c)[-2:] == [4, 8] else None)(
+        inner.evaluate(_CURVES_JS)), 30, what="the lineage chart's curves", describe=lambda: inner.evaluate(_CURVES_JS))
+    earlier = next(c for c in curves if c["dots"] == 4)
+    own = next(c for c in curves if c["dots"] == 8)
+    marker = next(c for c in curves if c["dots"] == 0 and c["line"])
+    assert earlier["opacity"] < 0.5 <= own["opacity"], curves  # the earlier run's points dimmed
+    assert marker["dash"] not in (None, "", "none"), curves  # a dashed marker where it resumed
+    assert _distinct_int_ticks(state["ticks"]) and int(state["ticks"][0]) <= 2 and int(state["ticks"][-1]) >= 10, \
+        state["ticks"]  # one step axis for both runs
+    _charts_laid_out(inner)
+    _shot(page, "resume/02-lineage-card", inner)
+    _shot(page, "resume/03-old-card-with-the-resumed-card", card)
+
+    # the table row: Resume shows the pre-flight under the row and asks to confirm; Confirm starts it
+    r = wait_for(lambda: _row(table, row_job.id), 30, what=f"row {row_job.id}")
+    assert r["status"] == "failed" and r["labels"] == ["Resume"], r
+    index = table.evaluate(
+        f"t => [...t.querySelectorAll('.tm-cell-id')].findIndex(e => e.textContent.trim() === {json.dumps(row_job.id)})")
+    button = table.locator(".tm-cell-stop").nth(index).locator("button")
+    button.click()
+    wait_for(lambda: _row(table, row_job.id)["labels"] == ["Confirm"], 30, what="the row's Confirm button",
+             describe=lambda: json.dumps(_row(table, row_job.id)))
+    assert _row(table, row_job.id)["reason"].startswith(f"Resume job {row_job.id}: toy_recipe from epoch_0/")
+    _shot(page, "resume/04-row-preflight", table)
+    button.click()
+    wait_for(lambda: "resumed as job" in _row(table, row_job.id)["reason"], 60, what="the row to say resumed",
+             describe=lambda: json.dumps(_row(table, row_job.id)))
+    resumed = tune_magic.get_job(tune_magic.get_job(row_job.id).record.resumed_by)
+    assert resumed.wait(STEPS_S) == "succeeded" and resumed.record.resumed_from == row_job.id
+    wait_for(lambda: (_row(table, resumed.id) or {}).get("status") == "succeeded", 30,
+             what="the resumed job's own row", describe=lambda: json.dumps(_row(table, resumed.id)))
+    _shot(page, "resume/05-table-after-resume", table)
     errors = [line for line in page.tm_console if line.startswith("[pageerror]")]
     assert not errors, errors

@@ -1,8 +1,8 @@
 """The tutorial notebooks, executed top to bottom in real Jupyter kernels (nbclient), with real jobs.
 
 quickstart.ipynb runs once, through the README's demo (``tune-magic demo``, which executes it with
-nbclient): the test checks the demo's summary and the executed notebook's outputs. panel.ipynb and
-gpu_node.ipynb (with ``TUNE_MAGIC_DRY_RUN=1``: no GPU here) are executed directly. Executed
+nbclient): the test checks the demo's summary and the executed notebook's outputs. panel.ipynb,
+resume.ipynb and gpu_node.ipynb (with ``TUNE_MAGIC_DRY_RUN=1``: no GPU here) are executed directly. Executed
 notebooks are written under ``test-artifacts/notebooks/`` for inspection.
 """
 
@@ -215,3 +215,44 @@ def test_gpu_node_notebook_in_dry_run(stop_leftovers, monkeypatch):
     assert stdout(nb, "keep-multi").strip() == "rendezvous=user  endpoint=node0:29400  nnodes=2"
     assert "needs a rendezvous endpoint" in stderr(nb, "refused") + stdout(nb, "refused")
     assert {r.id for r in jobstore.list_records()} == before  # nothing started, nothing registered
+
+
+def test_resume_notebook(stop_leftovers, tiny_assets):
+    nb = execute("resume", stop_leftovers)
+    first = get_job(launched_id(nb, "launch"))
+    step = int(stdout(nb, "past-checkpoint").split()[-1])
+    last = first.summary().step  # where the stop caught it
+    assert 66 <= step <= last < 192 and stdout(nb, "stopped") == f"{first.id} stopped\n"
+    assert first.status == "stopped"
+    preflight = stdout(nb, "preflight")
+    # the stop comes a few steps into epoch 2 (epoch_0/ saved); on a fast machine it may land after epoch_1/
+    k = 0 if last < 128 else 1
+    at = 64 * (k + 1)
+    assert preflight.startswith(f"Resume job {first.id}: lora_finetune from epoch_{k}/ ({k + 1} of 3 epochs done, "
+                                f"global step {at})")
+    assert f"  lost: {last - at} step{'s' if last - at != 1 else ''} (step" in preflight
+    assert f"  the resumed run starts at step {at + 1}" in preflight
+    assert f"  adds: resume_from_checkpoint=True checkpointer.adapter_checkpoint=epoch_{k}/adapter_model.pt " in preflight
+    assert "  case: exact: the remaining steps give the same losses as an uninterrupted run" in preflight
+    resumed = get_job(launched_id(nb, "resume"))
+    assert stdout(nb, "resume").startswith(preflight.split("\n  command:")[0])  # the same pre-flight, then the card
+    assert stdout(nb, "wait") == "succeeded True True\n"
+    assert first.record.resumed_by == resumed.id and resumed.record.resume_point["step"] == at
+    (card,) = texts(nb, "card")
+    assert card.startswith(f"job {resumed.id} (three-epochs): succeeded")
+    assert f"resumed job {first.id} from epoch_{k}/ at step {at}" in card and "step 192/192" in card
+    lines = stdout(nb, "lineage").splitlines()
+    assert lines[:2] == [f"stopped run: steps 1-{at}, {at} points", f"resumed run: steps {at + 1}-192, {192 - at} points"]
+    around = dict(part.split(": ") for part in lines[2].removeprefix("around the resume: ").split(", "))
+    assert list(around) == [str(s) for s in range(at - 2, at + 4)]
+    stopped = {m["step"]: m["value"] for m in first.metrics() if m["name"] == "loss" and m["source"] == "disklogger"}
+    redone = [s for s in (at + 1, at + 2) if s in stopped]
+    assert redone  # the stopped run got past its checkpoint
+    for s in redone:  # the steps the stopped run did after its checkpoint came out the same again
+        assert abs(float(around[str(s)]) - stopped[s]) < 1e-4
+    jobs_text = {line.split()[0]: line for line in stdout(nb, "jobs").splitlines()[1:] if line.strip()}
+    assert jobs_text[first.id].endswith(f"resumed by {resumed.id}")
+    assert jobs_text[resumed.id].endswith(f"resume of {first.id} from epoch_{k}/")
+    for c_ in nb.cells:
+        if c_.cell_type == "code":
+            assert not any(o.output_type == "error" for o in c_.outputs), c_.source

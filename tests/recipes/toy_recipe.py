@@ -37,6 +37,10 @@ every step (as a real recipe's all-reduce makes them), so no rank saves alone af
 crashed. resume_from_checkpoint (default false): continue from ``checkpointer.recipe_checkpoint`` (default
 ``recipe_state/recipe_state.pt``) and the first of ``checkpointer.checkpoint_files``, both relative
 to output_dir, at the next epoch, global step and loss going on as in an uninterrupted run.
+fail_resume (default false): with resume_from_checkpoint, every rank logs full_finetune_distributed's
+(torchtune 0.6.1) ``Failed to load distributed checkpoint: ... Training will start from the base
+checkpoint.`` warning and trains from the first epoch instead, as that recipe does when its async
+checkpoint does not load (a failed resume).
 crash_once_file: with crash_rank, the crash happens only while this file does not exist; the
 crashing rank creates it right before raising, so a rerun or resume of the same job goes on.
 torch is imported only when world size > 1 or one of those two is on. A crash once after the
@@ -152,7 +156,10 @@ def main(argv):
     steps, epochs = int(cfg.steps), int(cfg.get("epochs", 1))
     checkpoint_s = float(cfg.get("checkpoint_s", 0))
     first_epoch = 1
-    if cfg.get("resume_from_checkpoint"):
+    if cfg.get("resume_from_checkpoint") and cfg.get("fail_resume"):
+        print("WARNING:torchtune.utils._logging:Failed to load distributed checkpoint: no complete dist_epoch_<K>/ "
+              "found. Training will start from the base checkpoint.", file=sys.stderr, flush=True)
+    elif cfg.get("resume_from_checkpoint"):
         done, _ = _resume(cfg, out, steps)
         first_epoch = done + 1
     once = cfg.get("crash_once_file")

@@ -101,6 +101,11 @@ GENERIC: tuple[Option, ...] = (
                                              "and return the LaunchPlan; start nothing"),
     Option("--scheduler", "scheduler", "text", "where the job runs: local (default, or $TUNE_MAGIC_SCHEDULER) or "
                                                "another installed scheduler (see the groups below)"),
+    Option("--max-resumes", "max_resumes", "count", "relaunch the job from its last checkpoint when it fails after "
+                                                    "saving one, at most N times, as the same job (torchrun's "
+                                                    "--max-restarts starts the recipe over)", example="2"),
+    Option("--fresh", "fresh", "switch", "the job saved no checkpoint: start it again from the beginning with the "
+                                         "same settings"),
     Option("--json", "json", "switch", "print the plan as JSON"),
     Option("--job-id", "job_id", "text", "build the plan for this job id (per-job output_dir)"),
     Option("--help", "help", "switch", "show this help"),
@@ -109,7 +114,9 @@ _GENERIC = {o.flag: o for o in GENERIC}
 _HELP = _GENERIC["--help"]
 
 #: The generic own options of a launch (``%%tune_run``, ``tune-magic run``); schedulers add theirs.
-RUN = ("--name", "--gpus", "--force", "--wait", "--dry-run", "--scheduler", "--help")
+RUN = ("--name", "--gpus", "--force", "--wait", "--dry-run", "--scheduler", "--max-resumes", "--help")
+#: The generic own options of a resume (``%tune_resume``, ``tune-magic resume``).
+RESUME = ("--name", "--gpus", "--wait", "--dry-run", "--fresh", "--scheduler", "--max-resumes", "--help")
 #: The generic own options of ``tune-magic cmd``.
 CMD = ("--json", "--gpus", "--job-id", "--scheduler", "--help")
 
@@ -188,6 +195,25 @@ def split_own(tokens: Sequence[str], allowed: Iterable[str | Option], where: str
     rest = tokens[i:]
     check_misplaced(rest, table, where)
     return values, rest
+
+
+def split_job_words(tokens: Sequence[str], allowed: Iterable[str | Option], where: str) -> tuple[str | None, dict, list[str]]:
+    """Split the words of a command on one job, ``JOB [OWN OPTIONS] [key=value ...]`` (the own options
+    may also come before ``JOB``).
+
+    Returns:
+        (the job id, or ``None`` when none was given; the own options as :func:`split_own` reads
+        them; the remaining words).
+
+    Raises:
+        PlanError: as :func:`split_own`.
+    """
+    tokens = list(tokens)
+    if tokens and not tokens[0].startswith("-"):
+        own, rest = split_own(tokens[1:], allowed, where)
+        return tokens[0], own, rest
+    own, rest = split_own(tokens, allowed, where)
+    return (rest[0], own, rest[1:]) if rest else (None, own, [])
 
 
 def check_misplaced(rest: Sequence[str], allowed: Iterable[str | Option] | Mapping[str, Option],

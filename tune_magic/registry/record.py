@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tune_magic.errors import TuneMagicError
+from tune_magic.registry import attempts as attempt_entries
 from tune_magic.registry.status import Status, transition
 
 #: Record schema written now (see the module docstring).
@@ -106,6 +107,14 @@ class JobRecord:
     log_lost_at: float | None = None
     epochs: int | None = None
     max_steps_per_epoch: int | None = None
+    recipe_name: str | None = None
+    torchrun_options: list[str] | None = None
+    overrides: list[str] | None = None
+    resumed_from: str | None = None
+    resumed_by: str | None = None
+    resume_point: dict[str, Any] | None = None
+    attempts: list[dict] = field(default_factory=list)
+    max_resumes: int | None = None
     schema: int = SCHEMA
     extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -179,9 +188,10 @@ class JobRecord:
                 isinstance(x, int if key == "gpus" else str) and not isinstance(x, bool) for x in kwargs[key]
             ):
                 raise CorruptRecord(f"field {key!r} has items of the wrong type")
-        for key in ("epochs", "max_steps_per_epoch"):
+        for key in ("epochs", "max_steps_per_epoch", "max_resumes"):
             if kwargs.get(key) is not None and kwargs[key] < 1:
                 raise CorruptRecord(f"field {key!r} must be a positive integer")
+        _check_relaunch_fields(kwargs)
         for key in ("supervisor", "agent"):
             if kwargs.get(key) is not None:
                 kwargs[key] = parse_process_ref(kwargs[key])
@@ -191,6 +201,21 @@ class JobRecord:
                 raise CorruptRecord(f"field {key!r} must map names to values")
         kwargs["schema"] = SCHEMA
         return cls(**kwargs, extra=extra)
+
+
+def _check_relaunch_fields(kwargs: dict[str, Any]) -> None:
+    """Validate the fields a resume and a relaunch read: word lists, and the attempts' format.
+
+    Raises:
+        CorruptRecord: one of them malformed.
+    """
+    for key in ("torchrun_options", "overrides"):
+        if kwargs.get(key) is not None and not all(isinstance(x, str) for x in kwargs[key]):
+            raise CorruptRecord(f"field {key!r} must be a list of strings")
+    try:
+        attempt_entries.parse(kwargs.get("attempts") or [])
+    except ValueError as exc:
+        raise CorruptRecord(f"field 'attempts': {exc}") from None
 
 
 def finite_number(value: int | float) -> bool:
@@ -237,4 +262,8 @@ _FIELD_TYPES: dict[str, tuple[tuple, bool]] = {
     "pending_reason": (_OPT_STR, False),
     "log_lost_at": ((int, float, type(None)), False), "epochs": ((int, type(None)), False),
     "max_steps_per_epoch": ((int, type(None)), False), "schema": ((int,), False),
+    "recipe_name": (_OPT_STR, False), "torchrun_options": ((list, type(None)), False),
+    "overrides": ((list, type(None)), False), "resumed_from": (_OPT_STR, False), "resumed_by": (_OPT_STR, False),
+    "resume_point": ((dict, type(None)), False), "attempts": ((list,), False),
+    "max_resumes": ((int, type(None)), False),
 }

@@ -23,6 +23,10 @@ Contract:
 5. ``has_live_parts`` says whether anything of the job may still run (``rm`` refuses such a job).
 6. ``migrate`` moves the scheduler's fields of records written by earlier releases into its own
    part of the record (``record.backend``); nothing outside the scheduler reads that part.
+7. ``relaunches_from_checkpoint``: the scheduler honours a launch's ``max_resumes`` (a job that fails
+   after saving a checkpoint is started again from it, as the same job, recording each attempt in
+   ``record.attempts``: :mod:`tune_magic.registry.attempts`); launches asking it of another
+   scheduler are refused.
 
 Schedulers are found by name through :mod:`tune_magic.schedulers` (the built-in ones, and any
 package's entry points in the group ``tune_magic.schedulers``).
@@ -79,6 +83,9 @@ class Scheduler(ABC):
     engine_id_label: str | None = None
     #: A sentence added when another scheduler's option is given to this one.
     foreign_option_hint: str = ""
+    #: Whether the scheduler relaunches a failed job from its last checkpoint (``max_resumes``;
+    #: contract item 7).
+    relaunches_from_checkpoint: bool = False
     #: Lines of the engine's own that a card's display tail collapses (e.g. SLURM's cancel
     #: messages): :class:`tune_magic.logs.tailview.TailRule` rows.
     tail_rules: tuple = ()

@@ -247,8 +247,8 @@ def _run(argv: Sequence[str]) -> int:
     from tune_magic import schedulers
     from tune_magic.launcher import launch, launch_options, scheduler_values
 
-    usage = ("tune-magic run [--name N] [--gpus G] [--force] [--wait] [--scheduler NAME] [SCHEDULER OPTIONS] "
-             "[TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]")
+    usage = ("tune-magic run [--name N] [--gpus G] [--force] [--wait] [--max-resumes N] [--scheduler NAME] "
+             "[SCHEDULER OPTIONS] [TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]")
     allowed = tuple(f for f in launchopts.RUN if f != "--dry-run")
     own, rest = launchopts.split_own(argv, launch_options(allowed), "tune-magic run")
     if own.get("help"):
@@ -256,19 +256,50 @@ def _run(argv: Sequence[str]) -> int:
         print(launchopts.help_text(allowed, usage, schedulers.options()))
         return 0
     result = launch(rest, name=own.get("name"), gpus=own.get("gpus"), force=bool(own.get("force")),
-                    scheduler=own.get("scheduler"), **scheduler_values(own))
+                    scheduler=own.get("scheduler"), max_resumes=own.get("max_resumes"), **scheduler_values(own))
     if not hasattr(result, "id"):  # TUNE_MAGIC_DRY_RUN=1: a plan, nothing started
         print(result.command_line())
         return 0
     print(result.id, flush=True)
-    if own.get("wait"):
-        _stream_log(result)
-        print(end_line(result), flush=True)
-        code = result.returncode
-        if result.status == "succeeded":
-            return 0
-        return 1 if code is None or code == 0 else (code if 0 < code < 256 else 128 + abs(code))
-    return 0
+    return _follow_to_end(result) if own.get("wait") else 0
+
+
+def _follow_to_end(job) -> int:
+    """``--wait``: stream the job's log until it ends, print how it ended; return the exit status
+    (0 when it succeeded, else its exit code, or 1)."""
+    _stream_log(job)
+    print(end_line(job), flush=True)
+    code = job.returncode
+    if job.status == "succeeded":
+        return 0
+    return 1 if code is None or code == 0 else (code if 0 < code < 256 else 128 + abs(code))
+
+
+def _resume(argv: Sequence[str]) -> int:
+    from tune_magic import schedulers
+    from tune_magic.launcher import launch_options, scheduler_values
+    from tune_magic.resuming import resume
+
+    usage = ("tune-magic resume JOB [--dry-run] [--fresh] [--name N] [--gpus G] [--wait] [--max-resumes N] "
+             "[--scheduler NAME] [SCHEDULER OPTIONS] [key=value ...]")
+    job_id, own, extra = launchopts.split_job_words(argv, launch_options(launchopts.RESUME), "tune-magic resume")
+    if own.get("help"):
+        print("Resume a stopped, failed or unknown job from its last checkpoint, as a new job in the same "
+              "output_dir.\nThe pre-flight prints what it found, what is lost and the overrides it adds; "
+              "--dry-run starts nothing.\n")
+        print(launchopts.help_text(launchopts.RESUME, usage, schedulers.options()))
+        return 0
+    if job_id is None:
+        raise CliError("give the job to resume: tune-magic resume JOB (tune-magic jobs lists them)")
+    result = resume(job_id, extra, fresh=bool(own.get("fresh")), dry_run=True if own.get("dry_run") else None,
+                    name=own.get("name"), gpus=own.get("gpus"), scheduler=own.get("scheduler"),
+                    max_resumes=own.get("max_resumes"), on_plan=lambda plan: print(plan.summary(), flush=True),
+                    **scheduler_values(own))
+    if not hasattr(result, "id"):  # a dry run: the plan, nothing started
+        print(result.summary())
+        return 0
+    print(result.id, flush=True)
+    return _follow_to_end(result) if own.get("wait") else 0
 
 
 def end_line(job) -> str:
@@ -312,13 +343,16 @@ def _jobs(argv: Sequence[str]) -> int:
         print(json.dumps([_job_json(j) for j in listed], indent=2))
         return 0
     # every value can hold anything a user typed or a hand-edited record holds: escape and cut (--json keeps it)
-    rows = [("ID", "NAME", "STATUS", "STEP", "LOSS", "ELAPSED", "ENDPOINT", "OUTPUT_DIR", "REASON")]
+    from tune_magic.lineage import mark
+
+    rows = [("ID", "NAME", "STATUS", "STEP", "LOSS", "ELAPSED", "ENDPOINT", "OUTPUT_DIR", "REASON", "RESUME")]
     for j in listed:
         s = j.summary()  # the small summary file, never the log
         rows.append((cell(j.id), cell(j.name), cell(j.record.state.label), "-" if s.step is None else str(s.step),
                      "-" if s.loss is None else f"{s.loss:.4g}", f"{j.elapsed_s:.0f}s",
                      cell(j.record.rendezvous_endpoint, NAME_WIDTH), cell(j.output_dir, PATH_WIDTH, keep="end"),
-                     cell(j.record.error, PATH_WIDTH) if j.record.status == "failed" else ""))
+                     cell(j.record.error, PATH_WIDTH) if j.record.status == "failed" else "",
+                     cell(mark(j.record), 2 * PATH_WIDTH, empty="")))
     for line in table(rows):  # aligned in terminal columns: 实验 and emoji take two
         print(line)
     return 0
@@ -331,7 +365,9 @@ def _job_json(job) -> dict:
             "pid": job.pid, "gpus": r.gpus, "physical_gpus": r.physical_gpus, "argv": r.argv, "env": r.env, "cwd": r.cwd,
             "started_at": r.started_at, "ended_at": r.ended_at, "workers": job.workers,
             "scheduler": job.scheduler, "engine_id": job.engine_id, "num_nodes": job.num_nodes,
-            "nodes": job.nodes, "pending_reason": r.pending_reason, "scheduler_options": r.scheduler_options}
+            "nodes": job.nodes, "pending_reason": r.pending_reason, "scheduler_options": r.scheduler_options,
+            "resumed_from": r.resumed_from, "resumed_by": r.resumed_by, "resume_point": r.resume_point,
+            "attempts": r.attempts, "max_resumes": r.max_resumes}
 
 
 #: What ``tune-magic logs`` can print instead of the whole log: ``dest -> (flag, help, source)``. A
@@ -481,6 +517,7 @@ _COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "ls": (_ls, "list recipes and configs (torchtune's and tune_magic's)"),
     "assets": (_assets, "write the tiny offline assets"),
     "run": (_run, "launch a job in the background"),
+    "resume": (_resume, "resume a stopped or failed job from its last checkpoint"),
     "jobs": (_jobs, "list jobs"),
     "logs": (_logs, "print (or follow) a job's log"),
     "stop": (_stop, "stop a job, or --all"),

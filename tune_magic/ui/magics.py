@@ -1,4 +1,5 @@
-"""IPython magics: ``%%tune_run``, ``%tune_run``, ``%tune_jobs``, ``%tune_logs``, ``%tune_stop``, ``%tune_panel``.
+"""IPython magics: ``%%tune_run``, ``%tune_run``, ``%tune_resume``, ``%tune_jobs``, ``%tune_logs``, ``%tune_stop``,
+``%tune_panel``.
 
 Thin by design: parse (own options with :mod:`tune_magic.plan.options`, the rest with
 ``magic_arguments``), call the public API (:func:`tune_magic.launch`, :func:`tune_magic.jobs`, ...),
@@ -108,7 +109,8 @@ class TuneMagics(Magics):
             result = launch(rest + overrides, name=own.get("name"), gpus=own.get("gpus"),
                             force=bool(own.get("force")), cwd=os.getcwd(),
                             dry_run=True if own.get("dry_run") else None, config_overlay=body.config_yaml,
-                            scheduler=own.get("scheduler"), **scheduler_values(own))
+                            scheduler=own.get("scheduler"), max_resumes=own.get("max_resumes"),
+                            **scheduler_values(own))
         except UserError as exc:
             raise UsageError(str(exc)) from None
         if not hasattr(result, "id"):  # a LaunchPlan: dry run
@@ -117,18 +119,60 @@ class TuneMagics(Magics):
             if script:
                 print("\n" + script)
             return result
-        if own.get("wait"):
+        return self._show_job(result, bool(own.get("wait")))
+
+    @no_var_expand
+    @line_magic("tune_resume")
+    def tune_resume(self, line: str):
+        """Resume a stopped, failed or unknown job from its last checkpoint, as a new job in the same
+        output_dir linked to it; print the pre-flight, show the new job's card and return the Job.
+
+        %tune_resume JOB [--dry-run] [--fresh] [--name N] [--gpus G] [--wait] [--max-resumes N]
+        [--scheduler NAME] [scheduler options] [key=value ...]
+
+        The pre-flight says what it found (the checkpoint epoch_K/, the epochs done), what is lost
+        (the steps after the checkpoint), the overrides it adds and how exact the resume is; extra
+        key=value overrides are added and shown. It refuses, saying why and what to do, a job that
+        succeeded or still runs, one resumed already, one with nothing to resume from (--fresh then
+        starts it again with the same settings), and one whose output_dir a live job uses.
+        --dry-run prints the pre-flight and the command and starts nothing.
+        """
+        from tune_magic.launcher import launch_options, scheduler_values
+        from tune_magic.resuming import resume
+
+        try:
+            tokens = [expand_fields(t, self.shell.user_ns) for t in _split_line(line)]
+            job_id, own, extra = launchopts.split_job_words(tokens, launch_options(launchopts.RESUME), "%tune_resume")
+            if own.get("help"):
+                print(self.tune_resume.__doc__)
+                return None
+            if job_id is None:
+                raise UsageError("give the job to resume: %tune_resume JOB (%tune_jobs lists them)")
+            result = resume(job_id, extra, fresh=bool(own.get("fresh")), dry_run=True if own.get("dry_run") else None,
+                            name=own.get("name"), gpus=own.get("gpus"), scheduler=own.get("scheduler"),
+                            max_resumes=own.get("max_resumes"), on_plan=lambda plan: print(plan.summary()),
+                            **scheduler_values(own))
+        except UserError as exc:
+            raise UsageError(str(exc)) from None
+        if not hasattr(result, "id"):  # a dry run: the plan, nothing started
+            print(result.summary())
+            return result
+        return self._show_job(result, bool(own.get("wait")))
+
+    def _show_job(self, job, wait: bool):
+        """Show a launched job: stream it as text with ``--wait``, else display its live card."""
+        if wait:
             from tune_magic.ui.watch import stream_text
 
             try:
-                stream_text(result, lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+                stream_text(job, lambda s: (sys.stdout.write(s), sys.stdout.flush()))
             except KeyboardInterrupt:
-                print(f"\nstopped following; job {result.id} keeps running (%tune_stop {result.id} stops it)")
-            return result
+                print(f"\nstopped following; job {job.id} keeps running (%tune_stop {job.id} stops it)")
+            return job
         from tune_magic.ui.views import JobCard
 
-        display(JobCard(result))
-        return result
+        display(JobCard(job))
+        return job
 
     @magic_arguments()
     @line_magic("tune_jobs")

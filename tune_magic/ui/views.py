@@ -24,6 +24,7 @@ from tune_magic.registry import store as jobstore
 from tune_magic.schedulers.local.gpus import gpus_label
 from tune_magic.job import Job, jobs
 from tune_magic.registry.status import Status
+from tune_magic.ui.resumeview import ResumeControl, can_resume, lineage_marks, resume_row, show_lineage
 from tune_magic.ui.textfmt import cut, escape, table
 from tune_magic.ui.watch import JobSnapshot, JobWatcher
 
@@ -110,8 +111,9 @@ class JobCard(widgets.VBox):
     <reason>", "saving checkpoint…"), ``chart`` (bqplot Figure, hidden until the first loss) with
     ``loss_line`` (its Lines mark: ``x`` steps, ``y`` losses) and ``x_axis`` (integer ticks),
     ``log_tail`` (HTML: the last log lines, :func:`tune_magic.logs.tailview.display_tail`; long lines
-    wrap) and ``stop_button`` (shown while the job is pending or running). ``snapshot`` is the last
-    :class:`JobSnapshot` shown.
+    wrap), ``stop_button`` (shown while the job is pending or running) and ``resume_control``
+    (stopped, failed, unknown jobs: :class:`~tune_magic.ui.resumeview.ResumeControl`); the chart's
+    ``earlier_line`` and ``resume_markers`` draw its lineage. ``snapshot``: the last :class:`JobSnapshot` shown.
 
     Args:
         job: the job to show.
@@ -147,8 +149,10 @@ class JobCard(widgets.VBox):
         self.stop_button.on_click(self._on_stop)
         self.snapshot: JobSnapshot | None = None
         self._shown_steps: tuple | None = None
+        self.earlier_line, self.resume_markers = lineage_marks(self.chart, self.loss_line)
+        self.resume_control = ResumeControl(job, JobCard)
         super().__init__(children=[self.error, self.traceback, self.header, self.notes, self.progress, self.chart,
-                                   self.log_tail, self.stop_button],
+                                   self.log_tail, self.stop_button, self.resume_control],
                          layout=widgets.Layout(border="1px solid #ddd", padding="6px", min_width="0",
                                                max_width="100%"))
         self.add_class("tune-magic-card")
@@ -188,19 +192,22 @@ class JobCard(widgets.VBox):
         live = status is not None and status.is_live
         self.stop_button.disabled = not live or self.stop_button.description != "Stop"
         self.stop_button.layout.display = None if live else "none"
+        self.resume_control.show_for(self.job.record)
 
     def _chart(self, snap: JobSnapshot) -> None:
         """The curve and integer step ticks; the chart stays hidden until the first point."""
-        if not snap.steps or snap.steps == self._shown_steps:
+        steps = snap.steps + snap.earlier_steps  # the earlier runs of its lineage, dimmed
+        if not steps or (snap.steps, snap.earlier_steps, snap.resumed_at) == self._shown_steps:
             return
         self.loss_line.x, self.loss_line.y = list(snap.steps), list(snap.losses)
-        lo, hi = step_domain(snap.steps)
+        show_lineage(self.earlier_line, self.resume_markers, snap)
+        lo, hi = step_domain(steps)
         ticks = int_ticks(lo, hi)
         if (self._x_scale.min, self._x_scale.max) != (lo, hi):
             self._x_scale.min, self._x_scale.max = float(lo), float(hi)
         if list(self.x_axis.tick_values if self.x_axis.tick_values is not None else []) != ticks:
             self.x_axis.tick_values = ticks
-        self._shown_steps = snap.steps
+        self._shown_steps = (snap.steps, snap.earlier_steps, snap.resumed_at)
         self.chart.layout.display = None
 
     def _ending(self, snap: JobSnapshot, status: Status | None) -> None:
@@ -304,6 +311,9 @@ class _Row:
         self.cells = {kind: cell(kind) for kind in ("id", "name", "status", "step", "loss", "elapsed")}
         self.button = widgets.Button(description="Stop", button_style="danger", layout=widgets.Layout(width="70px"))
         self.button.on_click(lambda _b: table._stop(self))
+        self.resume_button = widgets.Button(description="Resume", button_style="info",
+                                            layout=widgets.Layout(width="auto", min_width="70px"))
+        self.resume_button.on_click(lambda _b: resume_row(self))
         self.stop_cell = widgets.Box(layout=widgets.Layout(display="none"))
         self.stop_cell.add_class("tm-cell-stop")
         # the reason gets a line of its own under the row, so a long one wraps instead of widening the
@@ -317,16 +327,17 @@ class _Row:
         return [*self.cells.values(), self.stop_cell, self.reason]
 
     def public(self) -> dict[str, widgets.Widget]:
-        return {**self.cells, "stop": self.button, "reason": self.reason}
+        return {**self.cells, "stop": self.button, "resume": self.resume_button, "reason": self.reason}
 
 
 class JobsTable(widgets.VBox):
     """All jobs (including those started by earlier kernels and by other processes), kept live.
 
     Columns: id, name, status, step, last loss, elapsed, and a Stop button on the rows of live
-    (pending, running) jobs; a failed row's reason and a pending row's SLURM reason (``Resources``,
-    ``Priority``...) show on a line under it. ``rows`` maps job id -> that row's widgets (``id``,
-    ``name``, ``status``, ``step``, ``loss``, ``elapsed``, ``reason`` HTML, ``stop`` Button);
+    (pending, running) jobs, a Resume button on stopped, failed and unknown ones (its pre-flight on
+    the line under the row, then Confirm); a failed row's reason and a pending row's SLURM reason
+    (``Resources``, ``Priority``...) show on that line. ``rows`` maps job id -> that row's widgets (``id``,
+    ``name``, ``status``, ``step``, ``loss``, ``elapsed``, ``reason`` HTML, ``stop`` and ``resume`` Buttons);
     ``summaries`` maps job id -> ``(name, status label, step, loss, elapsed seconds, reason)`` as
     last shown; ``jobs`` lists the jobs shown, in row order.
 
@@ -370,7 +381,7 @@ class JobsTable(widgets.VBox):
         self._top_up()
         self.grid = widgets.GridBox(self._grid_children(), layout=widgets.Layout(
             # id and name: auto, so they wrap (ids at their hyphens) rather than widen a narrow notebook
-            grid_template_columns="auto auto repeat(4, max-content) 76px", justify_content="flex-start",
+            grid_template_columns="auto auto repeat(4, max-content) minmax(76px, max-content)", justify_content="flex-start",
             grid_gap="2px 12px", align_items="center", max_width="100%"))
         self.grid.add_class("tm-jobs-grid")
         self.note = widgets.HTML(layout=widgets.Layout(display="none"))
@@ -466,7 +477,7 @@ class JobsTable(widgets.VBox):
             row.live = live
             row.button.disabled = not live
             row.button.description = "Stop"
-            row.stop_cell.children = (row.button,) if live else ()
+            row.stop_cell.children = (row.button,) if live else (row.resume_button,) if can_resume(job.record) else ()
         row.shown = values
         row.done = state.is_terminal
 

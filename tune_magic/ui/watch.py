@@ -83,6 +83,12 @@ class JobSnapshot:
         warnings: the record's launch warnings (e.g. SLURM's "no --cpus-per-node: ...").
         log_lost_at: unix seconds since which the log is kept, when the job's directory was
             deleted while it ran (the log before is gone), else ``None``.
+        earlier_steps, earlier_losses: the loss curve of the jobs this one resumed (its lineage,
+            :mod:`tune_magic.lineage`: steps continuing into this job's), drawn dimmed.
+        resumed_at: global steps where a run of the lineage, or an attempt of this job, resumed
+            (the chart's markers).
+        lineage_notes: where this job resumed from, its attempts, the job that resumed it
+            (:func:`tune_magic.lineage.notes`).
     """
 
     job_id: str
@@ -109,6 +115,10 @@ class JobSnapshot:
     num_nodes: int = 1
     warnings: tuple[str, ...] = ()
     log_lost_at: float | None = None
+    earlier_steps: tuple[int, ...] = ()
+    earlier_losses: tuple[float, ...] = ()
+    resumed_at: tuple[int, ...] = ()
+    lineage_notes: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -185,6 +195,7 @@ class JobSnapshot:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.log_lost_at))
             out.append(f"the job's directory was deleted while it ran and recreated at {when}: "
                        "the log before that time is gone")
+        out += list(self.lineage_notes)
         out += [f"warning: {w}" for w in self.warnings]
         return out
 
@@ -282,6 +293,7 @@ class JobWatcher:
         self._checkpoint_step: int | None = None
         self._first_step: tuple[float, int] | None = None  # (monotonic s, step) of the first step seen
         self._failure = None  # a failed job's FailureReason, read once
+        self._earlier = None  # the lineage's earlier curve (tune_magic.lineage.EarlierCurve), read once
 
     def poll_once(self) -> JobSnapshot:
         """Read what is new, return the snapshot, and hand it to the sink if it changed."""
@@ -348,8 +360,20 @@ class JobWatcher:
             steps=steps, losses=losses, step=step, loss=loss, error=r.error, returncode=r.returncode,
             run=run, run_at_s=self._run_at, traceback=failure.traceback if failure else None,
             pending_reason=r.pending_reason if status == Status.PENDING else None, nodes=nodes,
-            num_nodes=r.num_nodes, warnings=tuple(r.warnings), log_lost_at=r.log_lost_at,
+            num_nodes=r.num_nodes, warnings=tuple(r.warnings), log_lost_at=r.log_lost_at, **self._lineage(r),
         )
+
+    def _lineage(self, r) -> dict:
+        """The snapshot's lineage fields: the earlier runs' curve (read once: they have ended) and
+        the resume markers and notes (the record's attempts change while the job runs)."""
+        from tune_magic.lineage import ancestors, attempt_marks, earlier_curve, notes
+
+        if self._earlier is None:
+            self._earlier = earlier_curve(r, ancestors(r, self.job.dir.parent)) if r.resumed_from else ()
+        curve = self._earlier or None
+        marks = tuple(sorted({*(curve.resumed_at if curve else ()), *attempt_marks(r)}))
+        return dict(earlier_steps=curve.steps if curve else (), earlier_losses=curve.values if curve else (),
+                    resumed_at=marks, lineage_notes=tuple(notes(r)))
 
     def _tail(self) -> tuple[tuple[str, ...], list[list[str]]]:
         """The shown tail, and the raw last lines of each followed log (combined, rank files)."""
