@@ -308,7 +308,7 @@ def _record(req: _Request, plan: LaunchPlan, dirs, resolved, final: Path) -> Job
         recipe=plan.recipe, config=plan.config, rank_log_dir=plan.rank_log_dir, scheduler=req.sched.name,
         scheduler_options=_json_options(req.options), status=req.sched.initial_status.value,
         num_nodes=int(plan.nnodes) if (plan.nnodes or "").isdigit() else 1,
-        epochs=dirs.epochs, max_steps_per_epoch=dirs.max_steps_per_epoch,
+        epochs=dirs.epochs, max_steps_per_epoch=dirs.max_steps_per_epoch, overrides=list(plan.overrides),
     )
 
 

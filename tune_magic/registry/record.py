@@ -64,6 +64,9 @@ class JobRecord:
     ``stop_requested_at`` is when a user first asked to stop the job (unix seconds), and
     ``finished_at_stop`` whether its log then showed the last planned step and the checkpoint save
     after it (the outcome rule, :mod:`tune_magic.registry.outcome`, reads both).
+    ``overrides`` are the recipe's override words as it got them (``key=value`` / ``~key``, the
+    per-job ``output_dir`` included), or ``None`` in records written before the field existed
+    (:func:`overrides_of` then reads them from ``argv``).
     """
 
     id: str
@@ -106,6 +109,7 @@ class JobRecord:
     log_lost_at: float | None = None
     epochs: int | None = None
     max_steps_per_epoch: int | None = None
+    overrides: list[str] | None = None
     schema: int = SCHEMA
     extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -174,7 +178,7 @@ class JobRecord:
         if not all(isinstance(x, dict) and isinstance(x.get("host"), str) and isinstance(x.get("rank"), int)
                    for x in kwargs.get("rank_hosts") or []):
             raise CorruptRecord("field 'rank_hosts' must hold {host, rank} objects")
-        for key in ("gpus", "warnings"):
+        for key in ("gpus", "warnings", "overrides"):
             if kwargs.get(key) is not None and not all(
                 isinstance(x, int if key == "gpus" else str) and not isinstance(x, bool) for x in kwargs[key]
             ):
@@ -237,4 +241,16 @@ _FIELD_TYPES: dict[str, tuple[tuple, bool]] = {
     "pending_reason": (_OPT_STR, False),
     "log_lost_at": ((int, float, type(None)), False), "epochs": ((int, type(None)), False),
     "max_steps_per_epoch": ((int, type(None)), False), "schema": ((int,), False),
+    "overrides": ((list, type(None)), False),
 }
+
+
+def overrides_of(record: JobRecord) -> list[str]:
+    """The override words ``record``'s recipe got: its ``overrides`` field, or for a record written
+    before that field, the words after ``--config CONFIG`` in ``argv`` (every plan ends with the
+    recipe's ``--config CONFIG [overrides...]``); ``[]`` when ``argv`` has no ``--config``."""
+    if record.overrides is not None:
+        return list(record.overrides)
+    argv = record.argv
+    at = max((i for i, a in enumerate(argv) if a == "--config"), default=None)
+    return list(argv[at + 2:]) if at is not None else []

@@ -304,19 +304,28 @@ def _listed(command: str) -> list:
 
 
 def _jobs(argv: Sequence[str]) -> int:
+    from tune_magic.ui import tablecols
+    from tune_magic.ui.listing import JobFilter, add_arguments
+
     parser = argparse.ArgumentParser(prog="tune-magic jobs", description="List jobs, running and finished.")
     parser.add_argument("--json", action="store_true", help="print a JSON list of job records")
+    add_arguments(parser)
     ns = parser.parse_args(argv)
-    listed = _listed("jobs")
+    listed = JobFilter.from_args(ns).select(_listed("jobs"))
     if ns.json:
         print(json.dumps([_job_json(j) for j in listed], indent=2))
         return 0
     # every value can hold anything a user typed or a hand-edited record holds: escape and cut (--json keeps it)
-    rows = [("ID", "NAME", "STATUS", "STEP", "LOSS", "ELAPSED", "ENDPOINT", "OUTPUT_DIR", "REASON")]
+    cols = tablecols.columns_for(listed)
+    rows = [("ID", "NAME", "STATUS", "STEP", "LOSS", "ELAPSED", *map(cols.title, cols.kinds()), "ENDPOINT",
+             "OUTPUT_DIR", "REASON")]
+    now = time.time()
     for j in listed:
         s = j.summary()  # the small summary file, never the log
+        extra = tablecols.values(j, now)
         rows.append((cell(j.id), cell(j.name), cell(j.record.state.label), "-" if s.step is None else str(s.step),
                      "-" if s.loss is None else f"{s.loss:.4g}", f"{j.elapsed_s:.0f}s",
+                     *(cell(extra[k], NAME_WIDTH) for k in cols.kinds()),
                      cell(j.record.rendezvous_endpoint, NAME_WIDTH), cell(j.output_dir, PATH_WIDTH, keep="end"),
                      cell(j.record.error, PATH_WIDTH) if j.record.status == "failed" else ""))
     for line in table(rows):  # aligned in terminal columns: 实验 and emoji take two
@@ -330,7 +339,8 @@ def _job_json(job) -> dict:
             "output_dir": r.output_dir, "log_path": r.log_path, "rendezvous_endpoint": r.rendezvous_endpoint,
             "pid": job.pid, "gpus": r.gpus, "physical_gpus": r.physical_gpus, "argv": r.argv, "env": r.env, "cwd": r.cwd,
             "started_at": r.started_at, "ended_at": r.ended_at, "workers": job.workers,
-            "scheduler": job.scheduler, "engine_id": job.engine_id, "num_nodes": job.num_nodes,
+            "scheduler": job.scheduler, "engine_id": job.engine_id, "engine_id_label": job.engine_id_label,
+            "num_nodes": job.num_nodes, "overrides": job.overrides,
             "nodes": job.nodes, "pending_reason": r.pending_reason, "scheduler_options": r.scheduler_options}
 
 

@@ -23,6 +23,7 @@ from tune_magic.logs.progress import (SAVED, SAVING, Bar, RunProgress, checkpoin
                        parse_bar, run_progress)
 from tune_magic.registry.status import Status
 from tune_magic.logs.tailview import display_tail
+from tune_magic.ui.cardlines import engine_id_text, overrides_text, shown_overrides
 
 #: Metric plotted by the views.
 LOSS = "loss"
@@ -83,6 +84,10 @@ class JobSnapshot:
         warnings: the record's launch warnings (e.g. SLURM's "no --cpus-per-node: ...").
         log_lost_at: unix seconds since which the log is kept, when the job's directory was
             deleted while it ran (the log before is gone), else ``None``.
+        overrides: the overrides the job ran with, as the card shows them
+            (:func:`tune_magic.ui.cardlines.shown_overrides`).
+        engine_id, engine_id_label: the engine's own id of the job (SLURM's job id) and what it is
+            called (``"SLURM ID"``), or ``None``.
     """
 
     job_id: str
@@ -109,6 +114,9 @@ class JobSnapshot:
     num_nodes: int = 1
     warnings: tuple[str, ...] = ()
     log_lost_at: float | None = None
+    overrides: tuple[str, ...] = ()
+    engine_id: str | None = None
+    engine_id_label: str | None = None
 
     @property
     def label(self) -> str:
@@ -169,9 +177,10 @@ class JobSnapshot:
         return " · ".join(text + suffix for _, text, suffix in self.progress_parts())
 
     def placement(self) -> list[str]:
-        """Where the job runs, for plain text: one line with its GPUs, rendezvous endpoint and
-        output_dir (those known), or no line when none is."""
-        details = [gpus_label(self.gpus, self.physical_gpus) or None,
+        """Where the job runs, for plain text: one line with the engine's id of it, its GPUs,
+        rendezvous endpoint and output_dir (those known), or no line when none is."""
+        details = [engine_id_text(self.engine_id_label, self.engine_id) or None,
+                   gpus_label(self.gpus, self.physical_gpus) or None,
                    f"rendezvous {self.endpoint}" if self.endpoint else None,
                    f"output_dir {self.output_dir}" if self.output_dir else None]
         return ["  ".join(d for d in details if d)] if any(details) else []
@@ -194,6 +203,7 @@ class JobSnapshot:
         if self.error:
             lines.append(f"error: {self.error}")
         lines += self.placement()
+        lines += [overrides_text(self.overrides)] if self.overrides else []
         lines += self.notes()
         if self.step is not None:
             lines.append(f"step {self.step} loss {self.loss:.6g}  {progress_summary(self.progress)}".rstrip())
@@ -349,6 +359,8 @@ class JobWatcher:
             run=run, run_at_s=self._run_at, traceback=failure.traceback if failure else None,
             pending_reason=r.pending_reason if status == Status.PENDING else None, nodes=nodes,
             num_nodes=r.num_nodes, warnings=tuple(r.warnings), log_lost_at=r.log_lost_at,
+            overrides=tuple(shown_overrides(self.job.overrides, r.id)), engine_id=self.job.engine_id,
+            engine_id_label=self.job.engine_id_label,
         )
 
     def _tail(self) -> tuple[tuple[str, ...], list[list[str]]]:
