@@ -315,3 +315,21 @@ def test_slurm_lines_of_a_time_limit_two_nodes_and_no_cancel():
     # srun's kill line with no cancel among the lines (e.g. the OOM killer): shown as is
     assert display_tail(["x", "srun: error: n1: task 0: Killed"], rules=SLURM_TAIL_RULES) == [
         "x", "srun: error: n1: task 0: Killed"]
+
+
+def test_a_failed_tail_and_the_failure_line_name_the_same_rank_whatever_the_window():
+    # a card keeps the log's last lines only: here they hold rank 2's traceback but not rank 0's,
+    # which raised first (tests/data/two_agents_both_raise.log: the two nodes' reports)
+    text = (DATA / "two_agents_both_raise.log").read_text()
+    lines = text.splitlines()
+    window = lines[lines.index("[rank2]: Traceback (most recent call last):"):]  # 81 of its 91 lines
+    assert not any("[rank0]: " in line for line in window)
+    assert display_tail(window, 15)[-1] == "[rank2]: ValueError: rank 2 raised on purpose"  # the window alone
+    reason = describe_failure(text)  # the job's failure.json: what the card's first line says
+    assert reason.line.startswith("rank 0 failed first; 2 ranks failed: ")
+    shown = display_tail(window, 15, failure=reason)
+    assert shown[-1] == "[rank0]: ValueError: rank 0 raised on purpose"
+    assert shown[-len(reason.traceback.splitlines()):] == [f"[rank0]: {t}" for t in reason.traceback.splitlines()]
+    assert not [line for line in shown if any(word in line for word in REPORT_WORDS)]
+    whole = display_tail(text.splitlines(), 15, failure=reason)  # the whole log: the same ending
+    assert whole[-6:] == shown[-6:]

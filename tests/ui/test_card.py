@@ -329,6 +329,24 @@ def test_the_engines_id_of_the_job_is_in_the_header(make):
 
 # -- the log tail -------------------------------------------------------------------------------------
 
+def test_a_failed_cards_first_line_and_its_tail_name_the_same_rank(make):
+    from tune_magic.logs.failure import describe_failure
+
+    from jobhelpers import DATA
+
+    # two nodes' agents in one log; the rank that raised first (0) has the second report
+    text = (DATA / "two_agents_both_raise.log").read_text()
+    reason = describe_failure(text)
+    job = make("failed", log=text, error=reason.line, returncode=1)
+    (job.dir / jobstore.FAILURE).write_text(json.dumps(reason.to_dict()))
+    card = card_of(job)
+    assert text_of(card.error.value) == "rank 0 failed first; 2 ranks failed: ValueError: rank 0 raised on purpose"
+    tail = text_of(card.log_tail.value).splitlines()
+    assert tail[-1] == "[rank0]: ValueError: rank 0 raised on purpose", tail
+    assert not any("[rank2]: ValueError" in line for line in tail[-6:])
+
+
+
 def test_tail_collapses_redraws_and_warnings_and_a_long_line_wraps(make):
     # every rank prints it (tests/data/lora_2proc_5steps/output.log)
     warning = "/x/torch/distributed/tensor/_dispatch.py:342: UserWarning: DTensor random operators may not have complete support on cpu device mesh"

@@ -8,11 +8,20 @@ phrases the reason. Known messages are phrased with their fix: CUDA out of memor
 
 The failing rank is the root cause of torchrun's report; when a log holds several reports
 (several agents, e.g. one per node under ``srun``), a rank that raised wins over ranks that died
-by a signal, and among those the earliest report time, then the first in the log. Its message is
-found in this order: the error file, the report's own traceback, the last traceback of that
-rank's ``[rankN]:`` lines, of its per-rank log file (``--redirects``/``--tee`` with
-``--log-dir``), of its ``[defaultN]:`` lines, the last unprefixed worker traceback, and last the
-log's last exception line.
+by a signal, and among those the first failure by time, then the first in the log. A failure's
+time is the report's ``time`` field (the second its agent saw it; an entry without one comes
+last), and within one second the place of the rank's own traceback in the log: each rank writes
+it the moment it raises, into the one combined log, whereas each agent prints its report only
+after it stopped its other workers (measured: ``tests/data/two_agents_both_raise.log``, where the
+rank that raised first has the second report). When more than one rank failed on its own
+(raised, or was the root cause of its report by a signal other than torchrun's SIGTERM/SIGINT
+teardown; a raise that only says its peer went away does not count), the line says so: ``rank 1
+on n2 failed first; 2 ranks failed: ...``.
+
+The failing rank's message is found in this order: the error file, the report's own traceback,
+the last traceback of that rank's ``[rankN]:`` lines, of its per-rank log file
+(``--redirects``/``--tee`` with ``--log-dir``), of its ``[defaultN]:`` lines, the last unprefixed
+worker traceback, and last the log's last exception line.
 
 A traceback the process survived is never the failure (see :mod:`tune_magic.logs.tracebacks`);
 a process killed by a signal is reported as killed by that signal.
@@ -20,6 +29,7 @@ a process killed by a signal is reported as killed by that signal.
 
 from __future__ import annotations
 
+import math
 import re
 import signal
 from dataclasses import asdict, dataclass
@@ -67,6 +77,7 @@ _NCCL_TIMEOUT_RE = re.compile(
     r"(?:[^)]*?OpType=(?P<op>\w+))?[^)]*?Timeout\(ms\)=(?P<ms>\d+)\)"
 )
 _PORT_RE = re.compile(r"port:? (\d+)|:(\d+)\b")
+_REPORT_TIME_RE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})_(\d\d:\d\d:\d\d)$")
 
 
 @dataclass(frozen=True)
@@ -209,9 +220,30 @@ def _consequence(e: ReportEntry, log: LogStreams) -> bool:
     return tb is not None and any(s in tb.message for s in _PEER_GONE)
 
 
+def _when(e: ReportEntry, log: LogStreams) -> tuple:
+    """A sort key for when ``e`` failed: the report's second (``"~"``, after every time, when it has
+    none), then where the rank's own traceback is in the log (a raise is written as it happens),
+    then a report's root cause before its other entries (its agent saw the root first)."""
+    m = _REPORT_TIME_RE.match(e.time or "")
+    second = f"{m[1]}{m[2]}{m[3]} {m[4]}" if m else "~"
+    tb = log.last_traceback(("rank", e.rank), survived=False) if _raised(e) else None
+    return (second, tb.order if tb is not None else math.inf, not e.root)
+
+
+def _failed_on_its_own(e: ReportEntry, log: LogStreams) -> bool:
+    """Whether ``e`` is a failure of its own: a raise (not one that only says its peer went away,
+    nor the 128+N exit of a worker that caught torchrun's teardown SIGTERM/SIGINT), or the root cause
+    of its report by a signal other than that teardown's."""
+    teardown = (signal.SIGTERM, signal.SIGINT)
+    if _raised(e):
+        return not _consequence(e, log) and (e.root or e.exitcode - 128 not in teardown)
+    return e.root and e.exitcode is not None and e.exitcode < 0 and -e.exitcode not in teardown
+
+
 def _choose(entries: list[ReportEntry], log: LogStreams) -> ReportEntry:
     """The failing entry: among the reports' root causes a raise beats a signal, which beats a
-    raise that only says a peer went away; then the earliest time, then the first in the log.
+    raise that only says a peer went away; then the first by time (:func:`_when`), then the
+    first in the log.
 
     torchrun's root cause is the first failure its monitor *noticed* (times are whole seconds),
     so when it names a rank that raised because its peer vanished, a rank of the same report
@@ -221,7 +253,7 @@ def _choose(entries: list[ReportEntry], log: LogStreams) -> ReportEntry:
 
     def key(e: ReportEntry) -> tuple:
         consequence = _consequence(e, log)
-        return (0 if _raised(e) and not consequence else 2 if consequence else 1, e.time or "", e.report)
+        return (0 if _raised(e) and not consequence else 2 if consequence else 1, _when(e, log), e.report)
 
     best = min(roots, key=key)
     if _consequence(best, log):
@@ -256,11 +288,15 @@ class _Who:
     exitcode: int | None = None
     pid: int | None = None
     show_host: bool = False
+    failed: int = 1  # ranks that failed on their own
+    first: bool = True  # this one failed first of them
 
     def say(self, text: str) -> str:
         if self.rank is None:
             return text
         where = f"rank {self.rank}" + (f" on {self.host}" if self.show_host and self.host else "")
+        if self.failed > 1:
+            where += f"{' failed first' if self.first else ''}; {self.failed} ranks failed"
         return f"{where}: {text}"
 
     def reason(self, line: str, kind: str, **fields) -> FailureReason:
@@ -342,7 +378,10 @@ def describe_failure(
 def _from_report(e: ReportEntry, entries: list[ReportEntry], log: LogStreams, rank_logs: Mapping[int, str] | None,
                  evidence: Evidence | None) -> FailureReason:
     several_hosts = len({x.host for x in entries if x.host}) > 1
-    who = _Who(e.rank, e.local_rank, e.host, e.exitcode, e.pid, several_hosts)
+    own = {x.rank: x for x in entries if _failed_on_its_own(x, log)}
+    first = min(own.values(), key=lambda x: (_when(x, log), x.report)) if own else e
+    who = _Who(e.rank, e.local_rank, e.host, e.exitcode, e.pid, several_hosts, failed=max(len(own), 1),
+               first=first.rank == e.rank)
     if e.exitcode is not None and e.exitcode < 0:
         return _signal_reason(who, log, evidence, e.message or None)
     # 1. torchelastic's error file (@record); 2. the report's own traceback field

@@ -341,11 +341,11 @@ class JobWatcher:
                            last.step if last else None, last.value if last else None)
         steps, losses, step, loss = self._curve
         r = self.job.record
-        tail, raw = self._tail()
-        run = self._progress(status, step, raw)
         if status == Status.FAILED and self._failure is None:
             self._failure = self.job.failure() or False  # written before the record says failed
         failure = self._failure or None
+        tail, raw = self._tail(failure)
+        run = self._progress(status, step, raw)
         nodes = ()
         if status.is_live and (r.num_nodes > 1 or r.scheduler != "local"):
             nodes = tuple(self.job.nodes)
@@ -363,14 +363,15 @@ class JobWatcher:
             engine_id_label=self.job.engine_id_label,
         )
 
-    def _tail(self) -> tuple[tuple[str, ...], list[list[str]]]:
-        """The shown tail, and the raw last lines of each followed log (combined, rank files)."""
+    def _tail(self, failure=None) -> tuple[tuple[str, ...], list[list[str]]]:
+        """The shown tail (a failed job's ending with the rank ``failure`` names), and the raw last
+        lines of each followed log (combined, rank files)."""
         keep = self.tail_lines * READ_PER_SHOWN
         if not self.job.record.rank_log_dir:
             raw = self.follower.tail(keep)
-            return tuple(display_tail(raw, self.tail_lines, rules=self.job.tail_rules)), [raw]
+            return tuple(display_tail(raw, self.tail_lines, rules=self.job.tail_rules, failure=failure)), [raw]
         sections = self.follower.log_sections(keep)
-        shown = display_tail(sections[0][1], self.tail_lines, rules=self.job.tail_rules)
+        shown = display_tail(sections[0][1], self.tail_lines, rules=self.job.tail_rules, failure=failure)
         for label, lines in sections[1:]:
             shown += [f"[{label}] {line}" for line in display_tail(lines, self.tail_lines, rules=self.job.tail_rules)]
         return tuple(shown), [lines for _, lines in sections]
