@@ -48,6 +48,8 @@ def _cmd(argv: Sequence[str]) -> int:
         print(plan.command_line())
         if getattr(plan, "batch_script", None):
             print("\n" + plan.batch_script, end="")
+    for warning in plan.warnings:  # what a launch would warn about (the card shows them)
+        print(f"tune-magic cmd: warning: {escape(warning)}", file=sys.stderr)
     return 0
 
 

@@ -126,6 +126,8 @@ class TuneMagics(Magics):
             script = getattr(result, "batch_script", None)
             if script:
                 print("\n" + script)
+            for warning in result.warnings:  # what a launch would warn about (the card shows them)
+                print(f"warning: {warning}", file=sys.stderr)
             return result
         if own.get("wait"):
             from tune_magic.ui.watch import stream_text
