@@ -388,6 +388,10 @@ def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
                   what="card c to read 'failed'", describe=lambda: json.dumps(_card_state(c), indent=1))
     assert "rank 1" in sc["first_line"] and "RuntimeError: toy recipe crashed on purpose" in sc["first_line"], sc
     assert not sc["button_visible"], sc  # no Stop on an ended job
+    # the overrides it ran with, one collapsed line under the header (the words one a line once opened)
+    overrides = c.locator("details.tm-overrides")
+    assert overrides.evaluate("d => !d.open") and overrides.locator("summary").inner_text() == "overrides: crash_rank=1"
+    assert sc["text"].index(sc["header"]) < sc["text"].index("overrides: crash_rank=1"), sc["text"]
     # the whole traceback is behind a toggle: collapsed, and shown on a click
     tb = c.locator(".tm-traceback")
     assert not tb.is_visible()
@@ -464,6 +468,10 @@ def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
 # --- the jobs table and the panel (issue 16: "The tables") -------------------------------------------
 
 TABLES = ARTIFACTS / "tables"
+#: The quickstart's own comparison cell (notebooks/quickstart.ipynb, cell "compare-chart"), run here on
+#: this test's two jobs: what a reader of the quickstart sees of the chart.
+QUICKSTART_COMPARE = next(c for c in json.loads((REPO / "notebooks" / "quickstart.ipynb").read_text())["cells"]
+                          if c.get("id") == "compare-chart")["source"]
 CMP_NAMES = ("cmp-lr-1e-2 learning-rate sweep, run A", "cmp-lr-2e-3 learning-rate sweep, run B")
 TABLE_CELLS = [
     ("markdown", "# tune_magic browser test: the jobs table and the panel"),
@@ -488,6 +496,8 @@ _ROW_JS = """([root, id]) => {
     const reason = cell('reason');
     return {status: cell('status').textContent.trim(), step: cell('step').textContent.trim(),
             loss: cell('loss').textContent.trim(), name: cell('name').textContent.trim(),
+            engine: cell('engine').textContent.trim(), scheduler: cell('scheduler').textContent.trim(),
+            started: cell('started').textContent.trim(),
             buttons: cell('stop').querySelectorAll('button').length,
             reason: reason.textContent.trim(), reason_shown: reason.offsetParent !== null};
 }"""
@@ -513,8 +523,14 @@ _LAYOUT_JS = """el => {
     const right = el.getBoundingClientRect().right;
     const wide = [...el.querySelectorAll('*')].filter(e => e.getBoundingClientRect().right > right + 1)
         .slice(0, 12).map(e => `${e.tagName}.${[...e.classList].join('.')} ${Math.round(e.getBoundingClientRect().width)}px`);
+    const command = [...el.querySelectorAll('.widget-textarea')].find(w => label(w) === 'command');
+    const commandArea = command && command.querySelector('textarea');
     return {
         panel: {scroll: el.scrollWidth, client: el.clientWidth, wide},
+        command: commandArea && {scroll: commandArea.scrollHeight, client: commandArea.clientHeight,
+                                 value: commandArea.value},
+        endpoint_shown: !!endpoint && endpoint.offsetParent !== null,
+        scheduler_note: (n => n && n.textContent)(el.querySelector('.tm-scheduler-note')),
         output: (o => ({scroll: o.scrollWidth, client: o.clientWidth}))(el.closest('.jp-OutputArea-output')),
         table: (t => t && {scroll: t.scrollWidth, client: t.clientWidth})(el.querySelector('.tune-magic-jobs')),
         options: select ? [...select.options].map(o => fits(o.text, select)) : null,
@@ -572,18 +588,25 @@ def _left_sidebar_collapsed(page) -> None:
 
 
 @pytest.mark.timeout(420)
-def test_live_jobs_table_and_panel_layout_in_jupyterlab(lab, page, new_jobs):
+def test_live_jobs_table_and_panel_layout_in_jupyterlab(third, lab, page, new_jobs):
     from jobhelpers import toy_args
 
     TABLES.mkdir(parents=True, exist_ok=True)
     for old in TABLES.glob("*.png"):
         old.unlink()
-    # finished jobs to list and compare (two curves), and a failed one, started while Lab starts
+    # finished jobs to list and compare (two curves), and a failed one, started while Lab starts; one
+    # more on another scheduler (tests/thirdsched, found by Lab's kernel through PYTHONPATH), whose
+    # engine id (its label) gets a column titled by that scheduler, as SLURM's job id does
     done = [tune_magic.launch(toy_args("steps=6", "step_s=0", f"start_loss={loss}"), name=name)
             for name, loss in zip(CMP_NAMES, (10.0, 8.0))]
     crashed = tune_magic.launch(toy_args("steps=4", "step_s=0", "crash_rank=1"), name="crash rank 1")
-    assert [j.wait(120) for j in done] + [crashed.wait(120)] == ["succeeded", "succeeded", "failed"]
-    (lab.root / "tables_test.ipynb").write_text(json.dumps(_notebook(TABLE_CELLS), indent=1))
+    elsewhere = tune_magic.launch(toy_args("steps=2", "step_s=0", nproc=1), name="on the third scheduler",
+                                  scheduler="third", label="exp-7")
+    assert [j.wait(120) for j in done] + [crashed.wait(120), elsewhere.wait(120)] == [
+        "succeeded", "succeeded", "failed", "succeeded"]
+    quickstart = ("job_a, job_b = (tune_magic.get_job(i) for i in %r)\n" % ([j.id for j in done],)
+                  + "".join(QUICKSTART_COMPARE))
+    (lab.root / "tables_test.ipynb").write_text(json.dumps(_notebook(TABLE_CELLS + [("code", quickstart)]), indent=1))
     page.goto(lab.url("/lab/tree/tables_test.ipynb?reset"), timeout=120 * MS)
     page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120 * MS)
     page.locator(".jp-StatusBar-Widget", has_text=re.compile(r"\|\s*Idle")).first.wait_for(timeout=KERNEL_READY_S * MS)
@@ -603,6 +626,22 @@ def test_live_jobs_table_and_panel_layout_in_jupyterlab(lab, page, new_jobs):
     r = _row(jobs_table, crashed.id)
     assert r["status"] == "failed" and r["buttons"] == 0 and r["reason_shown"], r
     assert "rank 1" in r["reason"] and "RuntimeError: toy recipe crashed on purpose" in r["reason"], r
+    # newest first; the engine's id has a column titled by its scheduler, with the nodes, and the
+    # scheduler a column of its own (two are listed); when each job started
+    heads = jobs_table.evaluate("t => [...t.querySelectorAll('.tm-cell-head')].filter(h => h.offsetParent !== null)"
+                                ".map(h => h.textContent.trim())")
+    assert heads == ["id", "name", "status", "step", "loss", "elapsed", "started", "scheduler", "THIRD LABEL",
+                     "nodes", ""], heads
+    assert r["engine"] == "" and r["scheduler"] == "local", r
+    r = _row(jobs_table, elsewhere.id)
+    assert (r["engine"], r["scheduler"], r["status"]) == ("exp-7", "third", "succeeded"), r
+    assert re.fullmatch(r"\d\d:\d\d:\d\d", r["started"]) or re.fullmatch(r"\d\d-\d\d \d\d:\d\d", r["started"]), r
+    order = jobs_table.evaluate("t => [...t.querySelectorAll('.tm-cell-id')].filter(e => e.offsetParent !== null)"
+                                ".map(e => e.textContent.trim())")
+    ours = [j.id for j in (*done, crashed, elsewhere)]
+    assert [i for i in order if i in ours] == sorted(ours, key=lambda i: tune_magic.get_job(i).started_at,
+                                                       reverse=True), order
+    _shot(page, "tables/00-tune-jobs-columns", jobs_table)
 
     # a job launched elsewhere (here, the test process) appears in both tables and its step moves on
     # while nobody clicks; its row has a Stop button
@@ -642,6 +681,9 @@ def test_live_jobs_table_and_panel_layout_in_jupyterlab(lab, page, new_jobs):
         assert all(any(f"{name}  {job.id}" == t for t in shown) for name, job in zip(CMP_NAMES, done)), shown
         assert lay["placeholder"]["text"].endswith("--standalone") and \
             lay["placeholder"]["width"] <= lay["placeholder"]["room"], (width, lay["placeholder"])
+        # the whole command is in view, its last line too (no scrolling inside the box)
+        assert "'metric_logger.name=my run'" in lay["command"]["value"], lay["command"]
+        assert lay["command"]["scroll"] <= lay["command"]["client"], (width, lay["command"])
         _shot_whole(page, f"tables/02-panel-{width}", panel, width)
         _shot(page, f"tables/03-tune-jobs-{width}", jobs_table)
     lay = panel.evaluate(_LAYOUT_JS)
@@ -661,10 +703,29 @@ def test_live_jobs_table_and_panel_layout_in_jupyterlab(lab, page, new_jobs):
         assert slurm["slurm_shown"], slurm
         assert any(t.startswith("sbatch --parsable ") and t.endswith("/job.sbatch") for t in slurm["textareas"])
         assert any(t.startswith("#!/bin/bash\n") and "#SBATCH --nodes=2\n" in t for t in slurm["textareas"])
+        assert not slurm["endpoint_shown"] and lay["endpoint_shown"]  # the scheduler picks the rendezvous
+        from tune_magic.schedulers.slurm.sinfo import controller_note
+
+        note = controller_note(os.environ)  # what sinfo says here, as the kernel's panel heard it
+        assert slurm["scheduler_note"] == (f"slurm: {note}" if note else None), slurm["scheduler_note"]
         # nothing compared in this panel: no chart (no empty 0..1 grid), a line says so
         assert not panels.nth(1).locator(".bqplot.figure").is_visible()
         assert "choose jobs" in panels.nth(1).locator(".tm-chart-note").inner_text()
         _shot_whole(page, "tables/04-panel-slurm", panels.nth(1), 1440)
+
+    # the quickstart's comparison cell: the chart with its legend above the plot, one item per job
+    compare = page.locator(".jp-Notebook .jp-Cell").last
+    compare.locator(".tm-legend").scroll_into_view_if_needed()
+    _charts_laid_out(compare)
+    legend = compare.evaluate("""c => { const l = c.querySelector('.tm-legend'), f = c.querySelector('.bqplot.figure');
+        return {items: [...l.querySelectorAll('.tm-legend-item')].map(i => i.textContent.trim()),
+                colours: [...l.querySelectorAll('.tm-legend-item span')].map(s => getComputedStyle(s).backgroundColor),
+                shown: l.offsetParent !== null, bottom: l.getBoundingClientRect().bottom,
+                figure_top: f.getBoundingClientRect().top,
+                curves: [...f.querySelectorAll('svg g.curve path.line')].map(p => getComputedStyle(p).stroke)}; }""")
+    assert legend["shown"] and legend["items"] == [f"{j.name} {j.id[-6:]}" for j in sorted(done, key=lambda j: j.id)], legend
+    assert legend["bottom"] <= legend["figure_top"] + 1 and sorted(legend["colours"]) == sorted(legend["curves"]), legend
+    _shot(page, "tables/06-quickstart-chart-with-legend", compare)
 
     # Stop on the running job's row: it reads stopped and loses its button
     page.set_viewport_size({"width": 1440, "height": 900})

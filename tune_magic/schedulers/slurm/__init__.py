@@ -193,6 +193,12 @@ class SlurmScheduler(Scheduler):
             return _CLIENTS_MISSING
         return None
 
+    def status_note(self, env: Mapping[str, str]) -> str | None:
+        """sbatch alone says nothing of the controller: ``sinfo`` must answer too."""
+        from tune_magic.schedulers.slurm.sinfo import controller_note
+
+        return controller_note(env)
+
     def place(self, spec, options: SchedulerOptions):
         return place(spec, nodes=options.get("nodes"), gpus_per_node=options.get("gpus_per_node"))
 
