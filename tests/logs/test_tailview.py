@@ -333,3 +333,24 @@ def test_a_failed_tail_and_the_failure_line_name_the_same_rank_whatever_the_wind
     assert not [line for line in shown if any(word in line for word in REPORT_WORDS)]
     whole = display_tail(text.splitlines(), 15, failure=reason)  # the whole log: the same ending
     assert whole[-6:] == shown[-6:]
+
+
+def test_a_stop_slurm_cancelled_nothing_of_reads_as_a_stop():
+    # a stop through tune_magic on the two-node test cluster (SLURM 22.05): both agents got SIGTERM
+    # and stopped their workers, then srun reported each node's task (verbatim, ids and hosts as measured)
+    log = ["1|6|Loss: 1.6667:  0%|          | 6/100000 [00:19<...]", *SIGNAL_TRACEBACK,
+           "srun: error: tmnode1: task 0: Exited with exit code 1",
+           "srun: launch/slurm: _step_signal: Terminating StepId=1.0",
+           "srun: error: tmnode2: task 1: Exited with exit code 1"]
+    shown = display_tail(log, rules=SLURM_TAIL_RULES)
+    assert shown[-1] == "torchrun got SIGTERM (signal 15) and stopped its workers"
+    assert not any(line.startswith(("srun:", "slurmstepd")) or "Traceback" in line for line in shown), shown
+    # a node that names itself (slurmstepd-n1:) and a kill after the grace period
+    hard = [*SIGNAL_TRACEBACK, "slurmstepd-tmnode1: error: *** JOB 7 ON tmnode1 CANCELLED AT 2026-12-01T21:47:19 ***",
+            "srun: error: tmnode1: task 0: Killed", "srun: error: tmnode2: task 1: Exited with exit code 143"]
+    assert display_tail(hard, rules=SLURM_TAIL_RULES)[-2:] == [
+        "SLURM cancelled job 7 on tmnode1 at 2026-12-01T21:47:19; srun stopped its tasks",
+        "torchrun got SIGTERM (signal 15) and stopped its workers"]
+    # a task that failed on its own (no stop among the lines) is shown as it is
+    assert display_tail(["x", "srun: error: n2: task 1: Exited with exit code 1"], rules=SLURM_TAIL_RULES) == [
+        "x", "srun: error: n2: task 1: Exited with exit code 1"]

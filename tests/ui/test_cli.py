@@ -231,11 +231,11 @@ def _records(home, *rows) -> None:
     for job_id, name, status, started, fields in rows:
         d = home / "jobs" / job_id
         d.mkdir(parents=True)
+        fields = {"error": "rank 0: boom" if status == "failed" else None, **fields}
         jobstore.write_record(d, JobRecord(
             id=job_id, name=name, argv=["python", "x.py", "--config", "c.yaml", "seed=1"], env={}, cwd=str(home),
             started_at=started, ended_at=started + 60, log_path=str(d / "output.log"), status=status,
-            returncode=0 if status == "succeeded" else 1, error="rank 0: boom" if status == "failed" else None,
-            **fields))
+            returncode=0 if status == "succeeded" else 1, **fields))
         (d / "output.log").write_text("")
 
 
@@ -289,3 +289,23 @@ def test_jobs_columns_started_and_the_engine_id_with_nodes_only_when_a_job_has_o
     assert lines[1][lines[0].index("SCHEDULER"):].split()[0] == "local"
     cli.main(["jobs", "--name", "local-*"])  # the column goes with the job that needs it
     assert "SLURM ID" not in capsys.readouterr().out
+
+
+def test_logs_of_an_ended_job_say_how_it_ended_after_its_lines(tmp_path, monkeypatch, capsys):
+    from tune_magic.ui import cli
+
+    monkeypatch.setenv("TUNE_MAGIC_HOME", str(tmp_path))
+    t0 = time.time() - 600
+    _records(tmp_path, ("j1", "a", "stopped", t0, {}), ("j2", "b", "failed", t0, {}),
+             ("j3", "c", "stopped", t0, {"error": "cancelled outside tune_magic"}))
+    tail = "torchrun got SIGTERM\nsrun: error: n1: task 0: Exited with exit code 1\n"  # what a stop leaves
+    (tmp_path / "jobs" / "j1" / "output.log").write_text(tail)
+    capsys.readouterr()
+    assert cli.main(["logs", "j1"]) == 0
+    out = capsys.readouterr()
+    assert out.out == tail  # the log itself, every line
+    assert out.err == "tune-magic logs: job j1 stopped · stopped by the user\n"
+    cli.main(["logs", "j2"])
+    assert capsys.readouterr().err == "tune-magic logs: job j2 failed · rank 0: boom\n"
+    cli.main(["logs", "j3"])
+    assert capsys.readouterr().err == "tune-magic logs: job j3 stopped · cancelled outside tune_magic\n"

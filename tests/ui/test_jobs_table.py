@@ -314,3 +314,11 @@ def test_the_engine_id_column_with_nodes_and_the_scheduler_column_appear_when_ne
     lines = table.text().splitlines()
     assert lines[0].split()[6:11] == ["started", "scheduler", "SLURM", "ID", "nodes"]
     assert lines[1].split()[-3:] == ["slurm", "4242", "n1,n2"]
+
+
+def test_a_table_built_with_an_engine_id_job_shows_its_column_from_the_start(root):
+    make(root, "s-slurm", scheduler="slurm", backend={"job_id": "99"}, nodes=["n1"])
+    table = JobsTable(live=False)
+    assert [re.sub(r"<[^>]+>", "", h.value) for h in table._header[6:10] if h.layout.display is None] == [
+        "started", "SLURM ID", "nodes"]  # one scheduler listed: no scheduler column
+    assert re.sub(r"<[^>]+>", "", table.rows["s-slurm"]["engine"].value) == "99"

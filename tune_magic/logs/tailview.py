@@ -80,6 +80,11 @@ def _split_bars(lines: Sequence[str]) -> list[tuple[bool, str]]:
     return out
 
 
+#: The one line :func:`display_tail` leaves of torchrun's traceback when it was told to stop (its
+#: ``SignalException``); a caller's rule may group its own lines of that stop with it.
+SIGNAL_NOTE = re.compile(r"^torchrun got (?:SIG[A-Z]+|signal \d+) \(signal \d+\) and stopped its workers$")
+
+
 def _signal_note(number: int) -> str:
     try:
         name = signal.Signals(number).name
@@ -112,7 +117,8 @@ class TailRule:
     """Lines of one kind that a card shows as fewer lines (one, or none).
 
     The lines of a rule form groups; each group is replaced by ``summary`` of it, shown where its
-    first line was. Without ``starts`` and ``ends`` every line of the rule in the tail is one group.
+    first line was (its last, with ``at_last``). Without ``starts`` and ``ends`` every line of the
+    rule in the tail is one group.
 
     Attributes:
         name: what the lines are (for tests and messages).
@@ -123,6 +129,8 @@ class TailRule:
             (e.g. ``"[default0]:"``, or ``""``); ``[]`` drops the group.
         starts: a line matching this (and ``member``) begins a new group.
         ends: a line matching this (and ``member``) is the last of its group.
+        at_last: show the summary where the group's last line was (e.g. the end of a stop, which
+            closes the tail), not its first.
     """
 
     name: str
@@ -130,6 +138,7 @@ class TailRule:
     summary: Callable[[list[re.Match], str], list[str]]
     starts: re.Pattern | None = None
     ends: re.Pattern | None = None
+    at_last: bool = False
 
 
 def apply_rule(lines: Sequence[str], rule: TailRule) -> list[str]:
@@ -155,7 +164,7 @@ def apply_rule(lines: Sequence[str], rule: TailRule) -> list[str]:
         prefix = lines[first][:len(lines[first]) - len(strip_prefixes(lines[first])[2])]
         for i, _ in group:
             replaced[i] = []
-        replaced[first] = rule.summary([m for _, m in group], prefix)
+        replaced[group[-1][0] if rule.at_last else first] = rule.summary([m for _, m in group], prefix)
     out: list[str] = []
     for i, line in enumerate(lines):
         out.extend(replaced.get(i, (line,)))

@@ -281,6 +281,8 @@ def end_line(job) -> str:
         parts.append(f"step {s.step}" + (f" loss {s.loss:.6g}" if s.loss is not None else ""))
     if job.status == "failed" and job.error:
         parts.append(escape(job.error))
+    elif job.status == "stopped":  # a user's stop, whatever the engine said of the job's end
+        parts.append(escape(job.record.error) if job.record.error else "stopped by the user")
     elif job.record.returncode is not None and job.status != "succeeded":
         parts.append(f"exit code {job.record.returncode}")
     return " · ".join(parts)
@@ -383,6 +385,11 @@ def _logs(argv: Sequence[str]) -> int:
         _FOLLOWING["job"] = job.id
     _write_chunks(source(job, follow=ns.follow))
     _FOLLOWING.pop("job", None)
+    if source is _whole_log and not job.status.is_live:
+        # how it ended, after its last lines (a stop's lines from torchrun and the engine read like a
+        # crash); on stderr: stdout stays the log itself
+        sys.stdout.flush()
+        print(f"tune-magic logs: {end_line(job)}", file=sys.stderr)
     return 0
 
 

@@ -392,11 +392,6 @@ class JobsTable(TableRows, widgets.VBox):
             h.add_class("tm-cell-head")
             header.append(h)
         self._header = header
-        cut_at = len(listed) if self.limit is None else self.limit
-        for job in listed[:cut_at]:
-            self._fill(self._new_slot(), job)
-        self._hidden = listed[cut_at:]
-        self._top_up()
         # id and name: auto, so they wrap (ids at their hyphens) rather than widen a narrow notebook
         self.grid = widgets.GridBox(layout=widgets.Layout(justify_content="flex-start", grid_gap="2px 12px",
                                                           align_items="center", max_width="100%"))
@@ -405,6 +400,11 @@ class JobsTable(TableRows, widgets.VBox):
         self.more.add_class("tm-show-all")
         self.more.on_click(lambda _b: self.show_all())
         self.note = widgets.HTML(layout=widgets.Layout(display="none"))
+        cut_at = len(listed) if self.limit is None else self.limit
+        for job in listed[:cut_at]:
+            self._fill(self._new_slot(), job)
+        self._hidden = listed[cut_at:]
+        self._top_up()
         if not listed and self._filter is not None and self._filter.narrows:
             self.note.value = f"<span class='tm-hint'>no {html.escape(self._filter.describe())} (yet)</span>"
             self.note.layout.display = None
