@@ -23,7 +23,6 @@ from tune_magic.registry import store as jobstore
 from tune_magic.ui import views
 from tune_magic.logs import summary as S
 from tune_magic.registry.store import JobRecord, ProcessRef
-from tune_magic.ui.tablecols import started_text
 from tune_magic.ui.views import JobsTable
 
 from waiting import wait_for
@@ -97,6 +96,8 @@ def test_rows_show_status_step_loss_reasons_and_stop_only_on_live_jobs(root):
     assert lines[0].split() == ["id", "name", "status", "step", "loss", "elapsed", "started", "reason"]
     row = {line.split()[0]: line.split() for line in lines[1:]}
     assert row["j2-failed"][1:6] == ["n", "failed", "1", "10", row["j2-failed"][5]]
+    from tune_magic.ui.tablecols import started_text
+
     started = started_text(table.jobs[0].started_at)  # 14:03:27 (or 12-01 23:59 just after midnight)
     assert " ".join(row["j2-failed"][6:]).startswith(f"{started} rank 1 (pid 42) failed: RuntimeError")
     assert row["j3-pending"][-1] == "Resources"
