@@ -496,7 +496,9 @@ _ROW_JS = """([root, id]) => {
     const reason = cell('reason');
     return {status: cell('status').textContent.trim(), step: cell('step').textContent.trim(),
             loss: cell('loss').textContent.trim(), name: cell('name').textContent.trim(),
-            engine: cell('engine').textContent.trim(), scheduler: cell('scheduler').textContent.trim(),
+            engine: (cell('engine').querySelector('.tm-engine') || {textContent: ''}).textContent.trim(),
+            nodes: (cell('engine').querySelector('.tm-nodes') || {textContent: ''}).textContent.trim(),
+            scheduler: cell('scheduler').textContent.trim(),
             started: cell('started').textContent.trim(),
             buttons: cell('stop').querySelectorAll('button').length,
             reason: reason.textContent.trim(), reason_shown: reason.offsetParent !== null};
@@ -528,7 +530,8 @@ _LAYOUT_JS = """el => {
     return {
         panel: {scroll: el.scrollWidth, client: el.clientWidth, wide},
         command: commandArea && {scroll: commandArea.scrollHeight, client: commandArea.clientHeight,
-                                 value: commandArea.value},
+                                 width: commandArea.clientWidth, rows: commandArea.rows,
+                                 char: fits('x'.repeat(50), commandArea).width / 50, value: commandArea.value},
         endpoint_shown: !!endpoint && endpoint.offsetParent !== null,
         scheduler_note: (n => n && n.textContent)(el.querySelector('.tm-scheduler-note')),
         output: (o => ({scroll: o.scrollWidth, client: o.clientWidth}))(el.closest('.jp-OutputArea-output')),
@@ -544,6 +547,20 @@ _LAYOUT_JS = """el => {
         textareas: [...el.querySelectorAll('textarea')].map(t => t.value),
     };
 }"""
+
+
+# cells of a jobs table whose text is wider than the cell (it would run over the next column)
+_OVERRUN_JS = """root => [...root.querySelectorAll('[class*="tm-cell-"]')].filter(c => c.offsetParent !== null)
+    .filter(c => { const r = c.getBoundingClientRect();
+                   return [...c.querySelectorAll('*')].some(e => e.getBoundingClientRect().right > r.right + 1); })
+    .map(c => `${c.className.match(/tm-cell-[a-z]+/)[0]}: ${c.textContent.trim().slice(0, 40)}`)"""
+
+
+# cells of a jobs table that reach past its right edge (a grid wider than its room)
+_OUTSIDE_JS = """root => { const right = root.getBoundingClientRect().right;
+    return [...root.querySelectorAll('[class*="tm-cell-"]')].filter(c => c.offsetParent !== null)
+        .filter(c => c.getBoundingClientRect().right > right + 1)
+        .map(c => `${c.className.match(/tm-cell-[a-z]+/)[0]}: ${Math.round(c.getBoundingClientRect().right - right)} px`); }"""
 
 
 def _row(table, job_id: str) -> dict | None:
@@ -629,13 +646,14 @@ def test_live_jobs_table_and_panel_layout_in_jupyterlab(third, lab, page, new_jo
     # newest first; the engine's id has a column titled by its scheduler, with the nodes, and the
     # scheduler a column of its own (two are listed); when each job started
     heads = jobs_table.evaluate("t => [...t.querySelectorAll('.tm-cell-head')].filter(h => h.offsetParent !== null)"
-                                ".map(h => h.textContent.trim())")
-    assert heads == ["id", "name", "status", "step", "loss", "elapsed", "started", "scheduler", "THIRD LABEL",
-                     "nodes", ""], heads
+                                ".map(h => h.innerText.trim().replace(/\\s+/g, ' '))")
+    assert heads == ["id", "name", "status", "step", "loss", "elapsed", "started", "scheduler", "THIRD LABEL nodes",
+                     ""], heads
     assert r["engine"] == "" and r["scheduler"] == "local", r
     r = _row(jobs_table, elsewhere.id)
-    assert (r["engine"], r["scheduler"], r["status"]) == ("exp-7", "third", "succeeded"), r
-    assert re.fullmatch(r"\d\d:\d\d:\d\d", r["started"]) or re.fullmatch(r"\d\d-\d\d \d\d:\d\d", r["started"]), r
+    assert (r["engine"], r["nodes"], r["scheduler"], r["status"]) == ("exp-7", socket.gethostname(), "third",
+                                                                      "succeeded"), r
+    assert re.fullmatch(r"\d\d:\d\d", r["started"]) or re.fullmatch(r"\d\d-\d\d \d\d:\d\d", r["started"]), r
     order = jobs_table.evaluate("t => [...t.querySelectorAll('.tm-cell-id')].filter(e => e.offsetParent !== null)"
                                 ".map(e => e.textContent.trim())")
     ours = [j.id for j in (*done, crashed, elsewhere)]
@@ -675,6 +693,13 @@ def test_live_jobs_table_and_panel_layout_in_jupyterlab(third, lab, page, new_jo
         lay = panel.evaluate(_LAYOUT_JS)
         jobs_lay = jobs_table.evaluate("t => ({scroll: t.scrollWidth, client: t.clientWidth})")
         assert jobs_lay["scroll"] <= jobs_lay["client"], (width, jobs_lay)
+        # no cell's text runs over its neighbour (long ids and names wrap in their cells), and every
+        # column is inside the table (the Stop button too)
+        for root in (jobs_table, panel.locator(".tune-magic-jobs")):
+            assert root.evaluate(_OVERRUN_JS) == [], (width, root.evaluate(_OVERRUN_JS))
+            assert root.evaluate(_OUTSIDE_JS) == [], f"{width}: " + json.dumps([root.evaluate(_OUTSIDE_JS), root.evaluate(
+                "r => [r.getBoundingClientRect().width, ...[...r.querySelectorAll('.tm-cell-head')]"
+                ".filter(h => h.offsetParent !== null).map(h => Math.round(h.getBoundingClientRect().width))]")])
         # every job name in the compare picker fits (not cut off), the endpoint placeholder is whole
         assert lay["options"] and all(o["width"] <= o["room"] for o in lay["options"]), (width, lay["options"])
         shown = [o["text"].replace("\u00a0", " ") for o in lay["options"]]  # ipywidgets writes spaces as nbsp

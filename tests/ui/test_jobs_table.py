@@ -299,18 +299,23 @@ def test_tune_jobs_magic_takes_the_filters(root, ip, capsys):
 def test_the_engine_id_column_with_nodes_and_the_scheduler_column_appear_when_needed(root):
     make(root, "a-local", started=time.time() - 50)
     table = JobsTable(live=False)
-    assert [h.layout.display for h in table._header[6:10]] == [None, "none", "none", "none"]  # started only
+    assert [h.layout.display for h in table._header[6:9]] == [None, "none", "none"]  # started only
     assert table.grid.layout.grid_template_columns == "auto auto repeat(5, max-content) 76px"
     make(root, "b-slurm", scheduler="slurm", backend={"job_id": "4242"}, nodes=["n1", "n2"], num_nodes=2,
          started=time.time() - 10)
     table.refresh_once()
-    heads = [re.sub(r"<[^>]+>", "", h.value) for h in table._header[6:10]]
-    assert heads == ["started", "scheduler", "SLURM ID", "nodes"]
-    assert [h.layout.display for h in table._header[6:10]] == [None] * 4
-    assert table.grid.layout.grid_template_columns == "auto auto repeat(8, max-content) 76px"
+    heads = [re.sub(r"<br>", " / ", h.value) for h in table._header[6:9]]
+    assert [re.sub(r"<[^>]+>", "", h) for h in heads] == ["started", "scheduler", "SLURM ID / nodes"]
+    assert [h.layout.display for h in table._header[6:9]] == [None] * 3
+    # the scheduler, engine id and nodes wrap in a narrow notebook (auto), the others keep their width
+    assert table.grid.layout.grid_template_columns == "auto auto repeat(5, max-content) auto auto 76px"
     row = table.rows["b-slurm"]
-    assert [re.sub(r"<[^>]+>", "", row[k].value) for k in ("scheduler", "engine", "nodes")] == ["slurm", "4242", "n1,n2"]
-    assert all(row[k].layout.display is None for k in ("scheduler", "engine", "nodes"))
+    assert re.sub(r"<[^>]+>", "", row["scheduler"].value) == "slurm"
+    # the nodes under the engine's id, in one column: the table fits a narrow notebook
+    engine = re.fullmatch(r"<span class='tm-engine'[^>]*>([^<]*)</span><div class='tm-nodes'[^>]*>([^<]*)</div>",
+                          row["engine"].value)
+    assert engine.groups() == ("4242", "n1, n2")
+    assert all(row[k].layout.display is None for k in ("scheduler", "engine"))
     assert re.sub(r"<[^>]+>", "", table.rows["a-local"]["engine"].value) == ""
     lines = table.text().splitlines()
     assert lines[0].split()[6:11] == ["started", "scheduler", "SLURM", "ID", "nodes"]
@@ -320,6 +325,6 @@ def test_the_engine_id_column_with_nodes_and_the_scheduler_column_appear_when_ne
 def test_a_table_built_with_an_engine_id_job_shows_its_column_from_the_start(root):
     make(root, "s-slurm", scheduler="slurm", backend={"job_id": "99"}, nodes=["n1"])
     table = JobsTable(live=False)
-    assert [re.sub(r"<[^>]+>", "", h.value) for h in table._header[6:10] if h.layout.display is None] == [
-        "started", "SLURM ID", "nodes"]  # one scheduler listed: no scheduler column
-    assert re.sub(r"<[^>]+>", "", table.rows["s-slurm"]["engine"].value) == "99"
+    assert [re.sub(r"<[^>]+>", "", h.value.replace("<br>", " / ")) for h in table._header[6:9]
+            if h.layout.display is None] == ["started", "SLURM ID / nodes"]  # one scheduler listed: no scheduler column
+    assert re.sub(r"<[^>]+>", " ", table.rows["s-slurm"]["engine"].value).split() == ["99", "n1"]

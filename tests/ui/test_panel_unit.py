@@ -355,11 +355,13 @@ def test_the_endpoint_field_is_for_the_local_scheduler_only_and_the_preview_has_
     panel.endpoint.value = "node0:29400"
     assert panel.endpoint.layout.display is None and panel.args()[:2] == ["--rdzv-endpoint", "node0:29400"]
     local = panel.command_preview.value
-    assert panel.command_preview.rows == preview_rows(local) >= len(local) // 64 + 1
+    assert panel.command_preview.rows == preview_rows(local) >= len(local) // 56 + 2
     assert panel.command_preview.layout.height is None  # no fixed height to cut the last line off
     panel.scheduler.value = "slurm"
     assert panel.endpoint.layout.display == "none"  # the scheduler picks the rendezvous
     assert "--rdzv-endpoint" not in panel.args() and "node0" not in panel.script_preview.value
     panel.scheduler.value = "local"
     assert panel.endpoint.layout.display is None and panel.command_preview.value == local
-    assert [preview_rows(t) for t in ("", "x" * 64, "x" * 65, "a\nb\nc\nd", "x" * 10_000)] == [3, 3, 3, 5, 24]
+    assert [preview_rows(t) for t in ("", "x" * 56, "x" * 57, "a\nb\nc\nd", "x" * 10_000)] == [3, 3, 3, 5, 24]
+    # wrapped at spaces: a word that does not fit starts a new row
+    assert [preview_rows(t) for t in ("a " * 28, "x" * 50 + " " + "y" * 50, "x" * 50 + " " + "y" * 120)] == [3, 3, 5]

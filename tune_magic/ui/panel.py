@@ -438,13 +438,28 @@ class Panel(widgets.VBox):
 
 #: Characters a row of the command preview is taken to hold (a narrow notebook's, so that a wider
 #: one shows a spare row rather than a narrow one a cut line).
-PREVIEW_ROW_CHARS = 64
+PREVIEW_ROW_CHARS = 56
+
+
+def _wrapped_rows(line: str, width: int) -> int:
+    """Rows ``line`` takes in a box ``width`` characters wide that wraps at spaces, as a browser
+    wraps a textarea (a word longer than a row is broken across rows)."""
+    rows, used = 1, 0
+    for word in line.split(" "):
+        if used and used + 1 + len(word) > width:
+            rows, used = rows + 1, 0
+        elif used:
+            used += 1
+        used += len(word)
+        while used > width:
+            rows, used = rows + 1, used - width
+    return rows
 
 
 def preview_rows(text: str) -> int:
     """Rows the command preview needs for ``text`` at :data:`PREVIEW_ROW_CHARS` characters a row
-    (long lines wrap), plus one, at least 3 and at most 24."""
-    wrapped = sum(max(1, -(-len(line) // PREVIEW_ROW_CHARS)) for line in text.splitlines() or [""])
+    (wrapped at spaces), plus one, at least 3 and at most 24."""
+    wrapped = sum(_wrapped_rows(line, PREVIEW_ROW_CHARS) for line in text.splitlines() or [""])
     return min(max(wrapped + 1, 3), 24)
 
 

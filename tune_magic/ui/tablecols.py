@@ -5,7 +5,9 @@ Shared by ``tune-magic jobs`` and the live jobs table (``%tune_jobs``, the panel
 * ``started``: when the job was launched (:func:`started_text`), always;
 * ``scheduler``: only when the jobs listed run on more than one scheduler;
 * the engine's own id of each job, titled by its scheduler's ``engine_id_label`` (``SLURM ID``),
-  and the ``nodes`` it runs on: only when some job listed has an engine id.
+  and the ``nodes`` it runs on: only when some job listed has an engine id (the live table shows
+  the nodes under the engine's id, in one column: :data:`TABLE_KINDS`, so that it fits a narrow
+  notebook).
 """
 
 from __future__ import annotations
@@ -16,16 +18,18 @@ from typing import Iterable
 
 #: The optional columns, in the order they are shown.
 KINDS = ("started", "scheduler", "engine", "nodes")
+#: The live table's optional columns (the nodes are in the engine's column).
+TABLE_KINDS = ("started", "scheduler", "engine")
 #: The engine-id column's title when jobs of several engines (or one without a label) have ids.
 ENGINE_TITLE = "ENGINE ID"
 
 
 def started_text(ts: float, now: float | None = None) -> str:
-    """When a job started, in local time, as short as it can be: ``14:03:27`` today, ``12-01
-    14:03`` another day this year, ``2025-12-01`` in another year."""
+    """When a job started, in local time, as short as it can be: ``14:03`` today, ``12-01 14:03``
+    another day this year, ``2025-12-01`` in another year."""
     at, today = time.localtime(ts), time.localtime(time.time() if now is None else now)
     if at[:3] == today[:3]:
-        return time.strftime("%H:%M:%S", at)
+        return time.strftime("%H:%M", at)
     return time.strftime("%m-%d %H:%M" if at.tm_year == today.tm_year else "%Y-%m-%d", at)
 
 
@@ -52,6 +56,10 @@ class Columns:
     def kinds(self) -> list[str]:
         """The optional columns shown, in order (a subset of :data:`KINDS`)."""
         return ["started"] + (["scheduler"] if self.scheduler else []) + (["engine", "nodes"] if self.engine else [])
+
+    def table_kinds(self) -> list[str]:
+        """The live table's optional columns shown (a subset of :data:`TABLE_KINDS`)."""
+        return [k for k in self.kinds() if k in TABLE_KINDS]
 
     def title(self, kind: str) -> str:
         """A column's title, upper case (``STARTED``, ``SLURM ID``...)."""

@@ -23,6 +23,11 @@ from tune_magic.ui.listing import newest_first
 
 #: Rows a live jobs table shows before "show all" (the newest jobs).
 TABLE_ROWS = 20
+#: The table's type sizes: a little smaller than the notebook's, so that its eleven columns (with the
+#: scheduler and the engine's id) fit a narrow notebook (an 800 px window) without running over.
+TABLE_STYLE = ("<style>.tm-jobs-grid .widget-html-content {font-size: 12px}"
+               " .tm-jobs-grid .tm-cell-head .widget-html-content {font-size: 11px}"
+               " .tm-jobs-grid code.tm-job-id {font-size: 11px}</style>")
 #: A registry changed less than this many seconds ago is listed again even when its stamp did not
 #: change (two changes within one filesystem timestamp tick leave one stamp).
 ROOT_SETTLE_S = 2.0
@@ -166,9 +171,10 @@ class TableRows:
         if cols == self._cols and self._cols_applied:
             return
         self._cols, self._cols_applied = cols, True
-        kinds = cols.kinds()
-        for kind, head in zip(tablecols.KINDS, self._header[len(self.FIXED):]):
-            head.value = f"<b>{html.escape(cols.heading(kind))}</b>"
+        kinds = cols.table_kinds()
+        for kind, head in zip(tablecols.TABLE_KINDS, self._header[len(self.FIXED):]):
+            nodes = "<br><span style='font-weight:normal;font-size:11px'>nodes</span>" if kind == "engine" else ""
+            head.value = f"<b>{html.escape(cols.heading(kind))}</b>{nodes}"
             head.layout.display = None if kind in kinds else "none"
         for row in self._slots:
             if row.job is not None:
@@ -177,16 +183,19 @@ class TableRows:
 
     def _show_columns(self, row) -> None:
         """Show ``row``'s cells of the optional columns shown, hide the others."""
-        kinds = self._cols.kinds()
-        for kind in tablecols.KINDS:
+        kinds = self._cols.table_kinds()
+        for kind in tablecols.TABLE_KINDS:
             want = None if kind in kinds and row.job.id not in self._gone else "none"
             if row.cells[kind].layout.display != want:
                 row.cells[kind].layout.display = want
 
     def template(self) -> str:
-        """The grid's ``grid-template-columns``: id and name wrap (``auto``), the rest as wide as
-        their content, then the Stop button's column."""
-        return f"auto auto repeat({len(self.FIXED) - 2 + len(self._cols.kinds())}, max-content) 76px"
+        """The grid's ``grid-template-columns``: id and name wrap (``auto``), status to started as
+        wide as their content, the scheduler and the engine id with its nodes wrap where a narrow
+        notebook needs it, then the Stop button's column."""
+        kinds = self._cols.table_kinds()
+        wrapping = " auto" * (len(kinds) - 1)  # every optional column after "started"
+        return f"auto auto repeat({len(self.FIXED) - 2 + 1}, max-content){wrapping} 76px"
 
 
 def dir_stamp(path: Path | None) -> tuple | None:

@@ -28,7 +28,7 @@ from tune_magic.registry.status import Status
 from tune_magic.ui.cardlines import engine_id_text, overrides_html, overrides_text
 from tune_magic.ui import tablecols
 from tune_magic.ui.listing import JobFilter, newest_first
-from tune_magic.ui.tablerows import TABLE_ROWS, TableRows, dir_stamp
+from tune_magic.ui.tablerows import TABLE_ROWS, TABLE_STYLE, TableRows, dir_stamp
 from tune_magic.ui.textfmt import cut, escape, table
 from tune_magic.ui.watch import JobSnapshot, JobWatcher
 
@@ -293,8 +293,10 @@ SPARE_ROWS = 8
 REASON_WIDTH = 160
 
 _COUNTER = itertools.count(1)
-# cell text that wraps (a word longer than the column too), with normal line spacing (a widget line is 28 px)
-_WRAP = "white-space:normal;overflow-wrap:break-word;line-height:1.35"
+# cell text that wraps (a word longer than the column too: a narrow notebook's table gives its room to
+# the other columns first), with normal line spacing (a widget line is 28 px); ids wrap at their hyphens
+_WRAP = "white-space:normal;overflow-wrap:anywhere;line-height:1.35"
+_WRAP_ID = "white-space:normal;line-height:1.35"
 
 
 class _Row:
@@ -302,7 +304,8 @@ class _Row:
 
     def __init__(self, table: "JobsTable"):
         def cell(kind: str) -> widgets.HTML:
-            w = widgets.HTML(layout=widgets.Layout(display="none", min_width="0"))
+            # an id wraps at its hyphens, never narrower than its widest part (9 characters)
+            w = widgets.HTML(layout=widgets.Layout(display="none", min_width="9.5ch" if kind == "id" else "0"))
             w.add_class(f"tm-cell-{kind}")
             return w
 
@@ -311,7 +314,7 @@ class _Row:
         self.live: bool | None = None  # whether the Stop button is shown
         self.shown: tuple | None = None
         self.extra_shown: dict | None = None  # the optional columns' text as last shown
-        self.cells = {kind: cell(kind) for kind in (*JobsTable.FIXED, *tablecols.KINDS)}
+        self.cells = {kind: cell(kind) for kind in (*JobsTable.FIXED, *tablecols.TABLE_KINDS)}
         self.button = widgets.Button(description="Stop", button_style="danger", layout=widgets.Layout(width="70px"))
         self.button.on_click(lambda _b: table._stop(self))
         self.stop_cell = widgets.Box(layout=widgets.Layout(display="none"))
@@ -335,14 +338,14 @@ class JobsTable(TableRows, widgets.VBox):
     kept live.
 
     Columns: id, name, status, step, last loss, elapsed, started, the scheduler (when jobs of more
-    than one are listed), the engine's id and the nodes (when a job listed has an engine id, e.g.
-    ``SLURM ID``; :mod:`tune_magic.ui.tablecols`), and a Stop button on the rows of live (pending,
-    running) jobs; a failed row's reason and a pending row's SLURM reason (``Resources``,
+    than one are listed), the engine's id with the nodes under it (when a job listed has an engine
+    id, e.g. ``SLURM ID``; :mod:`tune_magic.ui.tablecols`), and a Stop button on the rows of live
+    (pending, running) jobs; a failed row's reason and a pending row's SLURM reason (``Resources``,
     ``Priority``...) show on a line under it. At most ``limit`` rows (the newest jobs) are shown; the
     others wait behind the ``more`` button ("show all (N more)", :mod:`tune_magic.ui.tablerows`).
     ``rows`` maps job id -> that row's widgets (``id``, ``name``, ``status``, ``step``, ``loss``,
-    ``elapsed``, ``started``, ``scheduler``, ``engine``, ``nodes``, ``reason`` HTML, ``stop``
-    Button); ``summaries`` maps job id -> ``(name, status label, step, loss, elapsed seconds,
+    ``elapsed``, ``started``, ``scheduler``, ``engine`` (the nodes under the engine's id),
+    ``reason`` HTML, ``stop`` Button); ``summaries`` maps job id -> ``(name, status label, step, loss, elapsed seconds,
     reason)`` as last shown; ``jobs`` lists the jobs shown, in row order.
 
     One named daemon thread per table (``tune_magic-jobs-table-N``) refreshes it every
@@ -359,7 +362,7 @@ class JobsTable(TableRows, widgets.VBox):
             limit), also among the jobs found later.
     """
 
-    COLUMNS = ("id", "name", "status", "step", "loss", "elapsed", *tablecols.KINDS, "")
+    COLUMNS = ("id", "name", "status", "step", "loss", "elapsed", *tablecols.TABLE_KINDS, "")
 
     def __init__(self, listed: Iterable[Job] | None = None, *, live: bool = True, limit: int | None = TABLE_ROWS,
                  filter: JobFilter | None = None):
@@ -393,7 +396,7 @@ class JobsTable(TableRows, widgets.VBox):
             header.append(h)
         self._header = header
         # id and name: auto, so they wrap (ids at their hyphens) rather than widen a narrow notebook
-        self.grid = widgets.GridBox(layout=widgets.Layout(justify_content="flex-start", grid_gap="2px 12px",
+        self.grid = widgets.GridBox(layout=widgets.Layout(justify_content="flex-start", grid_gap="2px 6px",
                                                           align_items="center", max_width="100%"))
         self.grid.add_class("tm-jobs-grid")
         self.more = widgets.Button(icon="list", layout=widgets.Layout(display="none", width="auto"))
@@ -409,7 +412,8 @@ class JobsTable(TableRows, widgets.VBox):
             self.note.value = f"<span class='tm-hint'>no {html.escape(self._filter.describe())} (yet)</span>"
             self.note.layout.display = None
         self._rearrange()
-        super().__init__(children=[self.grid, self.more, self.note], layout=widgets.Layout(max_width="100%"))
+        style = widgets.HTML(TABLE_STYLE, layout=widgets.Layout(display="none"))  # its CSS applies all the same
+        super().__init__(children=[style, self.grid, self.more, self.note], layout=widgets.Layout(max_width="100%"))
         self.add_class("tune-magic-jobs")
         if live:
             self.start()
@@ -431,7 +435,7 @@ class JobsTable(TableRows, widgets.VBox):
         row.job = job
         self._known.add(job.id)
         self.rows[job.id] = row.public()
-        row.cells["id"].value = f"<div style='{_WRAP}'><code class='tm-job-id'>{html.escape(job.id)}</code></div>"
+        row.cells["id"].value = f"<div style='{_WRAP_ID}'><code class='tm-job-id'>{html.escape(job.id)}</code></div>"
         for w in row.widgets()[:-1]:
             w.layout.display = None
         self._show_columns(row)
@@ -471,8 +475,11 @@ class JobsTable(TableRows, widgets.VBox):
         self.summaries[job.id] = values
         extra = tablecols.values(job)
         if extra != row.extra_shown:
-            for kind, text in extra.items():
-                row.cells[kind].value = f"<span class='tm-{kind}'>{html.escape(cut(text))}</span>"
+            for kind in tablecols.TABLE_KINDS:  # the nodes under the engine's id, small, wrapping after commas
+                nodes = (f"<div class='tm-nodes' style='font-size:11px;color:#555;{_WRAP}'>"
+                         f"{html.escape(cut(extra['nodes']).replace(',', ', '))}</div>" if kind == "engine" else "")
+                row.cells[kind].value = (f"<span class='tm-{kind}' style='{_WRAP}'>{html.escape(cut(extra[kind]))}"
+                                         f"</span>{nodes}")
             if extra["engine"] and not self._cols.engine:
                 self._update_columns()  # its engine id came after the row was shown
             row.extra_shown = extra
