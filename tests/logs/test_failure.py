@@ -9,6 +9,7 @@ issues (their URL is next to them) for what cannot happen on this machine (CUDA,
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -202,6 +203,33 @@ def test_the_rank_that_raised_first_is_named_though_its_report_comes_second():
     r = describe_failure(on_nodes)
     assert (r.line, r.host) == ("rank 0 on localhost failed first; 2 ranks failed: ValueError: rank 0 raised on "
                                 "purpose", "localhost")
+
+
+def test_the_tracebacks_order_wins_over_report_seconds_across_a_seconds_edge():
+    # rank 0 raised first (its traceback is first in the log), but its agent saw it just after the
+    # second turned, so its report says :51 and rank 2's :50 (the captured log, that time edited)
+    text = log("two_agents_both_raise")
+    first, second = (m.start() for m in re.finditer(r"time      : 2026-12-01_21:35:50", text))
+    assert first < text.index("rank      : 2") < second < text.index("rank      : 0 (local")  # rank 2, then rank 0
+    edited = text[:second] + "time      : 2026-12-01_21:35:51" + text[second + len("time      : 2026-12-01_21:35:50"):]
+    assert [e.time for e in parse_reports(edited) if e.root] == ["2026-12-01_21:35:50", "2026-12-01_21:35:51"]
+    assert describe_failure(edited).line == "rank 0 failed first; 2 ranks failed: ValueError: rank 0 raised on purpose"
+
+
+def test_a_rank_that_raised_first_without_a_report_is_still_named_first():
+    # node 0's agent is stopped before it prints its report (srun --kill-on-bad-exit ends the other
+    # nodes' agents once one node's fails): the log ends after node 1's report (the captured log, cut there)
+    text = log("two_agents_both_raise")
+    cut = text[:text.index("E1201 21:35:52.496000")]
+    assert [e.rank for e in parse_reports(cut)] == [2]  # rank 0 raised (first), but no report names it
+    r = describe_failure(cut)
+    assert (r.line, r.rank, r.exc_type) == ("rank 0 failed first; 2 ranks failed: ValueError: rank 0 raised on purpose",
+                                            0, "ValueError")
+    # a rank that only lost its peer does not count, reported or not (rank 0's report cut off here)
+    peer = log("two_agents_peer_killed")
+    peer = peer[:peer.index("E1201 04:09:23.186000")]
+    assert [e.rank for e in parse_reports(peer)] == [1] and "[rank0]: RuntimeError" in peer
+    assert describe_failure(peer).line == "rank 1: killed by SIGKILL (signal 9)"
 
 
 def test_one_rank_failing_says_nothing_of_others():

@@ -54,7 +54,10 @@ def test_a_stopped_two_node_job_shows_its_slurm_id_and_reads_as_a_stop_everywher
     engine, nodes = row[at:].split()[:2]
     assert engine == slurm_id and sorted(nodes.split(",")) == sorted(cluster.node_names), (lines[0], row)
     table = JobsTable(live=False)
-    assert shown(table.rows[job.id]["engine"]) == slurm_id and "SLURM ID" in table.text().splitlines()[0]
+    cell = re.fullmatch(r"<span class='tm-engine'[^>]*>([^<]*)</span><div class='tm-nodes'[^>]*>([^<]*)</div>",
+                        table.rows[job.id]["engine"].value)
+    assert cell[1] == slurm_id and sorted(cell[2].split(", ")) == sorted(cluster.node_names), cell.groups()
+    assert "SLURM ID" in table.text().splitlines()[0]
     table.close()
 
     r = cli("stop", "--grace", "2", job.id)  # a user's stop

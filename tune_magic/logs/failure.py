@@ -8,15 +8,16 @@ phrases the reason. Known messages are phrased with their fix: CUDA out of memor
 
 The failing rank is the root cause of torchrun's report; when a log holds several reports
 (several agents, e.g. one per node under ``srun``), a rank that raised wins over ranks that died
-by a signal, and among those the first failure by time, then the first in the log. A failure's
-time is the report's ``time`` field (the second its agent saw it; an entry without one comes
-last), and within one second the place of the rank's own traceback in the log: each rank writes
-it the moment it raises, into the one combined log, whereas each agent prints its report only
-after it stopped its other workers (measured: ``tests/data/two_agents_both_raise.log``, where the
-rank that raised first has the second report). When more than one rank failed on its own
-(raised, or was the root cause of its report by a signal other than torchrun's SIGTERM/SIGINT
-teardown; a raise that only says its peer went away does not count), the line says so: ``rank 1
-on n2 failed first; 2 ranks failed: ...``.
+by a signal, and among those the first failure by time, then the first in the log. Ranks that
+raised are ordered by where their own tracebacks are in the log: each rank writes its traceback the
+moment it raises, into the one combined log, whereas each agent prints its report only after it
+stopped its other workers (measured: ``tests/data/two_agents_both_raise.log``, where the rank that
+raised first has the second report), and its ``time`` field is the whole second its agent saw the
+failure; otherwise by that ``time`` field (an entry without one comes last), then the traceback.
+When more than one rank failed on its own (raised, or was the root cause of its report by a signal
+other than torchrun's SIGTERM/SIGINT teardown; a raise that only says its peer went away does not
+count; a rank whose traceback ends its output counts too when its agent was stopped before it
+printed a report), the line says so: ``rank 1 on n2 failed first; 2 ranks failed: ...``.
 
 The failing rank's message is found in this order: the error file, the report's own traceback,
 the last traceback of that rank's ``[rankN]:`` lines, of its per-rank log file
@@ -226,8 +227,23 @@ def _when(e: ReportEntry, log: LogStreams) -> tuple:
     then a report's root cause before its other entries (its agent saw the root first)."""
     m = _REPORT_TIME_RE.match(e.time or "")
     second = f"{m[1]}{m[2]}{m[3]} {m[4]}" if m else "~"
-    tb = log.last_traceback(("rank", e.rank), survived=False) if _raised(e) else None
+    tb = _own_traceback(e, log)
     return (second, tb.order if tb is not None else math.inf, not e.root)
+
+
+def _own_traceback(e: ReportEntry, log: LogStreams):
+    """The last traceback ``e``'s rank wrote with its ``[rankN]:`` prefix, when it raised, else ``None``."""
+    return log.last_traceback(("rank", e.rank), survived=False) if _raised(e) else None
+
+
+def _earliest(entries: list[ReportEntry], log: LogStreams) -> ReportEntry:
+    """The entry that failed first: when each raised and wrote its traceback into the one log, the
+    traceback's place there (to the line: two agents' whole-second report times can disagree with
+    it across a second's edge); else by :func:`_when`; then the first report in the log."""
+    tracebacks = [_own_traceback(e, log) for e in entries]
+    if all(tb is not None for tb in tracebacks):
+        return min(zip(entries, tracebacks), key=lambda p: (p[1].order, p[0].report))[0]
+    return min(entries, key=lambda e: (_when(e, log), e.report))
 
 
 def _failed_on_its_own(e: ReportEntry, log: LogStreams) -> bool:
@@ -238,6 +254,32 @@ def _failed_on_its_own(e: ReportEntry, log: LogStreams) -> bool:
     if _raised(e):
         return not _consequence(e, log) and (e.root or e.exitcode - 128 not in teardown)
     return e.root and e.exitcode is not None and e.exitcode < 0 and -e.exitcode not in teardown
+
+
+def _unreported_raises(entries: list[ReportEntry], log: LogStreams) -> dict[int, Traceback]:
+    """Ranks that raised (their last ``[rankN]:`` traceback ends their output, and is not a peer
+    gone away) though no report names them: their agent was stopped before it printed one (``srun
+    --kill-on-bad-exit`` ends the other nodes' agents when one node's fails)."""
+    reported = {x.rank for x in entries}
+    out = {}
+    for (kind, rank), tb in log.tracebacks(survived=False):
+        if kind == "rank" and rank not in reported and not any(p in tb.message for p in _PEER_GONE):
+            out[rank] = tb
+    return out
+
+
+def _earlier_unreported(chosen: ReportEntry, unreported: dict[int, Traceback],
+                        log: LogStreams) -> tuple[int, Traceback] | None:
+    """``(rank, traceback)`` of the first unreported raise when it beats ``chosen``: it came before
+    ``chosen``'s own traceback in the log, or ``chosen`` did not raise on its own (a signal, a peer
+    gone: a raise wins); else ``None``."""
+    if not unreported:
+        return None
+    rank, tb = min(unreported.items(), key=lambda kv: kv[1].order)
+    if _raised(chosen) and not _consequence(chosen, log):
+        mine = _own_traceback(chosen, log)
+        return (rank, tb) if mine is not None and tb.order < mine.order else None
+    return rank, tb
 
 
 def _choose(entries: list[ReportEntry], log: LogStreams) -> ReportEntry:
@@ -251,11 +293,12 @@ def _choose(entries: list[ReportEntry], log: LogStreams) -> ReportEntry:
     """
     roots = [e for e in entries if e.root] or entries
 
-    def key(e: ReportEntry) -> tuple:
+    def kind(e: ReportEntry) -> int:
         consequence = _consequence(e, log)
-        return (0 if _raised(e) and not consequence else 2 if consequence else 1, _when(e, log), e.report)
+        return 0 if _raised(e) and not consequence else 2 if consequence else 1
 
-    best = min(roots, key=key)
+    first_kind = min(map(kind, roots))
+    best = _earliest([e for e in roots if kind(e) == first_kind], log)
     if _consequence(best, log):
         for e in entries:
             if (e.report == best.report and e.exitcode is not None and e.exitcode < 0
@@ -348,7 +391,13 @@ def describe_failure(
     log = LogStreams(log_text)
     entries = parse_reports(log_text)
     if entries:
-        return _from_report(_choose(entries, log), entries, log, rank_logs, evidence)
+        chosen = _choose(entries, log)
+        unreported = _unreported_raises(entries, log)
+        early = _earlier_unreported(chosen, unreported, log)
+        if early is not None:  # it raised before the reported failure, and its agent printed no report
+            failed = len({x.rank for x in entries if _failed_on_its_own(x, log)}) + len(unreported)
+            return _from_traceback(early[1], _Who(rank=early[0], failed=failed))
+        return _from_report(chosen, entries, log, rank_logs, evidence, len(unreported))
     # No report: the agent itself failed (EADDRINUSE, rendezvous timeout), or a one-process job.
     who = _Who(exitcode=evidence.returncode, pid=evidence.pid) if evidence is not None else _Who()
     if who.exitcode is not None and who.exitcode < 0:  # killed: no traceback of its own explains that
@@ -376,12 +425,12 @@ def describe_failure(
 
 
 def _from_report(e: ReportEntry, entries: list[ReportEntry], log: LogStreams, rank_logs: Mapping[int, str] | None,
-                 evidence: Evidence | None) -> FailureReason:
+                 evidence: Evidence | None, unreported: int = 0) -> FailureReason:
     several_hosts = len({x.host for x in entries if x.host}) > 1
     own = {x.rank: x for x in entries if _failed_on_its_own(x, log)}
-    first = min(own.values(), key=lambda x: (_when(x, log), x.report)) if own else e
-    who = _Who(e.rank, e.local_rank, e.host, e.exitcode, e.pid, several_hosts, failed=max(len(own), 1),
-               first=first.rank == e.rank)
+    first = _earliest(list(own.values()), log) if own else e
+    who = _Who(e.rank, e.local_rank, e.host, e.exitcode, e.pid, several_hosts,
+               failed=max(len(own) + unreported, 1), first=first.rank == e.rank)
     if e.exitcode is not None and e.exitcode < 0:
         return _signal_reason(who, log, evidence, e.message or None)
     # 1. torchelastic's error file (@record); 2. the report's own traceback field
