@@ -160,3 +160,15 @@ def job_registry(tmp_path, monkeypatch):
     root = home / "jobs"
     root.mkdir(parents=True)
     return root
+def third(monkeypatch):
+    """The third scheduler's test distribution installed on this process's path (and its children's,
+    through PYTHONPATH: kernels and JupyterLab started after it find it too); the scheduler registry
+    forgets what it found before and after."""
+    from jobhelpers import THIRD_PACKAGE
+    from tune_magic import schedulers
+
+    monkeypatch.syspath_prepend(str(THIRD_PACKAGE))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(THIRD_PACKAGE), os.environ.get("PYTHONPATH")])))
+    schedulers.refresh()
+    yield
+    schedulers.refresh()

@@ -18,6 +18,8 @@ REPO = HERE.parent
 DATA = HERE / "data"
 TOY_RECIPE = HERE / "recipes" / "toy_recipe.py"
 TOY_CONFIG = HERE / "recipes" / "toy.yaml"
+#: the third scheduler's test distribution (an entry point in tune_magic.schedulers; fixture ``third``)
+THIRD_PACKAGE = HERE / "thirdsched"
 
 
 def toy_args(*overrides: str, nproc: int | None = 2) -> str:

@@ -158,6 +158,19 @@ class Job:
         return self._sched().engine_id(self._record)
 
     @property
+    def engine_id_label(self) -> str | None:
+        """What the engine's id is called (a column title, e.g. ``"SLURM ID"``), else ``None``."""
+        return self._sched().engine_id_label
+
+    @property
+    def overrides(self) -> list[str]:
+        """The override words the recipe got (``key=value`` / ``~key``, in order; the per-job
+        ``output_dir`` tune_magic adds included), also for jobs launched before records kept them."""
+        from tune_magic.registry.record import overrides_of
+
+        return overrides_of(self._record)
+
+    @property
     def tail_rules(self) -> tuple:
         """The engine's own lines a card's display tail collapses (its scheduler's rules)."""
         return self._sched().tail_rules

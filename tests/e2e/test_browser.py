@@ -388,6 +388,10 @@ def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
                   what="card c to read 'failed'", describe=lambda: json.dumps(_card_state(c), indent=1))
     assert "rank 1" in sc["first_line"] and "RuntimeError: toy recipe crashed on purpose" in sc["first_line"], sc
     assert not sc["button_visible"], sc  # no Stop on an ended job
+    # the overrides it ran with, one collapsed line under the header (the words one a line once opened)
+    overrides = c.locator("details.tm-overrides")
+    assert overrides.evaluate("d => !d.open") and overrides.locator("summary").inner_text() == "overrides: crash_rank=1"
+    assert sc["text"].index(sc["header"]) < sc["text"].index("overrides: crash_rank=1"), sc["text"]
     # the whole traceback is behind a toggle: collapsed, and shown on a click
     tb = c.locator(".tm-traceback")
     assert not tb.is_visible()
@@ -464,6 +468,10 @@ def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
 # --- the jobs table and the panel (issue 16: "The tables") -------------------------------------------
 
 TABLES = ARTIFACTS / "tables"
+#: The quickstart's own comparison cell (notebooks/quickstart.ipynb, cell "compare-chart"), run here on
+#: this test's two jobs: what a reader of the quickstart sees of the chart.
+QUICKSTART_COMPARE = next(c for c in json.loads((REPO / "notebooks" / "quickstart.ipynb").read_text())["cells"]
+                          if c.get("id") == "compare-chart")["source"]
 CMP_NAMES = ("cmp-lr-1e-2 learning-rate sweep, run A", "cmp-lr-2e-3 learning-rate sweep, run B")
 TABLE_CELLS = [
     ("markdown", "# tune_magic browser test: the jobs table and the panel"),
@@ -488,6 +496,10 @@ _ROW_JS = """([root, id]) => {
     const reason = cell('reason');
     return {status: cell('status').textContent.trim(), step: cell('step').textContent.trim(),
             loss: cell('loss').textContent.trim(), name: cell('name').textContent.trim(),
+            engine: (cell('engine').querySelector('.tm-engine') || {textContent: ''}).textContent.trim(),
+            nodes: (cell('engine').querySelector('.tm-nodes') || {textContent: ''}).textContent.trim(),
+            scheduler: cell('scheduler').textContent.trim(),
+            started: cell('started').textContent.trim(),
             buttons: cell('stop').querySelectorAll('button').length,
             labels: [...cell('stop').querySelectorAll('button')].map(b => b.textContent.trim()),
             reason: reason.textContent.trim(), reason_shown: reason.offsetParent !== null};
@@ -514,8 +526,15 @@ _LAYOUT_JS = """el => {
     const right = el.getBoundingClientRect().right;
     const wide = [...el.querySelectorAll('*')].filter(e => e.getBoundingClientRect().right > right + 1)
         .slice(0, 12).map(e => `${e.tagName}.${[...e.classList].join('.')} ${Math.round(e.getBoundingClientRect().width)}px`);
+    const command = [...el.querySelectorAll('.widget-textarea')].find(w => label(w) === 'command');
+    const commandArea = command && command.querySelector('textarea');
     return {
         panel: {scroll: el.scrollWidth, client: el.clientWidth, wide},
+        command: commandArea && {scroll: commandArea.scrollHeight, client: commandArea.clientHeight,
+                                 width: commandArea.clientWidth, rows: commandArea.rows,
+                                 char: fits('x'.repeat(50), commandArea).width / 50, value: commandArea.value},
+        endpoint_shown: !!endpoint && endpoint.offsetParent !== null,
+        scheduler_note: (n => n && n.textContent)(el.querySelector('.tm-scheduler-note')),
         output: (o => ({scroll: o.scrollWidth, client: o.clientWidth}))(el.closest('.jp-OutputArea-output')),
         table: (t => t && {scroll: t.scrollWidth, client: t.clientWidth})(el.querySelector('.tune-magic-jobs')),
         options: select ? [...select.options].map(o => fits(o.text, select)) : null,
@@ -529,6 +548,20 @@ _LAYOUT_JS = """el => {
         textareas: [...el.querySelectorAll('textarea')].map(t => t.value),
     };
 }"""
+
+
+# cells of a jobs table whose text is wider than the cell (it would run over the next column)
+_OVERRUN_JS = """root => [...root.querySelectorAll('[class*="tm-cell-"]')].filter(c => c.offsetParent !== null)
+    .filter(c => { const r = c.getBoundingClientRect();
+                   return [...c.querySelectorAll('*')].some(e => e.getBoundingClientRect().right > r.right + 1); })
+    .map(c => `${c.className.match(/tm-cell-[a-z]+/)[0]}: ${c.textContent.trim().slice(0, 40)}`)"""
+
+
+# cells of a jobs table that reach past its right edge (a grid wider than its room)
+_OUTSIDE_JS = """root => { const right = root.getBoundingClientRect().right;
+    return [...root.querySelectorAll('[class*="tm-cell-"]')].filter(c => c.offsetParent !== null)
+        .filter(c => c.getBoundingClientRect().right > right + 1)
+        .map(c => `${c.className.match(/tm-cell-[a-z]+/)[0]}: ${Math.round(c.getBoundingClientRect().right - right)} px`); }"""
 
 
 def _row(table, job_id: str) -> dict | None:
@@ -585,18 +618,25 @@ def _run_all(page, lab, name: str, cells) -> None:
 
 
 @pytest.mark.timeout(420)
-def test_live_jobs_table_and_panel_layout_in_jupyterlab(lab, page, new_jobs):
+def test_live_jobs_table_and_panel_layout_in_jupyterlab(third, lab, page, new_jobs):
     from jobhelpers import toy_args
 
     TABLES.mkdir(parents=True, exist_ok=True)
     for old in TABLES.glob("*.png"):
         old.unlink()
-    # finished jobs to list and compare (two curves), and a failed one, started while Lab starts
+    # finished jobs to list and compare (two curves), and a failed one, started while Lab starts; one
+    # more on another scheduler (tests/thirdsched, found by Lab's kernel through PYTHONPATH), whose
+    # engine id (its label) gets a column titled by that scheduler, as SLURM's job id does
     done = [tune_magic.launch(toy_args("steps=6", "step_s=0", f"start_loss={loss}"), name=name)
             for name, loss in zip(CMP_NAMES, (10.0, 8.0))]
     crashed = tune_magic.launch(toy_args("steps=4", "step_s=0", "crash_rank=1"), name="crash rank 1")
-    assert [j.wait(120) for j in done] + [crashed.wait(120)] == ["succeeded", "succeeded", "failed"]
-    _run_all(page, lab, "tables_test.ipynb", TABLE_CELLS)
+    elsewhere = tune_magic.launch(toy_args("steps=2", "step_s=0", nproc=1), name="on the third scheduler",
+                                  scheduler="third", label="exp-7")
+    assert [j.wait(120) for j in done] + [crashed.wait(120), elsewhere.wait(120)] == [
+        "succeeded", "succeeded", "failed", "succeeded"]
+    quickstart = ("job_a, job_b = (tune_magic.get_job(i) for i in %r)\n" % ([j.id for j in done],)
+                  + "".join(QUICKSTART_COMPARE))
+    _run_all(page, lab, "tables_test.ipynb", TABLE_CELLS + [("code", quickstart)])
     tables, panels = page.locator(".tune-magic-jobs"), page.locator(".tune-magic-panel")
     wait_for(lambda: tables.count() == 3 and panels.count() == 2, CARDS_S, what="%tune_jobs and two panels",
              describe=lambda: page.locator(".jp-OutputArea").all_inner_texts())
@@ -610,6 +650,23 @@ def test_live_jobs_table_and_panel_layout_in_jupyterlab(lab, page, new_jobs):
     r = _row(jobs_table, crashed.id)
     assert r["status"] == "failed" and r["labels"] == ["Resume"] and r["reason_shown"], r
     assert "rank 1" in r["reason"] and "RuntimeError: toy recipe crashed on purpose" in r["reason"], r
+    # newest first; the engine's id has a column titled by its scheduler, with the nodes, and the
+    # scheduler a column of its own (two are listed); when each job started
+    heads = jobs_table.evaluate("t => [...t.querySelectorAll('.tm-cell-head')].filter(h => h.offsetParent !== null)"
+                                ".map(h => h.innerText.trim().replace(/\\s+/g, ' '))")
+    assert heads == ["id", "name", "status", "step", "loss", "elapsed", "started", "scheduler", "THIRD LABEL nodes",
+                     ""], heads
+    assert r["engine"] == "" and r["scheduler"] == "local", r
+    r = _row(jobs_table, elsewhere.id)
+    assert (r["engine"], r["nodes"], r["scheduler"], r["status"]) == ("exp-7", socket.gethostname(), "third",
+                                                                      "succeeded"), r
+    assert re.fullmatch(r"\d\d:\d\d", r["started"]) or re.fullmatch(r"\d\d-\d\d \d\d:\d\d", r["started"]), r
+    order = jobs_table.evaluate("t => [...t.querySelectorAll('.tm-cell-id')].filter(e => e.offsetParent !== null)"
+                                ".map(e => e.textContent.trim())")
+    ours = [j.id for j in (*done, crashed, elsewhere)]
+    assert [i for i in order if i in ours] == sorted(ours, key=lambda i: tune_magic.get_job(i).started_at,
+                                                       reverse=True), order
+    _shot(page, "tables/00-tune-jobs-columns", jobs_table)
 
     # a job launched elsewhere (here, the test process) appears in both tables and its step moves on
     # while nobody clicks; its row has a Stop button
@@ -643,12 +700,22 @@ def test_live_jobs_table_and_panel_layout_in_jupyterlab(lab, page, new_jobs):
         lay = panel.evaluate(_LAYOUT_JS)
         jobs_lay = jobs_table.evaluate("t => ({scroll: t.scrollWidth, client: t.clientWidth})")
         assert jobs_lay["scroll"] <= jobs_lay["client"], (width, jobs_lay)
+        # no cell's text runs over its neighbour (long ids and names wrap in their cells), and every
+        # column is inside the table (the Stop button too)
+        for root in (jobs_table, panel.locator(".tune-magic-jobs")):
+            assert root.evaluate(_OVERRUN_JS) == [], (width, root.evaluate(_OVERRUN_JS))
+            assert root.evaluate(_OUTSIDE_JS) == [], f"{width}: " + json.dumps([root.evaluate(_OUTSIDE_JS), root.evaluate(
+                "r => [r.getBoundingClientRect().width, ...[...r.querySelectorAll('.tm-cell-head')]"
+                ".filter(h => h.offsetParent !== null).map(h => Math.round(h.getBoundingClientRect().width))]")])
         # every job name in the compare picker fits (not cut off), the endpoint placeholder is whole
         assert lay["options"] and all(o["width"] <= o["room"] for o in lay["options"]), (width, lay["options"])
         shown = [o["text"].replace("\u00a0", " ") for o in lay["options"]]  # ipywidgets writes spaces as nbsp
         assert all(any(f"{name}  {job.id}" == t for t in shown) for name, job in zip(CMP_NAMES, done)), shown
         assert lay["placeholder"]["text"].endswith("--standalone") and \
             lay["placeholder"]["width"] <= lay["placeholder"]["room"], (width, lay["placeholder"])
+        # the whole command is in view, its last line too (no scrolling inside the box)
+        assert "'metric_logger.name=my run'" in lay["command"]["value"], lay["command"]
+        assert lay["command"]["scroll"] <= lay["command"]["client"], (width, lay["command"])
         _shot_whole(page, f"tables/02-panel-{width}", panel, width)
         _shot(page, f"tables/03-tune-jobs-{width}", jobs_table)
     lay = panel.evaluate(_LAYOUT_JS)
@@ -668,10 +735,29 @@ def test_live_jobs_table_and_panel_layout_in_jupyterlab(lab, page, new_jobs):
         assert slurm["slurm_shown"], slurm
         assert any(t.startswith("sbatch --parsable ") and t.endswith("/job.sbatch") for t in slurm["textareas"])
         assert any(t.startswith("#!/bin/bash\n") and "#SBATCH --nodes=2\n" in t for t in slurm["textareas"])
+        assert not slurm["endpoint_shown"] and lay["endpoint_shown"]  # the scheduler picks the rendezvous
+        from tune_magic.schedulers.slurm.sinfo import controller_note
+
+        note = controller_note(os.environ)  # what sinfo says here, as the kernel's panel heard it
+        assert slurm["scheduler_note"] == (f"slurm: {note}" if note else None), slurm["scheduler_note"]
         # nothing compared in this panel: no chart (no empty 0..1 grid), a line says so
         assert not panels.nth(1).locator(".bqplot.figure").is_visible()
         assert "choose jobs" in panels.nth(1).locator(".tm-chart-note").inner_text()
         _shot_whole(page, "tables/04-panel-slurm", panels.nth(1), 1440)
+
+    # the quickstart's comparison cell: the chart with its legend above the plot, one item per job
+    compare = page.locator(".jp-Notebook .jp-Cell").last
+    compare.locator(".tm-legend").scroll_into_view_if_needed()
+    _charts_laid_out(compare)
+    legend = compare.evaluate("""c => { const l = c.querySelector('.tm-legend'), f = c.querySelector('.bqplot.figure');
+        return {items: [...l.querySelectorAll('.tm-legend-item')].map(i => i.textContent.trim()),
+                colours: [...l.querySelectorAll('.tm-legend-item span')].map(s => getComputedStyle(s).backgroundColor),
+                shown: l.offsetParent !== null, bottom: l.getBoundingClientRect().bottom,
+                figure_top: f.getBoundingClientRect().top,
+                curves: [...f.querySelectorAll('svg g.curve path.line')].map(p => getComputedStyle(p).stroke)}; }""")
+    assert legend["shown"] and legend["items"] == [f"{j.name} {j.id[-6:]}" for j in sorted(done, key=lambda j: j.id)], legend
+    assert legend["bottom"] <= legend["figure_top"] + 1 and sorted(legend["colours"]) == sorted(legend["curves"]), legend
+    _shot(page, "tables/06-quickstart-chart-with-legend", compare)
 
     # Stop on the running job's row: it reads stopped and loses its button
     page.set_viewport_size({"width": 1440, "height": 900})

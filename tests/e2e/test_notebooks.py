@@ -135,8 +135,19 @@ def test_quickstart_through_the_demo(tmp_path, tiny_assets):
     assert stdout(nb, "stop") == f"{idc} stopped\n"
     after = table_rows(texts(nb, "jobs-after")[0])
     assert [after[i][1] for i in (ida, idb, idc)] == ["succeeded", "succeeded", "stopped"]
+    # the misspelled override is refused before anything starts, with the nearest key of the config
+    assert cell(nb, "typo").metadata.tags == ["raises-exception"]
+    refused = stderr(nb, "typo")
+    assert refused.startswith("UsageError: override optimzer.lr=1e-3: the config has no key optimzer; did you mean "
+                              "optimizer.lr? (to add optimzer.lr as a new key on purpose, write +optimzer.lr=1e-3)"), refused
+    assert not [j for j in jobs() if j.name == "typo" and j.record.cwd == a.record.cwd]  # nothing started
+    # the comparison chart comes with its legend (which curve is which job; its items, as a browser
+    # shows them: tests/e2e/test_browser.py)
+    (chart,) = texts(nb, "compare-chart")
+    assert chart.startswith("VBox(children=(HTML(value='', _dom_classes=('tm-chart-note',)), HTML(value=\"<span "
+                            "class='tm-legend-item' "), chart
     for c_ in nb.cells:
-        if c_.cell_type == "code":
+        if c_.cell_type == "code" and c_.get("id") != "typo":
             assert not any(o.output_type == "error" for o in c_.outputs), c_.source
 
     # the demo's summary: one row per job, then where the executed notebook is

@@ -24,19 +24,8 @@ from waiting import wait_for
 pytestmark = pytest.mark.e2e
 TIMEOUT = 180
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1] / "thirdsched"
+from jobhelpers import THIRD_PACKAGE as PACKAGE_DIR
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def third(monkeypatch):
-    """The test distribution installed on this process's path (and its children's, through
-    PYTHONPATH); the scheduler registry forgets what it found before and after."""
-    monkeypatch.syspath_prepend(str(PACKAGE_DIR))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(PACKAGE_DIR), os.environ.get("PYTHONPATH")])))
-    schedulers.refresh()
-    yield
-    schedulers.refresh()
 
 
 def test_no_file_of_tune_magic_names_the_third_scheduler():

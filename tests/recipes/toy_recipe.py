@@ -6,7 +6,8 @@ redrawn with ``\\r``) so the job machinery can be tested fast, and it can crash 
 rank. Config keys (YAML via --config, then key=value overrides):
 output_dir, steps (steps per epoch), epochs (default 1), step_s (seconds per step), crash_rank
 (that rank raises RuntimeError(crash_message) at global step crash_step, default 2: after step 1
-was logged; 1: before any step), crash_message, lines_per_step, start_loss,
+was logged; 1: before any step; a list such as [0,1]: each of those ranks does, as a config error
+every rank meets), crash_message, lines_per_step, start_loss,
 checkpoint_s (after each epoch, rank 0 prints lora_finetune_distributed's ``Saving checkpoint.
 This may take some time. Retrieving full model state dict...`` log line, every rank sleeps this
 many seconds, then rank 0 prints ``Saving checkpoint took N secs``; default 0: no such lines),
@@ -122,6 +123,13 @@ def _resume(cfg, out, steps):
     return state["epochs_run"], step
 
 
+def _ranks(value) -> set[int]:
+    """``crash_rank``'s ranks: one rank, or a list of them (``crash_rank=[0,1]``)."""
+    if OmegaConf.is_list(value):
+        return {int(r) for r in value}
+    return {int(value)}
+
+
 def main(argv):
     i = argv.index("--config")
     cfg = OmegaConf.merge(OmegaConf.load(argv[i + 1]), OmegaConf.from_dotlist(argv[:i] + argv[i + 2:]))
@@ -168,7 +176,7 @@ def main(argv):
         started = time.monotonic()
         for n in range(1, steps + 1):
             step = (epoch - 1) * steps + n
-            if (cfg.get("crash_rank") is not None and rank == int(cfg.crash_rank) and step == int(cfg.get("crash_step", 2))
+            if (cfg.get("crash_rank") is not None and rank in _ranks(cfg.crash_rank) and step == int(cfg.get("crash_step", 2))
                     and not (once and os.path.exists(once))):
                 if times:
                     _stamp(times, "crash")

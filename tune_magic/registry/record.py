@@ -65,6 +65,9 @@ class JobRecord:
     ``stop_requested_at`` is when a user first asked to stop the job (unix seconds), and
     ``finished_at_stop`` whether its log then showed the last planned step and the checkpoint save
     after it (the outcome rule, :mod:`tune_magic.registry.outcome`, reads both).
+    ``overrides`` are the recipe's override words as it got them (``key=value`` / ``~key``, the
+    per-job ``output_dir`` included), or ``None`` in records written before the field existed
+    (:func:`overrides_of` then reads them from ``argv``).
     """
 
     id: str
@@ -183,7 +186,7 @@ class JobRecord:
         if not all(isinstance(x, dict) and isinstance(x.get("host"), str) and isinstance(x.get("rank"), int)
                    for x in kwargs.get("rank_hosts") or []):
             raise CorruptRecord("field 'rank_hosts' must hold {host, rank} objects")
-        for key in ("gpus", "warnings"):
+        for key in ("gpus", "warnings", "overrides"):
             if kwargs.get(key) is not None and not all(
                 isinstance(x, int if key == "gpus" else str) and not isinstance(x, bool) for x in kwargs[key]
             ):
@@ -267,3 +270,14 @@ _FIELD_TYPES: dict[str, tuple[tuple, bool]] = {
     "resume_point": ((dict, type(None)), False), "attempts": ((list,), False),
     "max_resumes": ((int, type(None)), False),
 }
+
+
+def overrides_of(record: JobRecord) -> list[str]:
+    """The override words ``record``'s recipe got: its ``overrides`` field, or for a record written
+    before that field, the words after ``--config CONFIG`` in ``argv`` (every plan ends with the
+    recipe's ``--config CONFIG [overrides...]``); ``[]`` when ``argv`` has no ``--config``."""
+    if record.overrides is not None:
+        return list(record.overrides)
+    argv = record.argv
+    at = max((i for i, a in enumerate(argv) if a == "--config"), default=None)
+    return list(argv[at + 2:]) if at is not None else []

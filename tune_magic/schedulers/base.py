@@ -95,6 +95,12 @@ class Scheduler(ABC):
         naming the fix). The panel offers only available schedulers; a launch still tries."""
         return None
 
+    def status_note(self, env: Mapping[str, str]) -> str | None:
+        """For a scheduler that is :meth:`available`: ``None`` when it answers from here, else one
+        line on why a job sent to it may not start (e.g. its controller does not answer); the
+        panel shows it next to the choice. It may ask the engine (a few seconds at most)."""
+        return None
+
     def check_options(self, values: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
         """Check the options together (each was read by its row already); return them.
 

@@ -48,6 +48,8 @@ def _cmd(argv: Sequence[str]) -> int:
         print(plan.command_line())
         if getattr(plan, "batch_script", None):
             print("\n" + plan.batch_script, end="")
+    for warning in plan.warnings:  # what a launch would warn about (the card shows them)
+        print(f"tune-magic cmd: warning: {escape(warning)}", file=sys.stderr)
     return 0
 
 
@@ -310,6 +312,8 @@ def end_line(job) -> str:
         parts.append(f"step {s.step}" + (f" loss {s.loss:.6g}" if s.loss is not None else ""))
     if job.status == "failed" and job.error:
         parts.append(escape(job.error))
+    elif job.status == "stopped":  # a user's stop, whatever the engine said of the job's end
+        parts.append(escape(job.record.error) if job.record.error else "stopped by the user")
     elif job.record.returncode is not None and job.status != "succeeded":
         parts.append(f"exit code {job.record.returncode}")
     return " · ".join(parts)
@@ -335,21 +339,30 @@ def _listed(command: str) -> list:
 
 
 def _jobs(argv: Sequence[str]) -> int:
+    from tune_magic.ui import tablecols
+    from tune_magic.ui.listing import JobFilter, add_arguments
+
     parser = argparse.ArgumentParser(prog="tune-magic jobs", description="List jobs, running and finished.")
     parser.add_argument("--json", action="store_true", help="print a JSON list of job records")
+    add_arguments(parser)
     ns = parser.parse_args(argv)
-    listed = _listed("jobs")
+    listed = JobFilter.from_args(ns).select(_listed("jobs"))
     if ns.json:
         print(json.dumps([_job_json(j) for j in listed], indent=2))
         return 0
     # every value can hold anything a user typed or a hand-edited record holds: escape and cut (--json keeps it)
     from tune_magic.lineage import mark
 
-    rows = [("ID", "NAME", "STATUS", "STEP", "LOSS", "ELAPSED", "ENDPOINT", "OUTPUT_DIR", "REASON", "RESUME")]
+    cols = tablecols.columns_for(listed)
+    rows = [("ID", "NAME", "STATUS", "STEP", "LOSS", "ELAPSED", *map(cols.title, cols.kinds()), "ENDPOINT",
+             "OUTPUT_DIR", "REASON", "RESUME")]
+    now = time.time()
     for j in listed:
         s = j.summary()  # the small summary file, never the log
+        extra = tablecols.values(j, now)
         rows.append((cell(j.id), cell(j.name), cell(j.record.state.label), "-" if s.step is None else str(s.step),
                      "-" if s.loss is None else f"{s.loss:.4g}", f"{j.elapsed_s:.0f}s",
+                     *(cell(extra[k], NAME_WIDTH) for k in cols.kinds()),
                      cell(j.record.rendezvous_endpoint, NAME_WIDTH), cell(j.output_dir, PATH_WIDTH, keep="end"),
                      cell(j.record.error, PATH_WIDTH) if j.record.status == "failed" else "",
                      cell(mark(j.record), 2 * PATH_WIDTH, empty="")))
@@ -364,7 +377,8 @@ def _job_json(job) -> dict:
             "output_dir": r.output_dir, "log_path": r.log_path, "rendezvous_endpoint": r.rendezvous_endpoint,
             "pid": job.pid, "gpus": r.gpus, "physical_gpus": r.physical_gpus, "argv": r.argv, "env": r.env, "cwd": r.cwd,
             "started_at": r.started_at, "ended_at": r.ended_at, "workers": job.workers,
-            "scheduler": job.scheduler, "engine_id": job.engine_id, "num_nodes": job.num_nodes,
+            "scheduler": job.scheduler, "engine_id": job.engine_id, "engine_id_label": job.engine_id_label,
+            "num_nodes": job.num_nodes, "overrides": job.overrides,
             "nodes": job.nodes, "pending_reason": r.pending_reason, "scheduler_options": r.scheduler_options,
             "resumed_from": r.resumed_from, "resumed_by": r.resumed_by, "resume_point": r.resume_point,
             "attempts": r.attempts, "max_resumes": r.max_resumes}
@@ -407,6 +421,11 @@ def _logs(argv: Sequence[str]) -> int:
         _FOLLOWING["job"] = job.id
     _write_chunks(source(job, follow=ns.follow))
     _FOLLOWING.pop("job", None)
+    if source is _whole_log and not job.status.is_live:
+        # how it ended, after its last lines (a stop's lines from torchrun and the engine read like a
+        # crash); on stderr: stdout stays the log itself
+        sys.stdout.flush()
+        print(f"tune-magic logs: {end_line(job)}", file=sys.stderr)
     return 0
 
 

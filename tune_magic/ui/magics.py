@@ -78,6 +78,16 @@ def _launch_arguments(func):
     return magic_arguments()(func)
 
 
+def _filter_arguments(func):
+    """``magic_arguments`` of ``%tune_jobs``: the listing filter's options
+    (:data:`tune_magic.ui.listing.ARGUMENTS`, the same as ``tune-magic jobs``)."""
+    from tune_magic.ui.listing import ARGUMENTS
+
+    for flags, kwargs in reversed(ARGUMENTS):
+        func = argument(*flags, **kwargs)(func)
+    return func
+
+
 @magics_class
 class TuneMagics(Magics):
     """tune_magic's magics (registered by ``%load_ext tune_magic``)."""
@@ -118,6 +128,8 @@ class TuneMagics(Magics):
             script = getattr(result, "batch_script", None)
             if script:
                 print("\n" + script)
+            for warning in result.warnings:  # what a launch would warn about (the card shows them)
+                print(f"warning: {warning}", file=sys.stderr)
             return result
         return self._show_job(result, bool(own.get("wait")))
 
@@ -175,17 +187,20 @@ class TuneMagics(Magics):
         return job
 
     @magic_arguments()
+    @_filter_arguments
     @line_magic("tune_jobs")
     def tune_jobs(self, line: str = ""):
-        """Show all jobs (also those started by earlier kernels) with status, step, last loss, elapsed
-        time and a Stop button per live job."""
+        """Show the jobs (also those started by earlier kernels), newest first, with status, step, last
+        loss, elapsed time, start time and a Stop button per live job; the newest 20 (or --last N),
+        the rest behind "show all". --running, --failed and --name GLOB narrow the list."""
         if _wants_help(line):
             print(self.tune_jobs.__doc__)
             return None
-        _parse(self.tune_jobs, line)
+        from tune_magic.ui.listing import JobFilter
         from tune_magic.ui.views import JobsTable
 
-        display(JobsTable())
+        wanted = JobFilter.from_args(_parse(self.tune_jobs, line))
+        display(JobsTable(filter=wanted))
         return None
 
     @magic_arguments()

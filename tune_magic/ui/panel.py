@@ -26,7 +26,8 @@ from tune_magic.job import Job, jobs
 from tune_magic.launcher import launch
 from tune_magic import schedulers
 from tune_magic.ui.textfmt import cut
-from tune_magic.ui.views import JobsTable, int_ticks  # one tick rule for card and comparison chart
+from tune_magic.ui.charts import int_ticks  # one tick rule for card and comparison chart
+from tune_magic.ui.views import JobsTable
 from tune_magic.ui.watch import JobWatcher
 
 #: How deep recipe/config files are looked for under the working directory.
@@ -66,7 +67,8 @@ class Panel(widgets.VBox):
     is no GPU: hidden and disabled, with ``gpu_note`` in its place saying so), ``endpoint``, ``name``,
     ``overrides``, ``command_preview``, ``error``, ``launch_button``, ``jobs_table`` (a live :class:`~tune_magic.ui.views.JobsTable`),
     ``compare`` (jobs shown in the chart), ``chart`` (integer step ticks; hidden until a chosen job
-    logged a step, ``chart_note`` then says why) with ``legend``.
+    logged a step, ``chart_note`` then says why) with ``legend``; :meth:`comparison` is the chart
+    with its legend on its own.
     Where another scheduler is available from here (``schedulers_offered`` beyond ``local``) also
     ``scheduler`` (a dropdown) and, shown for the chosen one, ``scheduler_fields[name][option]``:
     one widget per option it declares (counts: 0 is not asked; text: blank is not asked, with the
@@ -93,7 +95,8 @@ class Panel(widgets.VBox):
         self._connect()
         self._sync_compare_options()
         self._set_ticks()  # no curve yet: the chart hidden, a line saying so
-        scheduler_rows = [self.scheduler, *self._field_boxes.values()] if len(self.schedulers_offered) > 1 else []
+        scheduler_rows = ([_wrap([self.scheduler, self.scheduler_note]), *self._field_boxes.values()]
+                          if len(self.schedulers_offered) > 1 else [])
         self._gpu_row = _wrap([self.nproc, widgets.VBox([self.gpus, self.gpu_note])])
         form = widgets.VBox([self.recipe, self.config, *scheduler_rows, self._gpu_row, self.endpoint, self.name,
                              self.overrides, self.command_preview, self.script_preview, self.error,
@@ -124,8 +127,9 @@ class Panel(widgets.VBox):
         self.name = widgets.Text(placeholder="optional", description="name", layout=widgets.Layout(**wide))
         self.overrides = widgets.Textarea(placeholder="key=value, one a line", description="overrides",
                                           layout=widgets.Layout(width="100%", max_width="46em", height="6em", margin=_MARGIN))
-        self.command_preview = widgets.Textarea(disabled=True, description="command",
-                                                layout=widgets.Layout(width="100%", height="6em", margin=_MARGIN))
+        # as many rows as the command needs (update_preview): a fixed height cut its last line off
+        self.command_preview = widgets.Textarea(disabled=True, description="command", rows=3,
+                                                layout=widgets.Layout(width="100%", margin=_MARGIN))
         self.script_preview = widgets.Textarea(disabled=True, description="script",
                                                layout=widgets.Layout(width="100%", height="18em", display="none", margin=_MARGIN))
         self.error = widgets.HTML()
@@ -145,6 +149,12 @@ class Panel(widgets.VBox):
         self.schedulers_offered = [n for n in schedulers.names()
                                    if n == "local" or schedulers.get_or_missing(n).available(os.environ) is None]
         chosen = schedulers.default_name(os.environ)
+        notes = [(n, schedulers.get_or_missing(n).status_note(os.environ)) for n in self.schedulers_offered
+                 if n != "local"]
+        # e.g. sbatch on PATH but no SLURM controller answering: offered, and said so next to the choice
+        self.scheduler_note = widgets.HTML("".join(
+            f"<div class='tm-scheduler-note' style='color:#8c564b;{_WRAP}'>{html.escape(n)}: {html.escape(note)}</div>"
+            for n, note in notes if note), layout=widgets.Layout(min_width="0", max_width="40em", margin="0 0 0 1em"))
         self.scheduler = widgets.Dropdown(options=self.schedulers_offered,
                                           value=chosen if chosen in self.schedulers_offered else "local",
                                           description="scheduler", layout=widgets.Layout(width="16em"))
@@ -225,6 +235,7 @@ class Panel(widgets.VBox):
         for name, box in self._field_boxes.items():
             box.layout.display = None if name == chosen else "none"
         self.script_preview.layout.display = None if self._elsewhere() else "none"
+        self.endpoint.layout.display = "none" if self._elsewhere() else None  # the scheduler picks the endpoint
         # another scheduler allocates the job's GPUs: the kernel's own GPUs are not the job's
         self._gpu_row.children[1].layout.display = "none" if self._elsewhere() else None
 
@@ -235,7 +246,7 @@ class Panel(widgets.VBox):
             PlanError: an override line that is not ``key=value``.
         """
         tokens: list[str] = []
-        if self.endpoint.value.strip():
+        if self.endpoint.value.strip() and not self._elsewhere():
             tokens += ["--rdzv-endpoint", self.endpoint.value.strip()]
         if self.nproc.value > 1:  # with GPUs chosen and nproc left at 1, the GPU count sets it
             tokens += ["--nproc_per_node", str(self.nproc.value)]
@@ -286,6 +297,7 @@ class Panel(widgets.VBox):
                 plan = build_plan(self.args(), cwd=self.cwd, gpus=self._gpu_choice())
                 self.command_preview.value = plan.command_line()
                 self.script_preview.value = ""
+            self.command_preview.rows = preview_rows(self.command_preview.value)
         except PlanError as exc:
             self.command_preview.value = self.script_preview.value = ""
             self.error.value = f"<span class='tm-error' style='color:#d62728'>{html.escape(str(exc))}</span>"
@@ -344,6 +356,11 @@ class Panel(widgets.VBox):
             layout=widgets.Layout(width="100%", height="300px", margin=_MARGIN), padding_y=0.05,
             fig_margin={"top": 10, "bottom": 40, "left": 60, "right": 20},
         )
+
+    def comparison(self) -> widgets.VBox:
+        """The comparison chart as a notebook shows it apart from the panel: the line saying why it
+        is empty, the legend (which curve is which job) above the plot, and the chart."""
+        return widgets.VBox([self.chart_note, self.legend, self.chart], layout=widgets.Layout(width="100%"))
 
     def _on_compare(self, change) -> None:
         import bqplot
@@ -418,6 +435,33 @@ class Panel(widgets.VBox):
         if table is not None:
             table.close()
         super().close()
+
+
+#: Characters a row of the command preview is taken to hold (a narrow notebook's, so that a wider
+#: one shows a spare row rather than a narrow one a cut line).
+PREVIEW_ROW_CHARS = 56
+
+
+def _wrapped_rows(line: str, width: int) -> int:
+    """Rows ``line`` takes in a box ``width`` characters wide that wraps at spaces, as a browser
+    wraps a textarea (a word longer than a row is broken across rows)."""
+    rows, used = 1, 0
+    for word in line.split(" "):
+        if used and used + 1 + len(word) > width:
+            rows, used = rows + 1, 0
+        elif used:
+            used += 1
+        used += len(word)
+        while used > width:
+            rows, used = rows + 1, used - width
+    return rows
+
+
+def preview_rows(text: str) -> int:
+    """Rows the command preview needs for ``text`` at :data:`PREVIEW_ROW_CHARS` characters a row
+    (wrapped at spaces), plus one, at least 3 and at most 24."""
+    wrapped = sum(_wrapped_rows(line, PREVIEW_ROW_CHARS) for line in text.splitlines() or [""])
+    return min(max(wrapped + 1, 3), 24)
 
 
 def _wrap(children) -> widgets.HBox:

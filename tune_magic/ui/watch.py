@@ -23,6 +23,7 @@ from tune_magic.logs.progress import (SAVED, SAVING, Bar, RunProgress, checkpoin
                        parse_bar, run_progress)
 from tune_magic.registry.status import Status
 from tune_magic.logs.tailview import display_tail
+from tune_magic.ui.cardlines import engine_id_text, overrides_text, shown_overrides
 
 #: Metric plotted by the views.
 LOSS = "loss"
@@ -89,6 +90,10 @@ class JobSnapshot:
             (the chart's markers).
         lineage_notes: where this job resumed from, its attempts, the job that resumed it
             (:func:`tune_magic.lineage.notes`).
+        overrides: the overrides the job ran with, as the card shows them
+            (:func:`tune_magic.ui.cardlines.shown_overrides`).
+        engine_id, engine_id_label: the engine's own id of the job (SLURM's job id) and what it is
+            called (``"SLURM ID"``), or ``None``.
     """
 
     job_id: str
@@ -119,6 +124,9 @@ class JobSnapshot:
     earlier_losses: tuple[float, ...] = ()
     resumed_at: tuple[int, ...] = ()
     lineage_notes: tuple[str, ...] = ()
+    overrides: tuple[str, ...] = ()
+    engine_id: str | None = None
+    engine_id_label: str | None = None
 
     @property
     def label(self) -> str:
@@ -179,9 +187,10 @@ class JobSnapshot:
         return " · ".join(text + suffix for _, text, suffix in self.progress_parts())
 
     def placement(self) -> list[str]:
-        """Where the job runs, for plain text: one line with its GPUs, rendezvous endpoint and
-        output_dir (those known), or no line when none is."""
-        details = [gpus_label(self.gpus, self.physical_gpus) or None,
+        """Where the job runs, for plain text: one line with the engine's id of it, its GPUs,
+        rendezvous endpoint and output_dir (those known), or no line when none is."""
+        details = [engine_id_text(self.engine_id_label, self.engine_id) or None,
+                   gpus_label(self.gpus, self.physical_gpus) or None,
                    f"rendezvous {self.endpoint}" if self.endpoint else None,
                    f"output_dir {self.output_dir}" if self.output_dir else None]
         return ["  ".join(d for d in details if d)] if any(details) else []
@@ -205,6 +214,7 @@ class JobSnapshot:
         if self.error:
             lines.append(f"error: {self.error}")
         lines += self.placement()
+        lines += [overrides_text(self.overrides)] if self.overrides else []
         lines += self.notes()
         if self.step is not None:
             lines.append(f"step {self.step} loss {self.loss:.6g}  {progress_summary(self.progress)}".rstrip())
@@ -343,11 +353,11 @@ class JobWatcher:
                            last.step if last else None, last.value if last else None)
         steps, losses, step, loss = self._curve
         r = self.job.record
-        tail, raw = self._tail()
-        run = self._progress(status, step, raw)
         if status == Status.FAILED and self._failure is None:
             self._failure = self.job.failure() or False  # written before the record says failed
         failure = self._failure or None
+        tail, raw = self._tail(failure)
+        run = self._progress(status, step, raw)
         nodes = ()
         if status.is_live and (r.num_nodes > 1 or r.scheduler != "local"):
             nodes = tuple(self.job.nodes)
@@ -360,7 +370,9 @@ class JobWatcher:
             steps=steps, losses=losses, step=step, loss=loss, error=r.error, returncode=r.returncode,
             run=run, run_at_s=self._run_at, traceback=failure.traceback if failure else None,
             pending_reason=r.pending_reason if status == Status.PENDING else None, nodes=nodes,
-            num_nodes=r.num_nodes, warnings=tuple(r.warnings), log_lost_at=r.log_lost_at, **self._lineage(r),
+            num_nodes=r.num_nodes, warnings=tuple(r.warnings), log_lost_at=r.log_lost_at,
+            overrides=tuple(shown_overrides(self.job.overrides, r.id)), engine_id=self.job.engine_id,
+            engine_id_label=self.job.engine_id_label, **self._lineage(r),
         )
 
     def _lineage(self, r) -> dict:
@@ -375,14 +387,15 @@ class JobWatcher:
         return dict(earlier_steps=curve.steps if curve else (), earlier_losses=curve.values if curve else (),
                     resumed_at=marks, lineage_notes=tuple(notes(r)))
 
-    def _tail(self) -> tuple[tuple[str, ...], list[list[str]]]:
-        """The shown tail, and the raw last lines of each followed log (combined, rank files)."""
+    def _tail(self, failure=None) -> tuple[tuple[str, ...], list[list[str]]]:
+        """The shown tail (a failed job's ending with the rank ``failure`` names), and the raw last
+        lines of each followed log (combined, rank files)."""
         keep = self.tail_lines * READ_PER_SHOWN
         if not self.job.record.rank_log_dir:
             raw = self.follower.tail(keep)
-            return tuple(display_tail(raw, self.tail_lines, rules=self.job.tail_rules)), [raw]
+            return tuple(display_tail(raw, self.tail_lines, rules=self.job.tail_rules, failure=failure)), [raw]
         sections = self.follower.log_sections(keep)
-        shown = display_tail(sections[0][1], self.tail_lines, rules=self.job.tail_rules)
+        shown = display_tail(sections[0][1], self.tail_lines, rules=self.job.tail_rules, failure=failure)
         for label, lines in sections[1:]:
             shown += [f"[{label}] {line}" for line in display_tail(lines, self.tail_lines, rules=self.job.tail_rules)]
         return tuple(shown), [lines for _, lines in sections]
