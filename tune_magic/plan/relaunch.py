@@ -28,25 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from tune_magic.registry.record import original_overrides  # noqa: F401  (the job's overrides: one rule)
+
 #: The folder under a job's directory that a launch makes torchrun's ``--log-dir`` (``--redirects``).
 RANKS_DIR = "ranks"
-
-
-def _config_end(argv: Sequence[str], config: str | None) -> int | None:
-    """Index just after ``--config <config>`` in ``argv`` (the last such pair), or ``None``."""
-    for i in range(len(argv) - 2, -1, -1):
-        if argv[i] == "--config" and (config is None or argv[i + 1] == config):
-            return i + 2
-    return None
-
-
-def original_overrides(argv: Sequence[str], config: str | None, recorded: Sequence[str] | None) -> list[str]:
-    """The job's overrides in order: ``recorded`` when the record has them, else the words after
-    ``--config <config>`` in ``argv`` (``[]`` when there is no such pair)."""
-    if recorded is not None:
-        return list(recorded)
-    end = _config_end(argv, config)
-    return list(argv[end:]) if end is not None else []
 
 
 def given_torchrun_options(argv: Sequence[str], recipe: str | None, recorded: Sequence[str] | None, *,

@@ -275,9 +275,17 @@ _FIELD_TYPES: dict[str, tuple[tuple, bool]] = {
 def overrides_of(record: JobRecord) -> list[str]:
     """The override words ``record``'s recipe got: its ``overrides`` field, or for a record written
     before that field, the words after ``--config CONFIG`` in ``argv`` (every plan ends with the
-    recipe's ``--config CONFIG [overrides...]``); ``[]`` when ``argv`` has no ``--config``."""
-    if record.overrides is not None:
-        return list(record.overrides)
-    argv = record.argv
-    at = max((i for i, a in enumerate(argv) if a == "--config"), default=None)
-    return list(argv[at + 2:]) if at is not None else []
+    recipe's ``--config CONFIG [overrides...]``; the last pair naming the record's config); ``[]``
+    when ``argv`` has no such pair."""
+    return original_overrides(record.argv, record.config, record.overrides)
+
+
+def original_overrides(argv, config: str | None, recorded) -> list[str]:
+    """:func:`overrides_of` from its parts: ``recorded`` when the record has them, else the words
+    after the last ``--config <config>`` in ``argv``."""
+    if recorded is not None:
+        return list(recorded)
+    for i in range(len(argv) - 2, -1, -1):
+        if argv[i] == "--config" and (config is None or argv[i + 1] == config):
+            return list(argv[i + 2:])
+    return []
