@@ -29,6 +29,10 @@ _API = {
     "Job": "job",
     "JobNotFound": "errors",
     "Panel": "ui.panel",
+    "sweep": "sweeping.create",
+    "Sweep": "sweeping.handle",
+    "sweeps": "sweeping.handle",
+    "get_sweep": "sweeping.handle",
 }
 
 __all__ = sorted(_API) + ["load_ipython_extension"]

@@ -143,6 +143,7 @@ class _Request:
     options: SchedulerOptions
     sched: Scheduler
     job_id: str
+    sweep: dict | None = None
 
 
 def launch(
@@ -157,6 +158,7 @@ def launch(
     config_overlay: str | None = None,
     scheduler: str | None = None,
     job_id: str | None = None,
+    sweep_trial: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> "Job | LaunchPlan":
     """Launch a ``tune run``-style job in the background and return at once.
@@ -183,6 +185,8 @@ def launch(
             ``"slurm"``, or an installed scheduler's name.
         job_id: the id a dry run's plan is built for (default: a new one, as a launch would pick);
             a real launch always picks its own.
+        sweep_trial: set by a sweep for each of its trials (:mod:`tune_magic.sweeping`): the job
+            record's ``sweep`` field, ``{"id": sweep id, "trial": index, "name": sweep name}``.
         options: the scheduler's own options by name (``nodes=2, partition="gpu"`` for SLURM;
             ``tune-magic run --help`` lists each scheduler's). Another scheduler's option is refused.
 
@@ -195,6 +199,34 @@ def launch(
         StateDirError: ``$TUNE_MAGIC_HOME`` cannot take the job (read-only, full disk).
         JobStartError: the scheduler could not start the job (its record says why).
     """
+    request, dry_run = _request(args, name=name, gpus=gpus, cwd=cwd, force=force, env=env, dry_run=dry_run,
+                                config_overlay=config_overlay, scheduler=scheduler, job_id=job_id,
+                                sweep_trial=sweep_trial, options=options)
+    return _dry_run(request) if dry_run else _register_and_submit(request)
+
+
+def register_trial(args: Sequence[str], *, sweep_trial: Mapping[str, Any], name: str, gpus, cwd: str,
+                   force: bool, env: Mapping[str, str], config_overlay: str | None, scheduler: str,
+                   **options: Any) -> "tuple[Path, JobRecord, LaunchPlan]":
+    """Register one trial of a sweep as a job of its scheduler, checked and planned as
+    :func:`launch` does, without submitting it: for a scheduler that runs a whole sweep as one
+    engine job (``Scheduler.submit_sweep``), which then submits every registered trial at once.
+
+    Returns:
+        ``(job directory, its record, its plan as the scheduler prepared it)``.
+
+    Raises:
+        PlanError, StateDirError: as :func:`launch`; nothing is registered then.
+    """
+    request, _ = _request(args, name=name, gpus=gpus, cwd=cwd, force=force, env=env, dry_run=False,
+                          config_overlay=config_overlay, scheduler=scheduler, job_id=None, sweep_trial=sweep_trial,
+                          options=options)
+    return _register_and_submit(request, submit=False)
+
+
+def _request(args, *, name, gpus, cwd, force, env, dry_run, config_overlay, scheduler, job_id, sweep_trial,
+             options) -> "tuple[_Request, bool]":
+    """Check :func:`launch`'s arguments; return the request and whether it is a dry run."""
     caller_env = dict(os.environ if env is None else env)
     if name is not None and not isinstance(name, str):
         raise PlanError(f"name={name!r}: the job name must be a string")
@@ -214,8 +246,9 @@ def launch(
     request = _Request(tokens=tokens, caller_env=caller_env,
                        cwd=os.path.abspath(os.getcwd() if cwd is None else os.fspath(cwd)), name=name, gpus=gpus,
                        force=force, config_overlay=config_overlay, options=read, sched=schedulers.get(read.scheduler),
-                       job_id=check_job_id(job_id) if job_id is not None else new_job_id())
-    return _dry_run(request) if dry_run else _register_and_submit(request)
+                       job_id=check_job_id(job_id) if job_id is not None else new_job_id(),
+                       sweep=dict(sweep_trial) if sweep_trial is not None else None)
+    return request, dry_run
 
 
 def _dry_run(req: _Request) -> LaunchPlan:
@@ -235,8 +268,9 @@ def _dry_run(req: _Request) -> LaunchPlan:
     return replace(plan, warnings=plan.warnings + [f"a launch here would refuse this: {e}" for e in problems])
 
 
-def _register_and_submit(req: _Request) -> Job:
-    """Stage the job's directory, register it under the launch lock, hand it to the scheduler."""
+def _register_and_submit(req: _Request, submit: bool = True):
+    """Stage the job's directory, register it under the launch lock, hand it to the scheduler;
+    return the :class:`Job` (without ``submit``: the directory, record and plan, not submitted)."""
     root = jobstore.jobs_root(req.caller_env)
     jobstore.collect_staging(root)
     stage = jobstore.staging_dir(req.job_id, root)
@@ -260,6 +294,8 @@ def _register_and_submit(req: _Request) -> Job:
                 _make_private_dir(Path(dirs.output_dir))
         except OSError as exc:
             raise _state_error(exc, root) from None
+        if not submit:
+            return final, record, plan
         try:
             req.sched.submit(final, record, plan, req.options, req.caller_env, lock_fd)
         except UserError:
@@ -308,7 +344,7 @@ def _record(req: _Request, plan: LaunchPlan, dirs, resolved, final: Path) -> Job
         recipe=plan.recipe, config=plan.config, rank_log_dir=plan.rank_log_dir, scheduler=req.sched.name,
         scheduler_options=_json_options(req.options), status=req.sched.initial_status.value,
         num_nodes=int(plan.nnodes) if (plan.nnodes or "").isdigit() else 1,
-        epochs=dirs.epochs, max_steps_per_epoch=dirs.max_steps_per_epoch,
+        epochs=dirs.epochs, max_steps_per_epoch=dirs.max_steps_per_epoch, sweep=req.sweep,
     )
 
 

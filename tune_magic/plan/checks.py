@@ -54,7 +54,7 @@ from tune_magic.errors import PlanError
 from tune_magic.plan.axes import looks_like_axis
 from tune_magic.plan.nearkeys import nearest_keys
 
-__all__ = ["CheckResult", "check_overrides", "split_override", "load_config"]
+__all__ = ["CheckResult", "check_overrides", "check_axis_items", "split_override", "load_config"]
 
 #: The key of an override, as ``tune_magic.plan.words`` accepts it (dotted names, ``[i]`` items).
 KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z0-9_\-]+|\[[^\]]*\])*$")
@@ -532,3 +532,24 @@ def check_overrides(config_path: str | os.PathLike | None, overrides: Sequence[s
     for token in overrides:
         checker.token(token)
     return result
+
+
+def check_axis_items(config_path: str | os.PathLike, axes: Sequence[tuple[str, Sequence[str]]]) -> None:
+    """Check each item of each sweep axis against the config, as the override ``key=item`` alone
+    (a sweep's trials each set one item; the raw comma list is never checked).
+
+    Args:
+        config_path: the config the trials get (a YAML cell body already merged into it).
+        axes: ``[(key, [item texts])]``.
+
+    Raises:
+        PlanError: an item whose type cannot be what the config holds, or a key that is a near
+            miss of a config key; the message names the axis and the item. Nothing has been started.
+    """
+    config = load_config(config_path)
+    for key, texts in axes:
+        for i, text in enumerate(texts, 1):
+            try:
+                _Checker(config, CheckResult()).token(f"{key}={text}")
+            except PlanError as exc:
+                raise PlanError(f"sweep axis {key}, item {i} ({text}): {exc}") from None

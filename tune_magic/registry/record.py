@@ -64,6 +64,8 @@ class JobRecord:
     ``stop_requested_at`` is when a user first asked to stop the job (unix seconds), and
     ``finished_at_stop`` whether its log then showed the last planned step and the checkpoint save
     after it (the outcome rule, :mod:`tune_magic.registry.outcome`, reads both).
+    ``sweep`` is set for a trial of a sweep: ``{"id": sweep id, "trial": its index, "name": the
+    sweep's name}`` (:mod:`tune_magic.registry.sweeprecord`), else ``None``.
     """
 
     id: str
@@ -106,6 +108,7 @@ class JobRecord:
     log_lost_at: float | None = None
     epochs: int | None = None
     max_steps_per_epoch: int | None = None
+    sweep: dict[str, Any] | None = None
     schema: int = SCHEMA
     extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -182,6 +185,7 @@ class JobRecord:
         for key in ("epochs", "max_steps_per_epoch"):
             if kwargs.get(key) is not None and kwargs[key] < 1:
                 raise CorruptRecord(f"field {key!r} must be a positive integer")
+        _check_sweep(kwargs.get("sweep"))
         for key in ("supervisor", "agent"):
             if kwargs.get(key) is not None:
                 kwargs[key] = parse_process_ref(kwargs[key])
@@ -191,6 +195,14 @@ class JobRecord:
                 raise CorruptRecord(f"field {key!r} must map names to values")
         kwargs["schema"] = SCHEMA
         return cls(**kwargs, extra=extra)
+
+
+def _check_sweep(sweep: dict | None) -> None:
+    """Refuse a ``sweep`` field that is not ``{id: str, trial: int, name: str}`` (more keys are kept)."""
+    trial = None if sweep is None else sweep.get("trial")
+    if sweep is not None and not (isinstance(sweep.get("id"), str) and isinstance(trial, int)
+                                  and not isinstance(trial, bool) and isinstance(sweep.get("name", ""), str)):
+        raise CorruptRecord("field 'sweep' must be {id, trial, name}")
 
 
 def finite_number(value: int | float) -> bool:
@@ -236,5 +248,6 @@ _FIELD_TYPES: dict[str, tuple[tuple, bool]] = {
     "num_nodes": ((int,), False), "nodes": ((list,), False), "rank_hosts": ((list,), False),
     "pending_reason": (_OPT_STR, False),
     "log_lost_at": ((int, float, type(None)), False), "epochs": ((int, type(None)), False),
-    "max_steps_per_epoch": ((int, type(None)), False), "schema": ((int,), False),
+    "max_steps_per_epoch": ((int, type(None)), False), "sweep": ((dict, type(None)), False),
+    "schema": ((int,), False),
 }

@@ -37,6 +37,11 @@ def _cmd(argv: Sequence[str]) -> int:
         print("Print the exact command a tune run-style line launches (nothing is started).\n")
         print(launchopts.help_text(launchopts.CMD, usage, schedulers.options()))
         return 0
+    if own.get("sweep"):
+        from tune_magic.ui.sweepcli import cmd_sweep
+
+        return cmd_sweep(own, rest)
+    launchopts.check_sweep_options(own)
     plan = launch(rest, gpus=own.get("gpus"), dry_run=True, scheduler=own.get("scheduler"),
                   job_id=own.get("job_id"), **scheduler_values(own))
     if own.get("job_id") is None:
@@ -255,6 +260,11 @@ def _run(argv: Sequence[str]) -> int:
         print("Launch a tune run-style job in the background and print its id.\n")
         print(launchopts.help_text(allowed, usage, schedulers.options()))
         return 0
+    if own.get("sweep"):
+        from tune_magic.ui.sweepcli import run_sweep
+
+        return run_sweep(own, rest)
+    launchopts.check_sweep_options(own)
     result = launch(rest, name=own.get("name"), gpus=own.get("gpus"), force=bool(own.get("force")),
                     scheduler=own.get("scheduler"), **scheduler_values(own))
     if not hasattr(result, "id"):  # TUNE_MAGIC_DRY_RUN=1: a plan, nothing started
@@ -306,7 +316,12 @@ def _listed(command: str) -> list:
 def _jobs(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="tune-magic jobs", description="List jobs, running and finished.")
     parser.add_argument("--json", action="store_true", help="print a JSON list of job records")
+    parser.add_argument("--sweep", metavar="S", help="the trials of sweep S (id or name), queued ones too")
     ns = parser.parse_args(argv)
+    if ns.sweep is not None:
+        from tune_magic.ui.sweepcli import sweep_jobs
+
+        return sweep_jobs(ns.sweep, ns.json)
     listed = _listed("jobs")
     if ns.json:
         print(json.dumps([_job_json(j) for j in listed], indent=2))
@@ -319,6 +334,10 @@ def _jobs(argv: Sequence[str]) -> int:
                      "-" if s.loss is None else f"{s.loss:.4g}", f"{j.elapsed_s:.0f}s",
                      cell(j.record.rendezvous_endpoint, NAME_WIDTH), cell(j.output_dir, PATH_WIDTH, keep="end"),
                      cell(j.record.error, PATH_WIDTH) if j.record.status == "failed" else ""))
+    if any(j.record.sweep for j in listed):  # trials of sweeps: which sweep, which trial
+        sweep = [cell(f"{(j.record.sweep or {}).get('name') or j.record.sweep['id']} #{j.record.sweep['trial']}")
+                 if j.record.sweep else "-" for j in listed]
+        rows = [(*r[:2], head, *r[2:]) for r, head in zip(rows, ["SWEEP", *sweep])]
     for line in table(rows):  # aligned in terminal columns: 实验 and emoji take two
         print(line)
     return 0
@@ -331,7 +350,8 @@ def _job_json(job) -> dict:
             "pid": job.pid, "gpus": r.gpus, "physical_gpus": r.physical_gpus, "argv": r.argv, "env": r.env, "cwd": r.cwd,
             "started_at": r.started_at, "ended_at": r.ended_at, "workers": job.workers,
             "scheduler": job.scheduler, "engine_id": job.engine_id, "num_nodes": job.num_nodes,
-            "nodes": job.nodes, "pending_reason": r.pending_reason, "scheduler_options": r.scheduler_options}
+            "nodes": job.nodes, "pending_reason": r.pending_reason, "scheduler_options": r.scheduler_options,
+            "sweep": r.sweep}
 
 
 #: What ``tune-magic logs`` can print instead of the whole log: ``dest -> (flag, help, source)``. A
@@ -377,13 +397,19 @@ def _logs(argv: Sequence[str]) -> int:
 def _stop(argv: Sequence[str]) -> int:
     from tune_magic.job import damaged_live_jobs, get_job
 
-    parser = argparse.ArgumentParser(prog="tune-magic stop", description="Stop a running job (or all).")
-    parser.add_argument("job", nargs="?", help="job id")
+    parser = argparse.ArgumentParser(prog="tune-magic stop", description="Stop a running job (or all), or a sweep.")
+    parser.add_argument("job", nargs="?", help="job id, or a sweep's id or name: every trial (queued ones never start)")
     parser.add_argument("--all", action="store_true", help="stop every running job")
     parser.add_argument("--grace", type=_seconds, default=10.0, help="seconds between SIGTERM and SIGKILL (10)")
     ns = parser.parse_args(argv)
     if bool(ns.job) == ns.all:
         raise CliError("give a job id or --all, not both" if ns.all else "give a job id or --all")
+    from tune_magic.ui import sweepcli
+
+    if sweepcli.is_sweep(ns.job):
+        return sweepcli.stop_sweep(ns.job, ns.grace)
+    if ns.all:
+        sweepcli.stop_all_sweeps(ns.grace)
     targets = ([j for j in _listed("stop") if j.record.state.is_live] + damaged_live_jobs()) if ns.all else [get_job(ns.job)]
     for job in targets:
         print(f"{job.id} {job.stop(grace_s=ns.grace)}")
@@ -417,9 +443,9 @@ def _metrics(argv: Sequence[str]) -> int:
     from tune_magic.logs.export import points_to_csv, points_to_json
 
     parser = argparse.ArgumentParser(
-        prog="tune-magic metrics", description="Print a job's (or a log file's) metric points.",
-        usage="tune-magic metrics (JOB | --file PATH) [--json | --csv]")
-    parser.add_argument("job", nargs="?", help="job id")
+        prog="tune-magic metrics", description="Print a job's (a log file's, or every trial's of a sweep) metric "
+        "points.", usage="tune-magic metrics (JOB | SWEEP | --file PATH) [--json | --csv]")
+    parser.add_argument("job", nargs="?", help="job id, or a sweep's id or name (trial, job id and axis columns first)")
     parser.add_argument("--file", help="a torchtune log: DiskLogger log_*.txt, log_*.jsonl, or a job's output log")
     fmt = parser.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="strict JSON (non-finite values as strings)")
@@ -429,6 +455,10 @@ def _metrics(argv: Sequence[str]) -> int:
         raise CliError("--file '' is an empty path, not a file; give a torchtune log, e.g. --file log_1.txt")
     if bool(ns.job) == bool(ns.file):
         raise CliError("give a job id or --file PATH")
+    from tune_magic.ui import sweepcli
+
+    if sweepcli.is_sweep(ns.job):
+        return sweepcli.sweep_metrics(ns.job, "json" if ns.json else "csv" if ns.csv else "text")
     if ns.file:
         from tune_magic.logs.follow import JobMetricsFollower
 
@@ -457,6 +487,12 @@ def _metrics(argv: Sequence[str]) -> int:
     return 0
 
 
+def _sweeps(argv: Sequence[str]) -> int:
+    from tune_magic.ui.sweepcli import sweeps_command
+
+    return sweeps_command(argv)
+
+
 def _demo(argv: Sequence[str]) -> int:
     from tune_magic.ui.demo import main as demo_main
 
@@ -481,7 +517,8 @@ _COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "ls": (_ls, "list recipes and configs (torchtune's and tune_magic's)"),
     "assets": (_assets, "write the tiny offline assets"),
     "run": (_run, "launch a job in the background"),
-    "jobs": (_jobs, "list jobs"),
+    "jobs": (_jobs, "list jobs (--sweep S: a sweep's trials)"),
+    "sweeps": (_sweeps, "list sweeps"),
     "logs": (_logs, "print (or follow) a job's log"),
     "stop": (_stop, "stop a job, or --all"),
     "rm": (_rm, "remove finished jobs"),
