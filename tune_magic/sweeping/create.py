@@ -233,7 +233,7 @@ def _check(inputs: _Inputs, sweep_id: str, *, name, gpus, gpus_per_trial, max_pa
     if _uses_wandb(first) and not any(w.split("=", 1)[0].lstrip("+") == "metric_logger.group" for w in plan.words):
         extra = (_group_override(name or sweep_id),)
         first = _trial_plan(inputs, plan, 0, slots, extra, force)
-    check_axis_items(first.config, [(a.key, a.texts[1:]) for a in plan.axes])
+    check_axis_items(first.config, [(a.key, a.texts) for a in plan.axes])
     if real:
         refused = [w for w in first.warnings if w.startswith("a launch here would refuse this: ")]
         if refused:
@@ -260,10 +260,11 @@ def _slots(n_trials: int, nproc, *, gpus, gpus_per_trial, max_parallel, env, loc
             pool = pool[:len(pool) - len(pool) % per] or pool
     else:
         pool = parse_gpu_spec(gpus) or []
-        if checking and local:
-            gpu_mod.resolve_gpus(pool, len(pool), {}, env, force=True)  # ids this process may use, or GpuError
-    return plan_slots(n_trials=n_trials, pool=pool or None, gpus_per_trial=gpus_per_trial,
-                      max_parallel=max_parallel, nproc_per_node=nproc)
+    slots = plan_slots(n_trials=n_trials, pool=pool or None, gpus_per_trial=gpus_per_trial,
+                       max_parallel=max_parallel, nproc_per_node=nproc)
+    if pool and not implicit and checking and local:
+        gpu_mod.resolve_gpus(pool, len(pool), {}, env, force=True)  # ids this process may use, or GpuError
+    return slots
 
 
 def _trial_plan(inputs: _Inputs, plan: SweepPlan, index: int, slots: Slots, extra: Sequence[str],

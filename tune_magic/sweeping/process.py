@@ -2,14 +2,16 @@
 
 The sweep process (:mod:`tune_magic.sweeping.runner`) holds the sweep's process lock
 (``supervisor.lock``) for its whole life. A sweep with queued trials, not stopped, whose lock
-nobody holds lost its process (SIGKILL, a reboot): :func:`revive` starts a new one, which takes the
-lock without waiting and exits at once if another took it first, so two never run. Every listing
+nobody holds lost its process (SIGKILL, a reboot): :func:`revive` takes the lock without waiting
+(another listing that took it first wins) and starts a new process that inherits it, so two never
+run and there is no moment where the sweep seems to have none. Every listing
 calls :func:`revive_all` (``tune_magic.jobs()``, ``tune-magic jobs`` and ``sweeps``, the jobs
 table, a sweep card). Imports only the registry: the job listing uses this module.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -88,13 +90,26 @@ def revive(sweep_dir: Path, record: SweepRecord | None = None) -> bool:
         return False
     if not needs_runner(record) or not os.access(sweep_dir, os.W_OK):  # a read-only registry only lists
         return False
-    env = sweepstore.read_env(sweep_dir)
+    # take the lock here and hand it to the new process, as the creator does: from this moment the
+    # sweep has a live holder, so no other listing starts a second process meanwhile
     try:
-        start_runner(sweep_dir, python=record.python or None, env=env, cwd=record.cwd if os.path.isdir(record.cwd)
-                     else None)
+        lock_fd = open_nofollow(sweep_dir / sweepstore.RUNNER_LOCK, os.O_RDWR | os.O_CREAT)
     except OSError:
         return False
-    return True
+    try:
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # another listing took it a moment ago
+            return False
+        env = sweepstore.read_env(sweep_dir)
+        try:
+            start_runner(sweep_dir, python=record.python or None, env=env,
+                         cwd=record.cwd if os.path.isdir(record.cwd) else None, lock_fd=lock_fd)
+        except OSError:
+            return False
+        return True
+    finally:
+        os.close(lock_fd)
 
 
 def revive_all(root: Path | None = None) -> list[str]:

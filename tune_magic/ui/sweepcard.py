@@ -88,7 +88,7 @@ class SweepCard(widgets.VBox):
         self.colours = trial_colours(len(rec.trials))
         self._short = short_keys(rec.keys)
         self.header = widgets.HTML(layout=widgets.Layout(min_width="0"))
-        self.table = widgets.HTML(layout=widgets.Layout(min_width="0", max_width="100%", overflow_x="auto"))
+        self.table = widgets.HTML(layout=widgets.Layout(min_width="0", max_width="100%", overflow="auto"))
         self.legend = widgets.HTML(layout=widgets.Layout(min_width="0"))
         self.chart, self.curves, self.best_mark, self.x_axis, self._x_scale = _chart()
         self.stop_button = widgets.Button(description="Stop sweep", button_style="danger", icon="stop",
