@@ -90,9 +90,6 @@ class SweepDryRun:
     def __repr__(self) -> str:
         return f"<SweepDryRun {self.name!r}: {len(self)} trials>"
 
-    def _repr_pretty_(self, p, cycle) -> None:
-        p.text(self.text())
-
 
 @dataclass
 class _Inputs:
