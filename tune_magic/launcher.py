@@ -207,13 +207,15 @@ def launch(
 
 def register_trial(args: Sequence[str], *, sweep_trial: Mapping[str, Any], name: str, gpus, cwd: str,
                    force: bool, env: Mapping[str, str], config_overlay: str | None, scheduler: str,
-                   **options: Any) -> "tuple[Path, JobRecord, LaunchPlan]":
+                   **options: Any) -> RegisteredJob:
     """Register one trial of a sweep as a job of its scheduler, checked and planned as
-    :func:`launch` does, without submitting it: for a scheduler that runs a whole sweep as one
-    engine job (``Scheduler.submit_sweep``), which then submits every registered trial at once.
+    :func:`launch` does, without submitting it: the sweep process registers under the sweep's
+    lock and submits outside it (several trials start side by side), and a scheduler that runs a
+    whole sweep as one engine job (``Scheduler.submit_sweep``) submits every registered trial at once.
 
     Returns:
-        ``(job directory, its record, its plan as the scheduler prepared it)``.
+        The :class:`RegisteredJob` (its directory, record and plan); call its ``submit()``, or its
+        ``release()`` once the job was handed on by other means.
 
     Raises:
         PlanError, StateDirError: as :func:`launch`; nothing is registered then.
@@ -221,7 +223,7 @@ def register_trial(args: Sequence[str], *, sweep_trial: Mapping[str, Any], name:
     request, _ = _request(args, name=name, gpus=gpus, cwd=cwd, force=force, env=env, dry_run=False,
                           config_overlay=config_overlay, scheduler=scheduler, job_id=None, sweep_trial=sweep_trial,
                           options=options)
-    return _register_and_submit(request, submit=False)
+    return _register(request)
 
 
 def _request(args, *, name, gpus, cwd, force, env, dry_run, config_overlay, scheduler, job_id, sweep_trial,
@@ -268,9 +270,57 @@ def _dry_run(req: _Request) -> LaunchPlan:
     return replace(plan, warnings=plan.warnings + [f"a launch here would refuse this: {e}" for e in problems])
 
 
-def _register_and_submit(req: _Request, submit: bool = True):
-    """Stage the job's directory, register it under the launch lock, hand it to the scheduler;
-    return the :class:`Job` (without ``submit``: the directory, record and plan, not submitted)."""
+@dataclass
+class RegisteredJob:
+    """A job registered (listed, its record written) and not handed to its scheduler yet. It holds
+    the job's ``supervisor.lock``, so no listing takes it for a launch that died meanwhile.
+
+    Attributes:
+        dir: the job's directory.
+        record: its first record.
+        plan: its plan, as its scheduler prepared it.
+        lock_fd: the held lock (``None`` once released).
+    """
+
+    dir: Path
+    record: JobRecord
+    plan: LaunchPlan
+    lock_fd: int | None
+    _req: _Request
+
+    def submit(self) -> Job:
+        """Hand the job to its scheduler (once; the lock goes to its supervisor, or is released).
+
+        Raises:
+            JobStartError: the scheduler did not start it (its record says why).
+            PlanError: the engine refused it as described; the job is removed again.
+        """
+        try:
+            try:
+                self._req.sched.submit(self.dir, self.record, self.plan, self._req.options, self._req.caller_env,
+                                       self.lock_fd)
+            except UserError:
+                jobstore.remove_tree(self.dir)  # the engine refused it as described: nothing runs, nothing listed
+                raise
+            faultpoints.reached("submitted")
+            return Job(self.dir)
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """Let the lock go (after the job was submitted by other means, e.g. one engine job for a sweep)."""
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
+
+
+def _register_and_submit(req: _Request) -> Job:
+    """Stage the job's directory, register it under the launch lock, hand it to the scheduler."""
+    return _register(req).submit()
+
+
+def _register(req: _Request) -> RegisteredJob:
+    """Stage the job's directory and register it under the launch lock (the clash checks first)."""
     root = jobstore.jobs_root(req.caller_env)
     jobstore.collect_staging(root)
     stage = jobstore.staging_dir(req.job_id, root)
@@ -293,23 +343,14 @@ def _register_and_submit(req: _Request, submit: bool = True):
             if plan.output_dir and dirs.output_dir:
                 _make_private_dir(Path(dirs.output_dir))
         except OSError as exc:
-            raise _state_error(exc, root) from None
-        if not submit:
-            return final, record, plan
-        try:
-            req.sched.submit(final, record, plan, req.options, req.caller_env, lock_fd)
-        except UserError:
-            jobstore.remove_tree(final)  # the engine refused it as described: nothing runs, nothing listed
-            raise
-        faultpoints.reached("submitted")
-        return Job(final)
+            raise state_error(exc, root) from None
+        return RegisteredJob(final, record, plan, lock_fd, req)
     except BaseException:
         if stage.exists():
             shutil.rmtree(stage, ignore_errors=True)  # nothing registered, nothing left behind
-        raise
-    finally:
         if lock_fd is not None:
             os.close(lock_fd)
+        raise
 
 
 def _stage(req: _Request, root: Path, stage: Path, final: Path):
@@ -413,8 +454,8 @@ def checked_plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, root: P
     return plan, dirs, resolved
 
 
-def _state_error(exc: OSError, root: Path) -> StateDirError:
-    """Turn a registry write failure at launch into one paragraph naming the fix."""
+def state_error(exc: OSError, root: Path) -> StateDirError:
+    """Turn a registry write failure at launch (of a job or a sweep) into one paragraph naming the fix."""
     where = root.parent
     if jobstore.disk_full(exc):
         return StateDirError(f"the disk holding TUNE_MAGIC_HOME ({where}) is full ({exc.strerror}); nothing was "

@@ -53,8 +53,15 @@ def trial_jobs(sweep_id: str) -> dict[int, list[str]]:
 
 
 def runners(sweep_id: str) -> list[psutil.Process]:
-    return [p for p in processes_mentioning(sweep_id)
-            if "tune_magic.sweeping.runner" in " ".join(p.cmdline())]
+    """The live sweep processes of ``sweep_id``."""
+    out = []
+    for p in processes_mentioning(sweep_id):
+        try:
+            if "tune_magic.sweeping.runner" in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:  # it exited meanwhile
+            continue
+    return out
 
 
 def most_at_once(jobs) -> int:

@@ -88,10 +88,12 @@ class SweepSubmission:
             that should count as the sweep's live supervisor inherits it.
         start_queue: starts the local sweep process (the default :meth:`Scheduler.submit_sweep`),
             which inherits ``lock_fd``.
-        register_trial: ``index -> (job directory, JobRecord, LaunchPlan)``: registers trial
-            ``index`` as a job of this scheduler, checked and planned as a launch is (its record
-            carries the ``sweep`` field; status ``initial_status``), marks it started in the sweep
-            record, and submits nothing.
+        register_trial: ``index -> RegisteredJob`` (:class:`tune_magic.launcher.RegisteredJob`:
+            ``dir``, ``record``, ``plan``): registers trial ``index`` as a job of this scheduler,
+            checked and planned as a launch is (its record carries the ``sweep`` field; status
+            ``initial_status``), marks it started in the sweep record, and submits nothing; call its
+            ``submit()`` (through :meth:`Scheduler.submit`), or its ``release()`` once the engine
+            took the job by other means.
     """
 
     sweep_dir: Path

@@ -12,7 +12,6 @@ sweep process, which starts the trials). It returns at once; a dry run returns
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import shutil
@@ -24,8 +23,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from tune_magic import schedulers
-from tune_magic.errors import PlanError, StateDirError, UserError
-from tune_magic.launcher import MAX_NAME_CHARS, dry_run_requested, launch, register_trial
+from tune_magic.errors import PlanError, UserError
+from tune_magic.launcher import MAX_NAME_CHARS, dry_run_requested, launch, register_trial, state_error
 from tune_magic.plan.checks import check_axis_items
 from tune_magic.plan.configview import resolve_dirs
 from tune_magic.plan.model import LaunchPlan
@@ -321,7 +320,7 @@ def _register(inputs: _Inputs, record: SweepRecord) -> Sweep:
         stage, final = jobstore.staging_dir(record.id, root), root / record.id
         stage.mkdir(mode=0o700)
     except OSError as exc:
-        raise _state_error(exc, root) from None
+        raise state_error(exc, root) from None
     lock_fd = None
     try:
         try:
@@ -331,7 +330,7 @@ def _register(inputs: _Inputs, record: SweepRecord) -> Sweep:
             sweepstore.write(stage, record)
             os.rename(stage, final)
         except OSError as exc:
-            raise _state_error(exc, root) from None
+            raise state_error(exc, root) from None
         sched = schedulers.get(record.scheduler)
         submission = SweepSubmission(
             sweep_dir=final, record=record, options=inputs.options, env=inputs.env, lock_fd=lock_fd,
@@ -357,25 +356,16 @@ def _start_queue(final: Path, inputs: _Inputs, lock_fd: int) -> None:
 
 
 def _register_trial(final: Path, inputs: _Inputs, index: int):
-    """Register trial ``index`` as a job of the sweep's scheduler (not submitted) and mark it
-    started; see :class:`~tune_magic.schedulers.base.SweepSubmission`."""
+    """Register trial ``index`` as a job of the sweep's scheduler (not submitted: a
+    :class:`~tune_magic.launcher.RegisteredJob`) and mark it started; see
+    :class:`~tune_magic.schedulers.base.SweepSubmission`."""
     with sweepstore.locked(final) as record:
         trial = record.trials[index]
         if trial.status != QUEUED:
             raise PlanError(f"trial {index} of sweep {record.id} is {trial.status} already")
-        job_dir, job_record, plan = register_trial(
+        registered = register_trial(
             record.trial_args(index), sweep_trial={"id": record.id, "trial": index, "name": record.name},
             name=trial.name, gpus=None, cwd=record.cwd, force=record.force, env=inputs.env,
             config_overlay=record.config_overlay, scheduler=record.scheduler, **record.scheduler_options)
-        trial.status, trial.job_id, trial.started_at = STARTED, job_record.id, job_record.started_at
-    return job_dir, job_record, plan
-
-
-def _state_error(exc: OSError, root: Path) -> StateDirError:
-    if jobstore.disk_full(exc):
-        return StateDirError(f"the disk holding TUNE_MAGIC_HOME ({root.parent}) is full ({exc.strerror}); nothing "
-                             "was started. Free some space there, or point TUNE_MAGIC_HOME at a disk with room")
-    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        return StateDirError(f"TUNE_MAGIC_HOME ({root.parent}) is not writable ({exc.strerror}); nothing was "
-                             "started. Point TUNE_MAGIC_HOME at a writable directory")
-    return StateDirError(f"cannot register the sweep under {root} ({exc.strerror or exc}); nothing was started")
+        trial.status, trial.job_id, trial.started_at = STARTED, registered.record.id, registered.record.started_at
+    return registered

@@ -8,11 +8,12 @@ sweep's process lock (``supervisor.lock``) for its whole life: inherited from th
 without waiting when a listing starts it again (:mod:`tune_magic.sweeping.process`); a second one
 finds the lock taken and exits.
 
-No trial is lost or run twice: a trial is started under the sweep's record lock (``sweep.lock``),
-after checking that it is still queued and that the sweep was not stopped; its job's record names
-the sweep and the trial (``JobRecord.sweep``) from the moment it is registered, so a process
-killed between registering the job and writing the sweep record is caught up by the next one
-(:meth:`Runner.adopt`), which never starts that trial again.
+No trial is lost or run twice: a trial's job is registered under the sweep's record lock
+(``sweep.lock``), after checking that the trial is still queued and that the sweep was not stopped,
+and handed to its scheduler outside the lock, in a thread of its own (trials whose slots free at
+once start side by side); its job's record names the sweep and the trial (``JobRecord.sweep``)
+from the moment it is registered, so a process killed between registering the job and writing the
+sweep record is caught up by the next one (:meth:`Runner.adopt`), which never starts that trial again.
 
 A trial whose slot's GPUs another live job holds (the launch's clash check, whoever launched that
 job) stays queued, saying why, and is tried again; one that cannot be started (its plan is
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from tune_magic.errors import JobStartError, UserError
 from tune_magic.job import Job
-from tune_magic.launcher import launch
+from tune_magic.launcher import register_trial
 from tune_magic.logs.notify import get_notifier
 from tune_magic.registry import store as jobstore
 from tune_magic.registry import sweepstore
@@ -60,6 +61,7 @@ class Runner:
         self.wake = threading.Event()
         self.jobs: dict[int, Job] = {}  # trial index -> its job
         self.ended: set[int] = set()  # trials whose jobs were seen ended (never live again)
+        self.submitting: list[threading.Thread] = []  # trials being handed to their scheduler
 
     def run(self) -> int:
         """Start trials as slots free up until none is queued and none runs, or the sweep is stopped."""
@@ -87,6 +89,8 @@ class Runner:
                 self.wake.wait(BUSY_RETRY_S if blocked else POLL_S)
         finally:
             sub.close()
+            for thread in self.submitting:  # a registered trial is handed on before this process exits
+                thread.join()
 
     # -- the trials' jobs -------------------------------------------------------------------------
     def trial_jobs(self) -> dict[int, Job]:
@@ -165,9 +169,11 @@ class Runner:
         return started, blocked
 
     def start(self, index: int, slot: int) -> str:
-        """Start trial ``index`` in ``slot`` under the sweep's lock: ``"started"``, ``"busy"`` (a GPU
-        of the slot is held by another live job), ``"failed"`` (it could not be started: marked
-        ``not_started``), ``"stopped"`` (the sweep was stopped) or ``"skipped"`` (not queued any more)."""
+        """Register trial ``index`` in ``slot`` under the sweep's lock, then submit it in a thread of
+        its own (outside the lock: trials freed at once start side by side). Returns ``"started"``,
+        ``"busy"`` (a GPU of the slot is held by another live job), ``"failed"`` (it could not be
+        started: marked ``not_started``), ``"stopped"`` (the sweep was stopped) or ``"skipped"``
+        (not queued any more)."""
         with sweepstore.holding(self.dir):
             record = sweepstore.read(self.dir)
             if record.stop_requested_at is not None:
@@ -177,33 +183,49 @@ class Runner:
                 return "skipped"
             gpus = record.slots[slot]
             try:
-                job = launch(record.trial_args(index), name=trial.name, gpus=list(gpus) if gpus else None,
-                             cwd=record.cwd, force=record.force, env=self.env, dry_run=False,
-                             config_overlay=record.config_overlay, scheduler=record.scheduler,
-                             sweep_trial={"id": record.id, "trial": index, "name": record.name, "slot": slot},
-                             **record.scheduler_options)
+                registered = register_trial(
+                    record.trial_args(index), name=trial.name, gpus=list(gpus) if gpus else None, cwd=record.cwd,
+                    force=record.force, env=self.env, config_overlay=record.config_overlay,
+                    scheduler=record.scheduler, sweep_trial={"id": record.id, "trial": index, "name": record.name,
+                                                             "slot": slot}, **record.scheduler_options)
             except GpuError as exc:
                 if trial.waiting != str(exc):
                     trial.waiting = str(exc)
                     sweepstore.write(self.dir, record)
                     _log(f"trial {index} ({trial.name}) waits: {exc}")
                 return "busy"
-            except JobStartError as exc:  # registered, and its record says why it did not start
-                job = self.trial_jobs().get(index)
-                if job is None:
-                    return self._not_started(record, index, str(exc))
             except UserError as exc:
                 return self._not_started(record, index, str(exc))
             except Exception as exc:  # noqa: BLE001 - a bug must not stop the other trials
                 traceback.print_exc()
                 return self._not_started(record, index, f"{type(exc).__name__}: {exc}")
-            trial.status, trial.job_id, trial.slot = STARTED, job.id, slot
-            trial.started_at, trial.waiting = job.started_at, None
+            trial.status, trial.job_id, trial.slot = STARTED, registered.record.id, slot
+            trial.started_at, trial.waiting = registered.record.started_at, None
             sweepstore.write(self.dir, record)
-        self.jobs[index] = job
-        _log(f"trial {index} ({trial.name}) started as job {job.id} in slot {slot}"
+        # from here the job is listed (running, its lock held by this process until its supervisor
+        # takes it), so a stop of the sweep finds it and waits for its processes to stop them
+        self.jobs[index] = Job(registered.dir)
+        thread = threading.Thread(target=self._submit, args=(index, trial.name, registered),
+                                  name=f"tune_magic-sweep-submit-{index}", daemon=True)
+        self.submitting = [t for t in self.submitting if t.is_alive()] + [thread]
+        thread.start()
+        _log(f"trial {index} ({trial.name}) started as job {registered.record.id} in slot {slot}"
              + (f" on GPUs {','.join(map(str, gpus))}" if gpus else ""))
         return "started"
+
+    def _submit(self, index: int, name: str, registered) -> None:
+        """Hand a registered trial to its scheduler (its own thread). A start failure is the job's
+        (its record says why; its slot frees); an engine's refusal removes the job: not started."""
+        try:
+            registered.submit()
+        except JobStartError as exc:
+            _log(f"trial {index} ({name}): {exc}")
+        except UserError as exc:
+            with sweepstore.holding(self.dir):
+                self._not_started(sweepstore.read(self.dir), index, str(exc))
+        except Exception:  # noqa: BLE001 - a bug must not stop the other trials
+            traceback.print_exc()
+        self.wake.set()
 
     def _not_started(self, record: SweepRecord, index: int, why: str) -> str:
         trial = record.trials[index]
