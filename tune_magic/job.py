@@ -199,10 +199,7 @@ class Job:
         Raises:
             TimeoutError: still pending or running after ``timeout`` seconds.
         """
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or not 0 <= timeout < math.inf):
-            raise ValueError(f"timeout={timeout!r}: give seconds (a number >= 0) or None to wait for ever")
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = wait_deadline(timeout)
         # the supervisor writes the record by renaming a new file into the job's directory: a watch
         # on the directory's names ends each wait the moment it does (polling every poll_s all the
         # same, for where notification never comes); the rest of the job's writes wake nobody
@@ -362,6 +359,18 @@ class Job:
         if lines and lines[-1] == "":
             lines.pop()
         return lines[-n:] if n > 0 else []
+
+
+def wait_deadline(timeout: float | None) -> float | None:
+    """The monotonic deadline of a wait of ``timeout`` seconds (``None``: no deadline).
+
+    Raises:
+        ValueError: ``timeout`` is not a number of seconds >= 0 (nor ``None``).
+    """
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not 0 <= timeout < math.inf):
+        raise ValueError(f"timeout={timeout!r}: give seconds (a number >= 0) or None to wait for ever")
+    return None if timeout is None else time.monotonic() + timeout
 
 
 def _read(d: Path) -> JobRecord:

@@ -56,12 +56,17 @@ def _sweep_run(n: int, steps: int) -> dict:
     for trial in sweep.record.trials:
         job = tune_magic.get_job(trial.job_id)
         exited = jobstore.read_exit_code(job.dir)  # the exit wrapper's time of the command's exit
-        by_slot.setdefault(trial.slot, []).append((job.record.agent.create_time, exited.ended_at))
-    gaps = []
+        # (agent start, exit, its end recorded, its registration)
+        by_slot.setdefault(trial.slot, []).append((job.record.agent.create_time, exited.ended_at, job.ended_at,
+                                                   job.started_at))
+    gaps, parts = [], []
     for runs in by_slot.values():
         runs.sort()
-        gaps += [nxt[0] - prev[1] for prev, nxt in zip(runs, runs[1:])]
-    return {"s": makespan, "gaps": gaps, "id": sweep.id, "jobs": [t.job_id for t in sweep.record.trials]}
+        for prev, nxt in zip(runs, runs[1:]):
+            gaps.append(nxt[0] - prev[1])
+            parts.append((prev[2] - prev[1], nxt[3] - prev[2], nxt[0] - nxt[3]))
+    return {"s": makespan, "gaps": gaps, "parts": parts, "id": sweep.id,
+            "jobs": [t.job_id for t in sweep.record.trials]}
 
 
 def _xargs_run(n: int, steps: int, work: Path) -> dict:
@@ -107,6 +112,11 @@ def run(quick: bool) -> list[dict]:
     left = leftovers(ids)
     p_s, a_s = [x["s"] for x in project], [x["s"] for x in anchor]
     gaps = [g for x in project for g in x["gaps"]]
+    parts = [p for x in project for p in x["parts"]]
+    split = ", ".join(f"{what} {fmt(median([p[i] for p in parts]))}" for i, what in enumerate(
+        ("exit to the end recorded by its supervisor", "that to the next trial's registration by the sweep process",
+         "registration to the next torchrun agent's start (the launch's own start-up)")))
+    load = [round(x, 2) for x in os.getloadavg()]
     r = ratio(median(p_s), median(a_s))
     how = (f"{n} trials, `--nproc_per_node 1` toy recipe, steps={steps} step_s=0.25, `--max-parallel {K}`; "
            f"{rounds} alternated run{'s' if rounds > 1 else ''} of each (the anchor first in even rounds) after "
@@ -124,9 +134,10 @@ def run(quick: bool) -> list[dict]:
             how=("a trial's exit (the exit wrapper's time in its `exit_code`) to the create time of the next "
                  "trial's torchrun agent in the same slot, from the job records of 13a's sweep runs"),
             spread_text=spread(gaps), data={"gaps_s": [round(g, 4) for g in gaps]},
-            note=("The path: the trial's supervisor records its end (the record replaced); the sweep process, "
-                  "woken by that (file-change notification), launches the next trial through launch(), whose "
-                  "supervisor starts torchrun. On 2 shared cores the running trials compete with each step.")),
+            note=(f"Medians of the parts: {split}. The path: the trial's supervisor records its end (the record "
+                  "replaced); the sweep process, woken by that (file-change notification), registers the next trial "
+                  "and hands it to the local scheduler in a thread, whose supervisor starts torchrun. On 2 shared "
+                  f"cores the running trials compete with each step; load average at the row's end {load}.")),
     ]
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from tune_magic import schedulers
 from tune_magic.errors import JobNotFound, PlanError
-from tune_magic.job import Job
+from tune_magic.job import Job, wait_deadline
 from tune_magic.logs.notify import get_notifier
 from tune_magic.registry import store as jobstore
 from tune_magic.registry import sweepstore
@@ -189,10 +189,7 @@ class Sweep:
             TimeoutError: still running after ``timeout`` seconds.
             ValueError: ``timeout`` is not a number of seconds >= 0.
         """
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or not 0 <= timeout < math.inf):
-            raise ValueError(f"timeout={timeout!r}: give seconds (a number >= 0) or None to wait for ever")
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = wait_deadline(timeout)
         woke = threading.Event()
         sub = get_notifier().subscribe(woke.set)
         try:
