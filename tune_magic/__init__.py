@@ -32,6 +32,10 @@ _API = {
     "resume": "resuming",
     "ResumePlan": "resuming",
     "NothingToResume": "errors",
+    "sweep": "sweeping.create",
+    "Sweep": "sweeping.handle",
+    "sweeps": "sweeping.handle",
+    "get_sweep": "sweeping.handle",
 }
 
 __all__ = sorted(_API) + ["load_ipython_extension"]

@@ -212,10 +212,7 @@ class Job:
         Raises:
             TimeoutError: still pending or running after ``timeout`` seconds.
         """
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or not 0 <= timeout < math.inf):
-            raise ValueError(f"timeout={timeout!r}: give seconds (a number >= 0) or None to wait for ever")
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = wait_deadline(timeout)
         # the supervisor writes the record by renaming a new file into the job's directory: a watch
         # on the directory's names ends each wait the moment it does (polling every poll_s all the
         # same, for where notification never comes); the rest of the job's writes wake nobody
@@ -407,6 +404,18 @@ class Job:
         return lines[-n:] if n > 0 else []
 
 
+def wait_deadline(timeout: float | None) -> float | None:
+    """The monotonic deadline of a wait of ``timeout`` seconds (``None``: no deadline).
+
+    Raises:
+        ValueError: ``timeout`` is not a number of seconds >= 0 (nor ``None``).
+    """
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not 0 <= timeout < math.inf):
+        raise ValueError(f"timeout={timeout!r}: give seconds (a number >= 0) or None to wait for ever")
+    return None if timeout is None else time.monotonic() + timeout
+
+
 def _read(d: Path) -> JobRecord:
     """The record in ``d``, with its scheduler's fields of earlier releases moved into place.
 
@@ -440,12 +449,18 @@ def jobs(skipped: list | None = None) -> list[Job]:
     """Return every job in the registry (live and finished), oldest first. Never writes except to
     record what it learns (best effort); works on a read-only registry.
 
+    Also starts the sweep process again of every sweep whose process died with trials queued
+    (:func:`tune_magic.sweeping.process.revive_all`).
+
     Args:
         skipped: when given, damaged records are appended to it (:class:`tune_magic.registry.store.Skipped`:
             path and a one-line reason) instead of being reported with :func:`warnings.warn`.
     """
+    from tune_magic.sweeping.process import revive_all
+
     root = jobstore.jobs_root(create=False)
     jobstore.collect_staging(root)
+    revive_all()  # a sweep whose process died with trials queued gets a new one (never two)
     stamps: dict[str, tuple] = {}
     records, bad = jobstore.list_records_checked(root, stamps)
     from tune_magic.lineage import link_resumes

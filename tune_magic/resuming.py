@@ -48,7 +48,8 @@ from typing import Any, Callable, Mapping, Sequence
 from tune_magic import faultpoints, schedulers
 from tune_magic.errors import NothingToResume, PlanError, StateDirError
 from tune_magic.job import Job, get_job, jobs
-from tune_magic.launcher import dry_run_requested, launch, same_or_nested
+from tune_magic.clashes import same_or_nested
+from tune_magic.launcher import dry_run_requested, launch
 from tune_magic.plan.model import LaunchPlan
 from tune_magic.plan.relaunch import given_torchrun_options, original_overrides
 from tune_magic.plan.resume import ResumePreflight, preflight

@@ -864,5 +864,130 @@ def test_resume_buttons_and_a_lineage_card_in_jupyterlab(lab, page, new_jobs, tm
     wait_for(lambda: (_row(table, resumed.id) or {}).get("status") == "succeeded", 30,
              what="the resumed job's own row", describe=lambda: json.dumps(_row(table, resumed.id)))
     _shot(page, "resume/05-table-after-resume", table)
+# --- the sweep card (issue 20: "Sweeps") ----------------------------------------------------------
+
+SWEEPS = ARTIFACTS / "sweeps"
+TOY_ONE = f"{REPO / 'tests' / 'recipes' / 'toy_recipe.py'} --config {REPO / 'tests' / 'recipes' / 'toy.yaml'}"
+SWEEP_CELLS = [
+    ("markdown", "# tune_magic browser test: the sweep card"),
+    ("code", "%load_ext tune_magic\nimport tune_magic"),
+    # 4 trials of the stand-in recipe, 2 at a time: the first two run while the others are queued
+    ("code", f"%%tune_run --sweep --max-parallel 2 --name browser-grid {TOY_ONE}\nstart_loss=2,4,6,8\nsteps=6\n"
+             "step_s=0.6"),
+    # a long one, stopped from its card
+    ("code", f"%%tune_run --sweep --name browser-long {TOY_ONE}\nstart_loss=1,2,3\nsteps=400\nstep_s=0.3"),
+]
+
+_SWEEP_JS = """el => {
+    const t = sel => { const n = el.querySelector(sel); return n ? n.textContent.trim() : null; };
+    const rows = [...el.querySelectorAll('tr.tm-trial')].map(r => ({
+        trial: r.dataset.trial, best: r.classList.contains('tm-best'),
+        status: (r.querySelector('.tm-trial-status') || {}).textContent,
+        step: (r.querySelector('.tm-trial-step') || {}).textContent,
+        loss: (r.querySelector('.tm-trial-loss') || {}).textContent}));
+    const lines = [...el.querySelectorAll('svg g.curve path.line')].map(p => p.getAttribute('d') || '');
+    let ticks = null;
+    for (const axis of el.querySelectorAll('svg g.axis')) {
+        const label = axis.querySelector('.axislabel');
+        if (label && label.textContent.trim() === 'step')
+            ticks = [...axis.querySelectorAll('g.tick')]
+                .filter(g => parseFloat(getComputedStyle(g).opacity) > 0.5)
+                .map(g => (g.querySelector('text') || {textContent: ''}).textContent.trim());
+    }
+    const chart = el.querySelector('.bqplot');
+    const stop = [...el.querySelectorAll('button.widget-button')].find(b => b.textContent.includes('Stop sweep'));
+    return {header: t('.tm-header'), status: t('.tm-status'), counts: t('.tm-counts'), rows,
+            lines, ticks, legend: [...el.querySelectorAll('.tm-legend-item')].map(i => i.textContent.trim()),
+            chart_visible: !!chart && chart.offsetParent !== null,
+            best_marks: el.querySelectorAll('svg .scatter .dot, svg path.dot').length,
+            stop_visible: !!stop && stop.offsetParent !== null,
+            inner_cards: el.querySelectorAll('.tune-magic-card').length,  // descendants: the trials' own cards
+            scroll_width: el.scrollWidth, client_width: el.clientWidth};
+}"""
+
+
+def _sweep_state(card) -> dict:
+    return card.evaluate(_SWEEP_JS)
+
+
+@pytest.fixture
+def new_sweeps():
+    """At the end, stop every sweep the test started that still runs (a failed test's queue too)."""
+    before = {s.id for s in tune_magic.sweeps()}
+    yield before
+    for s in tune_magic.sweeps():
+        if s.id not in before and s.status == "running":
+            s.stop(grace_s=2)
+
+
+@pytest.mark.timeout(420)
+def test_sweep_card_in_jupyterlab(lab, page, new_jobs, new_sweeps):
+    SWEEPS.mkdir(parents=True, exist_ok=True)
+    for old in SWEEPS.glob("*.png"):
+        old.unlink()
+    (lab.root / "sweep_test.ipynb").write_text(json.dumps(_notebook(SWEEP_CELLS), indent=1))
+    page.goto(lab.url("/lab/tree/sweep_test.ipynb?reset"), timeout=120 * MS)
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120 * MS)
+    page.locator(".jp-StatusBar-Widget", has_text=re.compile(r"\|\s*Idle")).first.wait_for(timeout=KERNEL_READY_S * MS)
+    _left_sidebar_collapsed(page)
+    page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    cards = page.locator(".tune-magic-sweep")
+    wait_for(lambda: cards.count() == 2, CARDS_S, what="two sweep cards",
+             describe=lambda: page.locator(".jp-OutputArea").all_inner_texts())
+    grid, long = cards.nth(0), cards.nth(1)
+    assert "Error displaying widget" not in page.locator(".jp-Notebook").inner_text()
+
+    # while it runs: running trials with their curves, the others queued (shown as queued)
+    def running_and_queued():
+        s = _sweep_state(grid)
+        statuses = [r["status"] for r in s["rows"]]
+        return s if ("running" in statuses and "queued" in statuses and s["chart_visible"] and s["lines"]) else None
+
+    s = wait_for(running_and_queued, STEPS_S, interval=0.3, what="running and queued trials with curves",
+                 describe=lambda: json.dumps(_sweep_state(grid), indent=1))
+    assert len(s["rows"]) == 4 and "browser-grid" in s["header"] and "2 at a time" in s["header"]
+    assert all("NaN" not in d for d in s["lines"]), s["lines"]  # shorter curves padded, never a broken path
+    _shot(page, "sweeps/01-sweep-running", grid)
+
+    # at the end: every curve on the one chart, the best trial (the lowest final loss: 2/6) marked
+    s = wait_for(lambda: (lambda x: x if x["status"] == "finished" and len(x["lines"]) == 4 else None)(
+        _sweep_state(grid)), STEPS_S, what="the sweep to finish", describe=lambda: json.dumps(_sweep_state(grid)))
+    assert [r["status"] for r in s["rows"]] == ["succeeded"] * 4 and [r["step"] for r in s["rows"]] == ["6"] * 4
+    assert [r["best"] for r in s["rows"]] == [True, False, False, False]
+    assert [float(r["loss"]) for r in s["rows"]] == pytest.approx([2 / 6, 4 / 6, 6 / 6, 8 / 6], rel=1e-3)
+    assert len(s["legend"]) == 4 and s["legend"][0].endswith("◆ best") and "start_loss=8" in s["legend"][3]
+    wait_for(lambda: _distinct_int_ticks(_sweep_state(grid)["ticks"]), 10, what="integer step ticks, each once",
+             describe=lambda: json.dumps(_sweep_state(grid)["ticks"]))
+    assert not s["stop_visible"] and s["counts"] == "4 succeeded"
+    _shot(page, "sweeps/02-sweep-finished", grid)
+
+    # a trial's own card, from the picker
+    grid.locator("select").select_option(label="1: start_loss=4")
+    grid.locator("button.widget-button", has_text="Open card").click()
+    wait_for(lambda: _sweep_state(grid)["inner_cards"] == 1, 30, what="trial 1's own card")
+    inner = grid.locator(".tune-magic-card").first
+    wait_for(lambda: _card_state(inner)["status"] == "succeeded", 30, what="trial 1's card to read succeeded")
+    assert "start_loss=4" in _card_state(inner)["header"]
+    _shot(page, "sweeps/03-trial-card", grid)
+
+    # Stop on the long sweep's card: its running trial is stopped, the queued ones never start
+    sweep_id = long.locator("code").first.inner_text().strip()
+    wait_for(lambda: any(r["status"] == "running" and r["step"] for r in _sweep_state(long)["rows"]), STEPS_S,
+             what="the long sweep's first trial to log a step")
+    long.locator("button.widget-button", has_text="Stop sweep").click()
+    s = wait_for(lambda: (lambda x: x if x["status"] == "stopped" else None)(_sweep_state(long)), STOP_S,
+                 what="the long sweep to read stopped", describe=lambda: json.dumps(_sweep_state(long)))
+    assert [r["status"] for r in s["rows"]] == ["stopped", "cancelled", "cancelled"] and not s["stop_visible"]
+    assert tune_magic.get_sweep(sweep_id).counts() == {"stopped": 1, "cancelled": 2}
+    _shot(page, "sweeps/04-sweep-stopped", long)
+
+    for width, height in VIEWPORTS:  # never wider than its room
+        page.set_viewport_size({"width": width, "height": height})
+        time.sleep(1)
+        grid.evaluate("el => el.scrollIntoView({block: 'start'})")
+        time.sleep(0.7)
+        assert _too_wide(page) == [], (width, _too_wide(page))
+        _shot(page, f"sweeps/05-sweep-{width}", grid)
     errors = [line for line in page.tm_console if line.startswith("[pageerror]")]
     assert not errors, errors

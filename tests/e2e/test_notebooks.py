@@ -2,7 +2,7 @@
 
 quickstart.ipynb runs once, through the README's demo (``tune-magic demo``, which executes it with
 nbclient): the test checks the demo's summary and the executed notebook's outputs. panel.ipynb,
-resume.ipynb and gpu_node.ipynb (with ``TUNE_MAGIC_DRY_RUN=1``: no GPU here) are executed directly. Executed
+resume.ipynb, sweep.ipynb and gpu_node.ipynb (with ``TUNE_MAGIC_DRY_RUN=1``: no GPU here) are executed directly. Executed
 notebooks are written under ``test-artifacts/notebooks/`` for inspection.
 """
 
@@ -19,6 +19,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+import tune_magic
 from tune_magic.registry import store as jobstore
 from tune_magic.job import get_job, jobs
 
@@ -201,6 +202,38 @@ def test_panel_notebook(stop_leftovers, tiny_assets):
         name, status, step, loss = table[job.id][:4]
         assert (name, status, step) == (job.name, "succeeded", "6")
         assert abs(float(loss) - curve[-1]) < 1e-3
+
+
+def test_sweep_notebook(stop_leftovers, tiny_assets):
+    nb = execute("sweep", stop_leftovers)
+    dry = stdout(nb, "dry-run")
+    assert dry.startswith("sweep lora_finetune: 4 trials (2 optimizer.lr x 2 model.lora_rank), 2 at a time "
+                          "without GPUs")
+    names = re.findall(r"^trial (\d): (\S+)$", dry, re.M)
+    assert names == [("0", "lr=1e-3,lora_rank=4"), ("1", "lr=1e-3,lora_rank=8"), ("2", "lr=3e-3,lora_rank=4"),
+                     ("3", "lr=3e-3,lora_rank=8")]
+    assert " optimizer.lr=3e-3 model.lora_rank=8 max_steps_per_epoch=5 " in dry
+    sweep_id = re.match(r"<Sweep (sweep-\S+) 'lr-rank': 4 trials, 2 at a time>", stdout(nb, "wait")).group(1)
+    assert stdout(nb, "wait").splitlines()[1] == "{'succeeded': 4}"
+    (card,) = texts(nb, "sweep", "display_data")
+    assert card.startswith(f"sweep lr-rank ({sweep_id}): running, 4 trials, 2 at a time")
+    sweep = tune_magic.get_sweep(sweep_id)
+    jobs = sweep.jobs
+    assert [j.name for j in jobs] == [n for _, n in names] and all(j.status == "succeeded" for j in jobs)
+    # the frame: a row per trial, the axes as the recipe reads them, 5 steps each, losses from the logs
+    rows = [line.split() for line in stdout(nb, "frame").splitlines()[2:]]
+    assert [r[:5] for r in rows] == [["0", "0.001", "4", "succeeded", "5"], ["1", "0.001", "8", "succeeded", "5"],
+                                     ["2", "0.003", "4", "succeeded", "5"], ["3", "0.003", "8", "succeeded", "5"]]
+    finals = [float(r[5]) for r in rows]
+    for job, final in zip(jobs, finals):
+        losses = [p["value"] for p in job.metrics() if p["name"] == "loss"]
+        assert len(losses) == 5 and abs(losses[-1] - final) < 1e-5
+    best = finals.index(min(finals))
+    assert stdout(nb, "best").startswith(f"best: trial {best} ({names[best][1]}), final loss {min(finals):.4f}, "
+                                         f"job {jobs[best].id}")
+    (again,) = texts(nb, "card", "display_data")
+    assert again.startswith(f"sweep lr-rank ({sweep_id}): finished, 4 trials, 2 at a time: 4 succeeded")
+    assert f"* best: trial {best} ({names[best][1]})" in again
 
 
 def test_gpu_node_notebook_in_dry_run(stop_leftovers, monkeypatch):

@@ -138,7 +138,7 @@ def test_help_help_shows_the_help_of_help():
     r = run("help", "help")
     assert r.returncode == 0 and r.stderr == ""
     assert r.stdout.splitlines()[0] == "usage: tune-magic help [COMMAND]"
-    assert "commands: cmd, ls, assets, run, resume, jobs, logs, stop, rm, metrics, demo, help" in r.stdout
+    assert "commands: cmd, ls, assets, run, resume, jobs, sweeps, logs, stop, rm, metrics, demo, help" in r.stdout
 
 
 # --- a job's log is read only when it is a regular file --------------------------------------------
@@ -155,7 +155,7 @@ def registry_log(tmp_path):
 
 
 def test_read_from_reads_a_regular_log_from_an_offset(registry_log):
-    from tune_magic.ui.cli import _read_from
+    from tune_magic.ui.cli import read_from as _read_from
 
     log, _ = registry_log
     assert list(_read_from(str(log), 0)) == []  # not written yet
@@ -170,7 +170,7 @@ def test_read_from_reads_a_regular_log_from_an_offset(registry_log):
     ("device", "is a character device, not a regular file"),
 ])
 def test_read_from_refuses_anything_but_a_regular_file(kind, words, registry_log):
-    from tune_magic.ui.cli import CliError, _read_from, check_job_log
+    from tune_magic.ui.cli import CliError, check_job_log, read_from as _read_from
 
     log, secret = registry_log
     if kind == "symlink":

@@ -109,16 +109,43 @@ GENERIC: tuple[Option, ...] = (
     Option("--json", "json", "switch", "print the plan as JSON"),
     Option("--job-id", "job_id", "text", "build the plan for this job id (per-job output_dir)"),
     Option("--help", "help", "switch", "show this help"),
+    Option("--sweep", "sweep", "switch", "run a grid of trials: every override whose value is a comma list (or "
+                                         "range(start,stop[,step])) is an axis; one job per combination"),
+    Option("--max-parallel", "max_parallel", "count", "with --sweep: most trials at once (default: every group of "
+                                                      "--gpus; 1 without GPUs)", example="2"),
+    Option("--gpus-per-trial", "gpus_per_trial", "count", "with --sweep: GPUs of the --gpus pool each trial gets "
+                                                          "(default: its processes per node)", example="2"),
+    Option("--max-trials", "max_trials", "count", "with --sweep: the cap on the number of trials (default 1000)",
+           example="2000"),
 )
 _GENERIC = {o.flag: o for o in GENERIC}
 _HELP = _GENERIC["--help"]
 
+#: The own options of a sweep (``--sweep`` and those that only go with it).
+SWEEP = ("--sweep", "--max-parallel", "--gpus-per-trial", "--max-trials")
 #: The generic own options of a launch (``%%tune_run``, ``tune-magic run``); schedulers add theirs.
-RUN = ("--name", "--gpus", "--force", "--wait", "--dry-run", "--scheduler", "--max-resumes", "--help")
+RUN = ("--name", "--gpus", "--force", "--wait", "--dry-run", "--scheduler", "--max-resumes", *SWEEP, "--help")
 #: The generic own options of a resume (``%tune_resume``, ``tune-magic resume``).
 RESUME = ("--name", "--gpus", "--wait", "--dry-run", "--fresh", "--scheduler", "--max-resumes", "--help")
 #: The generic own options of ``tune-magic cmd``.
-CMD = ("--json", "--gpus", "--job-id", "--scheduler", "--help")
+CMD = ("--json", "--gpus", "--job-id", "--scheduler", *SWEEP, "--help")
+
+
+def check_sweep_options(own: Mapping[str, Any]) -> None:
+    """Refuse an option that only goes with ``--sweep`` given without it.
+
+    Args:
+        own: the own options split off a command line (name -> value).
+
+    Raises:
+        PlanError: naming the option and the fix.
+    """
+    if own.get("sweep"):
+        return
+    given = [o for o in map(generic, SWEEP[1:]) if own.get(o.name) is not None]
+    if given:
+        flag = given[0].flag
+        raise PlanError(f"{flag} goes with --sweep (a grid of trials); add --sweep, or drop {flag} to run one job")
 
 
 def generic(flag: str) -> Option:

@@ -68,6 +68,8 @@ class JobRecord:
     ``overrides`` are the recipe's override words as it got them (``key=value`` / ``~key``, the
     per-job ``output_dir`` included), or ``None`` in records written before the field existed
     (:func:`overrides_of` then reads them from ``argv``).
+    ``sweep`` is set for a trial of a sweep: ``{"id": sweep id, "trial": its index, "name": the
+    sweep's name}`` (:mod:`tune_magic.registry.sweeprecord`), else ``None``.
     """
 
     id: str
@@ -118,6 +120,7 @@ class JobRecord:
     resume_point: dict[str, Any] | None = None
     attempts: list[dict] = field(default_factory=list)
     max_resumes: int | None = None
+    sweep: dict[str, Any] | None = None
     schema: int = SCHEMA
     extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -195,6 +198,7 @@ class JobRecord:
             if kwargs.get(key) is not None and kwargs[key] < 1:
                 raise CorruptRecord(f"field {key!r} must be a positive integer")
         _check_relaunch_fields(kwargs)
+        _check_sweep(kwargs.get("sweep"))
         for key in ("supervisor", "agent"):
             if kwargs.get(key) is not None:
                 kwargs[key] = parse_process_ref(kwargs[key])
@@ -219,6 +223,12 @@ def _check_relaunch_fields(kwargs: dict[str, Any]) -> None:
         attempt_entries.parse(kwargs.get("attempts") or [])
     except ValueError as exc:
         raise CorruptRecord(f"field 'attempts': {exc}") from None
+def _check_sweep(sweep: dict | None) -> None:
+    """Refuse a ``sweep`` field that is not ``{id: str, trial: int, name: str}`` (more keys are kept)."""
+    trial = None if sweep is None else sweep.get("trial")
+    if sweep is not None and not (isinstance(sweep.get("id"), str) and isinstance(trial, int)
+                                  and not isinstance(trial, bool) and isinstance(sweep.get("name", ""), str)):
+        raise CorruptRecord("field 'sweep' must be {id, trial, name}")
 
 
 def finite_number(value: int | float) -> bool:
@@ -268,7 +278,7 @@ _FIELD_TYPES: dict[str, tuple[tuple, bool]] = {
     "recipe_name": (_OPT_STR, False), "torchrun_options": ((list, type(None)), False),
     "overrides": ((list, type(None)), False), "resumed_from": (_OPT_STR, False), "resumed_by": (_OPT_STR, False),
     "resume_point": ((dict, type(None)), False), "attempts": ((list,), False),
-    "max_resumes": ((int, type(None)), False),
+    "max_resumes": ((int, type(None)), False), "sweep": ((dict, type(None)), False),
 }
 
 

@@ -27,6 +27,12 @@ Contract:
    after saving a checkpoint is started again from it, as the same job, recording each attempt in
    ``record.attempts``: :mod:`tune_magic.registry.attempts`); launches asking it of another
    scheduler are refused.
+8. ``submit_sweep`` runs a registered sweep (:mod:`tune_magic.sweeping`). The default starts the
+   sweep process (``start_queue``), which queues the trials and launches each as a job through
+   :meth:`submit`, as slots free up. A scheduler that runs a whole sweep as one engine job (a job
+   array) overrides it: it registers every trial (``register_trial``) and submits them together;
+   ``cancel_sweep`` then ends that engine job when the sweep is stopped (each trial's job is
+   stopped through :meth:`cancel` too).
 
 Schedulers are found by name through :mod:`tune_magic.schedulers` (the built-in ones, and any
 package's entry points in the group ``tune_magic.schedulers``).
@@ -37,7 +43,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from tune_magic.registry.status import Status
 
@@ -46,6 +52,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tune_magic.plan.model import LaunchPlan
     from tune_magic.plan.options import Option
     from tune_magic.registry.record import JobRecord
+    from tune_magic.registry.sweeprecord import SweepRecord
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,38 @@ class SchedulerOptions:
     def given(self) -> dict[str, Any]:
         """The options given (name -> value)."""
         return {k: v for k, v in self.values.items() if v not in (None, (), [])}
+
+
+@dataclass(frozen=True)
+class SweepSubmission:
+    """A registered sweep handed to its scheduler (:meth:`Scheduler.submit_sweep`).
+
+    Attributes:
+        sweep_dir: the sweep's directory (``$TUNE_MAGIC_HOME/sweeps/<id>``).
+        record: its record (:class:`~tune_magic.registry.sweeprecord.SweepRecord`): the trials in
+            order (``record.trial_args(i)``: trial i's launch words), the slots (``record.slots``:
+            how many trials run at once, and each one's GPUs), the cell body, the options.
+        options: this scheduler's options, read and checked.
+        env: the caller's environment.
+        lock_fd: the sweep's process lock (``supervisor.lock``), held by the caller; a process
+            that should count as the sweep's live supervisor inherits it.
+        start_queue: starts the local sweep process (the default :meth:`Scheduler.submit_sweep`),
+            which inherits ``lock_fd``.
+        register_trial: ``index -> RegisteredJob`` (:class:`tune_magic.launcher.RegisteredJob`:
+            ``dir``, ``record``, ``plan``): registers trial ``index`` as a job of this scheduler,
+            checked and planned as a launch is (its record carries the ``sweep`` field; status
+            ``initial_status``), marks it started in the sweep record, and submits nothing; call its
+            ``submit()`` (through :meth:`Scheduler.submit`), or its ``release()`` once the engine
+            took the job by other means.
+    """
+
+    sweep_dir: Path
+    record: "SweepRecord"
+    options: SchedulerOptions
+    env: Mapping[str, str]
+    lock_fd: int | None
+    start_queue: Callable[[], None]
+    register_trial: Callable[[int], tuple]
 
 
 class Scheduler(ABC):
@@ -166,6 +205,21 @@ class Scheduler(ABC):
     def migrate(self, record: "JobRecord") -> None:
         """Move this scheduler's fields of a record written by an earlier release (found in
         ``record.extra``) into ``record.backend`` / ``record.scheduler_options``, in place."""
+
+    def submit_sweep(self, sweep: SweepSubmission) -> None:
+        """Run a registered sweep. Default: the local sweep process (``sweep.start_queue()``),
+        which starts each queued trial through :meth:`submit` as a slot frees up; it outlives the
+        caller, and a listing starts it again if it dies.
+
+        Raises:
+            JobStartError: the engine did not take the sweep.
+            PlanError: the engine refused it as described; nothing is left running.
+        """
+        sweep.start_queue()
+
+    def cancel_sweep(self, sweep_dir: Path, record: "SweepRecord", grace_s: float) -> None:
+        """End the engine job of a sweep this scheduler runs as one (see :meth:`submit_sweep`).
+        Default: nothing (each trial's job is stopped on its own)."""
 
     def engine_id(self, record: "JobRecord") -> str | None:
         """The engine's own id of the job (e.g. SLURM's job id), else ``None``."""

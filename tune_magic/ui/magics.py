@@ -22,6 +22,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from tune_magic.plan import options as launchopts
 from tune_magic.plan.cellbody import expand_fields, parse_cell_body
 from tune_magic.errors import UserError
+from tune_magic.registry.sweepstore import is_sweep_id
 
 
 def _split_line(line: str) -> list[str]:
@@ -104,6 +105,9 @@ class TuneMagics(Magics):
         ${...} is left for OmegaConf. Without an endpoint of your own, torchrun gets --standalone
         (an OS-chosen port), so jobs side by side never collide. --scheduler NAME sends the job to
         another scheduler (e.g. slurm: one batch job on --nodes nodes), with that scheduler's options.
+        --sweep runs a grid of trials (every comma list or range(...) value is an axis, a YAML body
+        may hold a sweep: mapping), at most --max-parallel at a time, each a job; the cell returns
+        the Sweep and shows its card.
         """
         from tune_magic.launcher import launch, launch_options, scheduler_values
 
@@ -114,6 +118,11 @@ class TuneMagics(Magics):
             if own.get("help"):
                 print(self.tune_run.__doc__)
                 return None
+            if own.get("sweep"):  # a grid of trials: the line is split again, keeping its quotes
+                from tune_magic.ui.sweepmagic import sweep_cell
+
+                return sweep_cell(line, cell, self.shell.user_ns)
+            launchopts.check_sweep_options(own)
             body = parse_cell_body(cell)
             overrides = [expand_fields(t, self.shell.user_ns) for t in body.overrides]
             result = launch(rest + overrides, name=own.get("name"), gpus=own.get("gpus"),
@@ -216,7 +225,7 @@ class TuneMagics(Magics):
         return Panel()
 
     @magic_arguments()
-    @argument("job", help="job id (%%tune_jobs lists them)")
+    @argument("job", help="job id (%%tune_jobs lists them), or a sweep id: its sweep card")
     @line_magic("tune_logs")
     def tune_logs(self, line: str):
         """Show a job's live card again (e.g. after a kernel restart)."""
@@ -228,6 +237,13 @@ class TuneMagics(Magics):
 
         ns = _parse(self.tune_logs, line)
         try:
+            if is_sweep_id(ns.job):  # a sweep: its card
+                from tune_magic.sweeping.handle import get_sweep
+                from tune_magic.ui.sweepcard import SweepCard
+
+                sweep = get_sweep(ns.job)
+                display(SweepCard(sweep))
+                return sweep
             job = get_job(ns.job)
         except UserError as exc:
             raise UsageError(str(exc)) from None
@@ -235,7 +251,7 @@ class TuneMagics(Magics):
         return job
 
     @magic_arguments()
-    @argument("job", nargs="?", help="job id")
+    @argument("job", nargs="?", help="job id, or a sweep id: every trial of the sweep")
     @argument("--all", action="store_true", help="stop every live job (running or pending)")
     @argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL (10)")
     @line_magic("tune_stop")
@@ -253,6 +269,16 @@ class TuneMagics(Magics):
         if not 0 <= ns.grace < float("inf"):
             raise UsageError(f"--grace {ns.grace}: give the seconds between SIGTERM and SIGKILL, a number >= 0")
         try:
+            if ns.job and is_sweep_id(ns.job):  # a sweep: every trial; queued ones never start
+                from tune_magic.sweeping.handle import get_sweep
+
+                print(f"{ns.job} {get_sweep(ns.job).stop(grace_s=ns.grace)}")
+                return
+            if ns.all:  # sweeps first: their queued trials never start
+                from tune_magic.sweeping.handle import stop_running_sweeps
+
+                for sweep_id, counts in stop_running_sweeps(ns.grace):
+                    print(f"{sweep_id} {counts}")
             targets = ([j for j in jobs() if j.status.is_live] + damaged_live_jobs()) if ns.all else [get_job(ns.job)]
         except UserError as exc:
             raise UsageError(str(exc)) from None

@@ -68,7 +68,11 @@ class Panel(widgets.VBox):
     ``overrides``, ``command_preview``, ``error``, ``launch_button``, ``jobs_table`` (a live :class:`~tune_magic.ui.views.JobsTable`),
     ``compare`` (jobs shown in the chart), ``chart`` (integer step ticks; hidden until a chosen job
     logged a step, ``chart_note`` then says why) with ``legend``; :meth:`comparison` is the chart
-    with its legend on its own.
+    with its legend on its own. ``sweep_switch`` (a Checkbox):
+    on, every override whose value is a comma list (or ``range(...)``) is an axis, ``max_parallel``
+    (shown then) caps the trials at once, the preview shows the number of trials and the first
+    trial's command, and Launch starts the sweep (:func:`tune_magic.sweep`; ``sweeps`` lists the
+    sweeps launched here).
     Where another scheduler is available from here (``schedulers_offered`` beyond ``local``) also
     ``scheduler`` (a dropdown) and, shown for the chosen one, ``scheduler_fields[name][option]``:
     one widget per option it declares (counts: 0 is not asked; text: blank is not asked, with the
@@ -85,6 +89,7 @@ class Panel(widgets.VBox):
         self.cwd = Path(os.getcwd() if cwd is None else cwd).absolute()
         self.series: dict[str, list[tuple[int, float]]] = {}
         self.launched: list[Job] = []
+        self.sweeps: list = []
         self._watchers: dict[str, JobWatcher] = {}
         self._lines: dict[str, object] = {}
         self._labels: dict[str, str] = {}
@@ -99,7 +104,7 @@ class Panel(widgets.VBox):
                           if len(self.schedulers_offered) > 1 else [])
         self._gpu_row = _wrap([self.nproc, widgets.VBox([self.gpus, self.gpu_note])])
         form = widgets.VBox([self.recipe, self.config, *scheduler_rows, self._gpu_row, self.endpoint, self.name,
-                             self.overrides, self.command_preview, self.script_preview, self.error,
+                             self.overrides, _wrap([self.sweep_switch, self.max_parallel]), self.command_preview, self.script_preview, self.error,
                              self.launch_button], layout=widgets.Layout(width="100%"))
         super().__init__(children=[form, widgets.HTML("<b>Jobs</b>"), self.refresh_button, self.jobs_table,
                                    widgets.HTML("<b>Compare loss curves</b>"), self.compare, self.chart_note, self.legend,
@@ -132,6 +137,10 @@ class Panel(widgets.VBox):
                                                 layout=widgets.Layout(width="100%", margin=_MARGIN))
         self.script_preview = widgets.Textarea(disabled=True, description="script",
                                                layout=widgets.Layout(width="100%", height="18em", display="none", margin=_MARGIN))
+        self.sweep_switch = widgets.Checkbox(value=False, description="sweep", indent=True,
+                                             tooltip="comma lists (and range(...)) become axes: one job per combination")
+        self.max_parallel = widgets.BoundedIntText(value=1, min=1, max=1000, description="at once",
+                                                   layout=widgets.Layout(width="12em", display="none"))
         self.error = widgets.HTML()
         self.launch_button = widgets.Button(description="Launch", button_style="success", icon="play", disabled=True)
         self.refresh_button = widgets.Button(description="Refresh", icon="refresh")
@@ -171,7 +180,7 @@ class Panel(widgets.VBox):
         """Observe the form's widgets and the buttons."""
         option_widgets = [w for fields in self.scheduler_fields.values() for w in fields.values()]
         for w in (self.recipe, self.config, self.nproc, self.gpus, self.endpoint, self.overrides, self.scheduler,
-                  *option_widgets):
+                  self.sweep_switch, self.max_parallel, *option_widgets):
             w.observe(self._on_change, names="value")
         self.recipe.observe(self._on_recipe, names="value")
         self.launch_button.on_click(self._on_launch)
@@ -218,6 +227,7 @@ class Panel(widgets.VBox):
     def _on_change(self, change=None) -> None:
         if change is not None and change.get("owner") is self.scheduler:
             self._show_scheduler_fields()
+        self.max_parallel.layout.display = None if self.sweep_switch.value else "none"
         self.update_preview()
 
     def _elsewhere(self) -> bool:
@@ -253,10 +263,10 @@ class Panel(widgets.VBox):
         tokens.append(self.recipe.value.strip())
         if self.config.value.strip():
             tokens += ["--config", self.config.value.strip()]
-        body = parse_cell_body(self.overrides.value)
-        if body.config_yaml is not None:
+        body = parse_cell_body(self.overrides.value, sweep=self.sweep_switch.value)
+        if body.config_yaml is not None or body.sweep:
             raise PlanError("overrides must be key=value lines (one a line)")
-        return tokens + body.overrides
+        return tokens + (list(body.words) if self.sweep_switch.value else body.overrides)  # words keep their quotes
 
     def scheduler_options(self) -> dict:
         """Keyword arguments of :func:`tune_magic.launch` for the chosen scheduler: ``{}`` for local;
@@ -283,7 +293,9 @@ class Panel(widgets.VBox):
             return
         notes: list[str] = []
         try:
-            if self._elsewhere():
+            if self.sweep_switch.value:
+                notes = self._sweep_preview()
+            elif self._elsewhere():
                 import warnings
 
                 with warnings.catch_warnings(record=True):
@@ -308,9 +320,34 @@ class Panel(widgets.VBox):
         self.launch_button.disabled = False
 
     # -- launching ------------------------------------------------------------------------------
-    def launch(self) -> Job | None:
-        """Launch what the form describes (as the Launch button does); return the job, or ``None``
-        with the error shown inline. The job's row appears in the jobs table at once."""
+    def _sweep_options(self) -> dict:
+        return dict(gpus=self._gpu_choice(), max_parallel=self.max_parallel.value, cwd=self.cwd,
+                    **self.scheduler_options())
+
+    def _sweep_preview(self) -> list[str]:
+        """The sweep's preview: the number of trials, the axes, the first trial's command."""
+        import warnings
+
+        from tune_magic.sweeping.create import preview
+
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            dry = preview(self.args(), **self._sweep_options())
+        first = dry.plans[0]
+        grid = " x ".join(f"{len(a)} {a.key}" for a in dry.plan.axes)
+        self.command_preview.value = (f"# {len(dry)} trials ({grid}), {dry.slots.max_parallel} at a time; trial 0: "
+                                      f"{dry.plan.trials[0].name}\n" + first.command_line().replace(
+                                          first.job_id or JOB_ID_PLACEHOLDER, JOB_ID_PLACEHOLDER))
+        self.script_preview.value = first.batch_script or ""
+        return list(dry.warnings)
+
+    def launch(self):
+        """Launch what the form describes (as the Launch button does); return the job (with the
+        sweep switch on: the :class:`~tune_magic.sweeping.handle.Sweep`), or ``None`` with the
+        error shown inline. The job's row appears in the jobs table at once (a sweep's trials
+        as they start)."""
+        if self.sweep_switch.value:
+            return self._launch_sweep()
         try:
             result = launch(self.args(), name=self.name.value.strip() or None, gpus=self._gpu_choice(), cwd=self.cwd,
                             **self.scheduler_options())
@@ -325,6 +362,23 @@ class Panel(widgets.VBox):
         self._sync_compare_options()
         self.refresh_gpus()
         self.compare.value = tuple(self.compare.value) + (result.id,)
+        return result
+
+    def _launch_sweep(self):
+        from tune_magic.sweeping.create import sweep
+
+        try:
+            result = sweep(self.args(), name=self.name.value.strip() or None, **self._sweep_options())
+        except PlanError as exc:
+            self.error.value = f"<span class='tm-error' style='color:#d62728'>{html.escape(str(exc))}</span>"
+            return None
+        if not hasattr(result, "wait"):  # TUNE_MAGIC_DRY_RUN=1
+            self.error.value = "<span class='tm-hint'>dry run (TUNE_MAGIC_DRY_RUN=1): nothing started</span>"
+            return None
+        self.sweeps.append(result)
+        self.error.value = (f"<span class='tm-hint'>sweep <code>{html.escape(result.id)}</code>: "
+                            f"{len(result.record.trials)} trials, {result.max_parallel} at a time (%tune_logs "
+                            f"{html.escape(result.id)} shows its card)</span>")
         return result
 
     def _on_launch(self, _button=None) -> None:

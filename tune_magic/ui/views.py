@@ -36,6 +36,8 @@ MAX_LINE_CHARS = 400
 
 _STATUS_COLOURS = {"pending": "#ff7f0e", "running": "#1f77b4", "unknown": "#8c564b", "succeeded": "#2ca02c",
                    "failed": "#d62728", "stopped": "#7f7f7f"}
+#: Each status's colour in cards and tables (the sweep card uses them too).
+STATUS_COLOURS = _STATUS_COLOURS
 
 
 def _fmt_elapsed(seconds: float) -> str:
@@ -410,7 +412,8 @@ class JobsTable(TableRows, widgets.VBox):
 
     @staticmethod
     def _values(job: Job) -> tuple:
-        """(name, status label, step, loss, elapsed s, reason) of ``job`` from its record and summary."""
+        """(name, status label, step, loss, elapsed s, reason) of ``job`` from its record and summary;
+        a sweep's trial is named ``<its values> · sweep <sweep name> #<trial>``."""
         s = job.summary()  # refreshes the record first
         r = job.record
         state = r.state
@@ -421,7 +424,8 @@ class JobsTable(TableRows, widgets.VBox):
             reason = r.pending_reason or ""
         elif state is Status.UNKNOWN:
             reason = r.error or ""
-        return (r.name, state.label, s.step, s.loss, job.elapsed_s, reason)
+        name = r.name if not r.sweep else f"{r.name} · sweep {r.sweep.get('name') or r.sweep['id']} #{r.sweep['trial']}"
+        return (name, state.label, s.step, s.loss, job.elapsed_s, reason)
 
     def _show(self, row: _Row) -> None:
         """Re-read ``row``'s job and set the traits that changed."""
