@@ -160,6 +160,9 @@ def job_registry(tmp_path, monkeypatch):
     root = home / "jobs"
     root.mkdir(parents=True)
     return root
+
+
+@pytest.fixture
 def third(monkeypatch):
     """The third scheduler's test distribution installed on this process's path (and its children's,
     through PYTHONPATH: kernels and JupyterLab started after it find it too); the scheduler registry
