@@ -145,13 +145,12 @@ def test_quickstart_through_the_demo(tmp_path, tiny_assets):
     # the comparison chart comes with its legend (which curve is which job; its items, as a browser
     # shows them: tests/e2e/test_browser.py)
     # (the note above it is a snapshot of when the cell returned: empty, or "waiting for the first step"
-    # until the watchers' first read, which runs in the background so the cell returns at once)
+    # until the watchers' first read, which runs in the background so the cell returns at once; the
+    # text form cuts the legend short: its items are read in the browser test)
     (chart,) = texts(nb, "compare-chart")
     assert re.match(r"VBox\(children=\(HTML\(value=(''|\"<span class='tm-hint'[^\"]*>waiting for the first step of "
                     r"the jobs chosen</span>\"), _dom_classes=\('tm-chart-note',\)\), HTML\(value=\"<span "
                     r"class='tm-legend-item' ", chart), chart
-    legend = re.findall(r"<span class='tm-legend-item'[^>]*><span [^>]*></span> ([^<]*)</span>", chart)
-    assert legend == [f"lr-1e-2 {ida[-6:]}", f"lr-2e-3 {idb[-6:]}"], chart
     for c_ in nb.cells:
         if c_.cell_type == "code" and c_.get("id") != "typo":
             assert not any(o.output_type == "error" for o in c_.outputs), c_.source
