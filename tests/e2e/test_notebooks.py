@@ -142,15 +142,16 @@ def test_quickstart_through_the_demo(tmp_path, tiny_assets):
     assert refused.startswith("UsageError: override optimzer.lr=1e-3: the config has no key optimzer; did you mean "
                               "optimizer.lr? (to add optimzer.lr as a new key on purpose, write +optimzer.lr=1e-3)"), refused
     assert not [j for j in jobs() if j.name == "typo" and j.record.cwd == a.record.cwd]  # nothing started
-    # the comparison chart comes with its legend (which curve is which job; its items, as a browser
-    # shows them: tests/e2e/test_browser.py)
-    # (the note above it is a snapshot of when the cell returned: empty, or "waiting for the first step"
-    # until the watchers' first read, which runs in the background so the cell returns at once; the
-    # text form cuts the legend short: its items are read in the browser test)
-    (chart,) = texts(nb, "compare-chart")
-    assert re.match(r"VBox\(children=\(HTML\(value=(''|\"<span class='tm-hint'[^\"]*>waiting for the first step of "
-                    r"the jobs chosen</span>\"), _dom_classes=\('tm-chart-note',\)\), HTML\(value=\"<span "
-                    r"class='tm-legend-item' ", chart), chart
+    # the comparison chart comes with its legend (which curve is which job), read from the widget
+    # state the notebook keeps (the output's text form is a snapshot of when the cell returned, cut
+    # short; the browser test reads the same legend on screen: tests/e2e/test_browser.py)
+    (out,) = [o for o in cell(nb, "compare-chart").outputs if o.output_type == "execute_result"]
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    model = lambda ref: state[ref.removeprefix("IPY_MODEL_")]["state"]  # noqa: E731
+    note, legend, plot = (model(ref) for ref in model(out.data["application/vnd.jupyter.widget-view+json"]["model_id"])["children"])
+    assert note["value"] == "" and plot["_model_name"] == "FigureModel", note
+    assert re.findall(r"<span class='tm-legend-item'[^>]*><span [^>]*></span> ([^<]*)</span>", legend["value"]) == [
+        f"lr-1e-2 {ida[-6:]}", f"lr-2e-3 {idb[-6:]}"], legend["value"]
     for c_ in nb.cells:
         if c_.cell_type == "code" and c_.get("id") != "typo":
             assert not any(o.output_type == "error" for o in c_.outputs), c_.source
