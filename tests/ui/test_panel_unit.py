@@ -196,6 +196,30 @@ def test_compare_chart_has_integer_ticks_a_legend_apart_and_full_names(tmp_path)
             jobstore.remove_tree(jobstore.job_dir(i))
 
 
+def test_an_ended_job_is_charted_as_soon_as_it_is_chosen(tmp_path):
+    # an ended job's curve is final: read once when chosen, so the chart a cell returns holds it
+    # (a notebook run headless keeps only what the cell's own messages set); no thread for it
+    ids = []
+    for i, status in enumerate(("succeeded",)):
+        log = tmp_path / f"log{i}.txt"
+        log.write_text("".join(f"\r1|{k}|Loss: {4 - k / 2}: {k * 25}%|#| {k}/4" for k in range(1, 5)) + "\n")
+        rec = JobRecord(id=f"20990101-00001{i}-end00{i}", name=f"j{i}", argv=["python", "x.py"], env={}, cwd="/",
+                        log_path=str(log), started_at=time.time(), status=status,
+                        ended_at=time.time() if status == "succeeded" else None, returncode=0 if i == 0 else None)
+        jobstore.create(rec, jobstore.jobs_root())
+        ids.append(rec.id)
+    panel = Panel(cwd=tmp_path)
+    try:
+        panel.compare.value = (ids[0],)
+        assert panel.series[ids[0]] == [(1, 3.5), (2, 3.0), (3, 2.5), (4, 2.0)]
+        assert panel._watchers[ids[0]]._thread is None
+        assert panel.chart.layout.display is None and panel.chart_note.value == ""
+    finally:
+        panel.close()
+        for i in ids:
+            jobstore.remove_tree(jobstore.job_dir(i))
+
+
 # --- SLURM fields (FAKE sbatch and sinfo: no SLURM cluster in a unit test) ------------------------
 
 

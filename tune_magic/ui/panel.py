@@ -426,6 +426,7 @@ class Panel(widgets.VBox):
                 self._lines.pop(job_id, None)
                 self._labels.pop(job_id, None)
                 self.series.pop(job_id, None)
+        ended = []
         for job_id in sorted(wanted - set(self._watchers)):
             try:
                 job = next(j for j in self.launched if j.id == job_id)
@@ -440,14 +441,22 @@ class Panel(widgets.VBox):
             self._lines[job_id] = line
             self._labels[job_id] = f"{cut(job.name)} {job.id[-6:]}"
             self.series[job_id] = []
-            self._watchers[job_id] = JobWatcher(job, lambda snap, jid=job_id: self._show(jid, snap), interval_s=0.5,
-                                                tail_lines=1).start()
+            watcher = JobWatcher(job, lambda snap, jid=job_id: self._show(jid, snap), interval_s=0.5, tail_lines=1)
+            self._watchers[job_id] = watcher
+            if job.status.is_live:
+                watcher.start()
+            else:
+                # an ended job's curve is final: read once here, so the chart a cell returns (and
+                # what a notebook run headless keeps) already holds it; no thread to outlive the cell
+                ended.append(watcher)
         self.chart.marks = [self._lines[j] for j in sorted(self._lines)]
         self.legend.value = "".join(
             f"<span class='tm-legend-item' style='margin-right:1.2em;white-space:nowrap'>"
             f"<span style='display:inline-block;width:1.6em;height:3px;vertical-align:middle;"
             f"background:{self._lines[j].colors[0]}'></span> {html.escape(self._labels[j])}</span>"
             for j in sorted(self._lines))
+        for watcher in ended:
+            watcher.poll_once()
         self._set_ticks()
 
     def _show(self, job_id: str, snap) -> None:
