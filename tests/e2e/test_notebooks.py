@@ -151,7 +151,7 @@ def test_quickstart_through_the_demo(tmp_path, tiny_assets):
     note, legend, plot = (model(ref) for ref in model(out.data["application/vnd.jupyter.widget-view+json"]["model_id"])["children"])
     assert note["value"] == "" and plot["_model_name"] == "FigureModel", note
     assert re.findall(r"<span class='tm-legend-item'[^>]*><span [^>]*></span> ([^<]*)</span>", legend["value"]) == [
-        f"lr-1e-2 {ida[-6:]}", f"lr-2e-3 {idb[-6:]}"], legend["value"]
+        f"{name} {i[-6:]}" for i, name in sorted({ida: "lr-1e-2", idb: "lr-2e-3"}.items())], legend["value"]
     for c_ in nb.cells:
         if c_.cell_type == "code" and c_.get("id") != "typo":
             assert not any(o.output_type == "error" for o in c_.outputs), c_.source

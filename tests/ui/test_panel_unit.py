@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import time
@@ -282,6 +283,10 @@ def test_FAKE_sbatch_slurm_fields_preview_sbatch_line_and_script(tmp_path, fake_
                               "metric_logger.name=my run"], cwd=tmp_path, dry_run=True, **panel.scheduler_options())
     assert panel.command_preview.value == plan.command_line().replace(plan.job_id, "<job-id>")
     assert panel.script_preview.value == plan.batch_script.replace(plan.job_id, "<job-id>")
+    # this test's home is under /tmp: the preview warns of it, with the same <job-id> as the preview
+    warned = [html.unescape(w) for w in re.findall(r"<div class='tm-warning'[^>]*>(.*?)</div>", panel.error.value)]
+    assert warned == [w.replace(plan.job_id, "<job-id>") for w in plan.warnings] and len(warned) == 2, warned
+    assert warned[0].startswith(f"output_dir {os.environ['TUNE_MAGIC_HOME']}/runs/tiny_lora/<job-id> "), warned
     line = panel.command_preview.value
     assert line.startswith("sbatch --parsable ") and line.endswith("/jobs/<job-id>/job.sbatch"), line
     head = panel.script_preview.value.splitlines()

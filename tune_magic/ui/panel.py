@@ -304,7 +304,7 @@ class Panel(widgets.VBox):
                 hide = (lambda text: text.replace(plan.job_id, JOB_ID_PLACEHOLDER))
                 self.command_preview.value = hide(plan.command_line())
                 self.script_preview.value = hide(plan.batch_script or "")
-                notes = list(plan.warnings)
+                notes = [hide(n) for n in plan.warnings]
             else:
                 plan = build_plan(self.args(), cwd=self.cwd, gpus=self._gpu_choice())
                 self.command_preview.value = plan.command_line()
@@ -315,8 +315,7 @@ class Panel(widgets.VBox):
             self.error.value = f"<span class='tm-error' style='color:#d62728'>{html.escape(str(exc))}</span>"
             self.launch_button.disabled = True
             return
-        self.error.value = "".join(f"<div class='tm-warning' style='color:#8c564b'>{html.escape(n)}</div>"
-                                   for n in notes)
+        self.error.value = _warning_divs(notes)
         self.launch_button.disabled = False
 
     # -- launching ------------------------------------------------------------------------------
@@ -348,12 +347,19 @@ class Panel(widgets.VBox):
         as they start)."""
         if self.sweep_switch.value:
             return self._launch_sweep()
+        import warnings
+
         try:
-            result = launch(self.args(), name=self.name.value.strip() or None, gpus=self._gpu_choice(), cwd=self.cwd,
-                            **self.scheduler_options())
+            # the launch's own warnings (a button's callback has no cell to print them in) replace the
+            # preview's: they name the job's real paths, not the preview's <job-id>
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                result = launch(self.args(), name=self.name.value.strip() or None, gpus=self._gpu_choice(),
+                                cwd=self.cwd, **self.scheduler_options())
         except PlanError as exc:
             self.error.value = f"<span class='tm-error' style='color:#d62728'>{html.escape(str(exc))}</span>"
             return None
+        self.error.value = _warning_divs(str(w.message) for w in caught)
         if not isinstance(result, Job):  # TUNE_MAGIC_DRY_RUN=1
             self.error.value = "<span class='tm-hint'>dry run (TUNE_MAGIC_DRY_RUN=1): nothing started</span>"
             return None
@@ -579,3 +585,7 @@ def _option_value(opt, widget: widgets.Widget):
         return lines or None
     return widget.value.strip() or None
 
+
+def _warning_divs(notes) -> str:
+    """The panel's warning lines (HTML, one ``div.tm-warning`` each) for ``notes`` (plain text)."""
+    return "".join(f"<div class='tm-warning' style='color:#8c564b'>{html.escape(n)}</div>" for n in notes)
