@@ -145,10 +145,10 @@ def test_quickstart_through_the_demo(tmp_path, tiny_assets):
     # the comparison chart comes with its legend (which curve is which job), read from the widget
     # state the notebook keeps (the output's text form is a snapshot of when the cell returned, cut
     # short; the browser test reads the same legend on screen: tests/e2e/test_browser.py)
-    (out,) = [o for o in cell(nb, "compare-chart").outputs if o.output_type == "execute_result"]
+    (shown,) = [o for o in cell(nb, "compare-chart").outputs if o.output_type == "execute_result"]
     state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     model = lambda ref: state[ref.removeprefix("IPY_MODEL_")]["state"]  # noqa: E731
-    note, legend, plot = (model(ref) for ref in model(out.data["application/vnd.jupyter.widget-view+json"]["model_id"])["children"])
+    note, legend, plot = (model(ref) for ref in model(shown.data["application/vnd.jupyter.widget-view+json"]["model_id"])["children"])
     assert note["value"] == "" and plot["_model_name"] == "FigureModel", note
     assert re.findall(r"<span class='tm-legend-item'[^>]*><span [^>]*></span> ([^<]*)</span>", legend["value"]) == [
         f"{name} {i[-6:]}" for i, name in sorted({ida: "lr-1e-2", idb: "lr-2e-3"}.items())], legend["value"]

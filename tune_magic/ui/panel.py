@@ -350,19 +350,19 @@ class Panel(widgets.VBox):
         import warnings
 
         try:
-            # the launch's own warnings (a button's callback has no cell to print them in) replace the
-            # preview's: they name the job's real paths, not the preview's <job-id>
-            with warnings.catch_warnings(record=True) as caught:
+            # a button's callback has no cell to print warnings in: the record's (every warning of the
+            # launch, the scheduler's too) replace the preview's, naming the job's real paths
+            with warnings.catch_warnings(record=True):
                 warnings.simplefilter("always")
                 result = launch(self.args(), name=self.name.value.strip() or None, gpus=self._gpu_choice(),
                                 cwd=self.cwd, **self.scheduler_options())
         except PlanError as exc:
             self.error.value = f"<span class='tm-error' style='color:#d62728'>{html.escape(str(exc))}</span>"
             return None
-        self.error.value = _warning_divs(str(w.message) for w in caught)
         if not isinstance(result, Job):  # TUNE_MAGIC_DRY_RUN=1
             self.error.value = "<span class='tm-hint'>dry run (TUNE_MAGIC_DRY_RUN=1): nothing started</span>"
             return None
+        self.error.value = _warning_divs(result.record.warnings)
         self.launched.append(result)
         self.jobs_table.add(result)
         self._sync_compare_options()
