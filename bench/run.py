@@ -49,7 +49,10 @@ ROWS = [
     ("concurrent_launch", "bench.rows.concurrent_launch", "10", 600, 120),
     ("table_cpu", "bench.rows.table_cpu", "11", 600, 150),
     ("resume_preflight", "bench.rows.resume_preflight", "12", 300, 60),
-    ("stop_all", "bench.rows.stop_all", "13", 600, 120),
+    ("sweep_makespan", "bench.rows.sweep_makespan", "13", 1200, 150),
+    ("sweep_cell_return", "bench.rows.sweep_cell_return", "14", 600, 90),
+    ("sweep_listing", "bench.rows.sweep_listing", "15", 600, 90),
+    ("stop_all", "bench.rows.stop_all", "16", 600, 120),
 ]
 QUICK_BUDGET_S = 600
 OUT = REPO / "bench" / "out"
@@ -80,6 +83,9 @@ def _cleanup(home: Path) -> list[str]:
     from tune_magic import job as jobctl
     from tune_magic.registry import store as jobstore
 
+    from tune_magic.sweeping.handle import stop_running_sweeps
+
+    found += [f"sweep {sweep_id} still running: {counts}" for sweep_id, counts in stop_running_sweeps(3)]
     for record in jobstore.list_records(jobs_dir):
         job = jobctl.Job(jobs_dir / record.id, record)
         if job.status == "running":
@@ -179,7 +185,7 @@ def render(rows: list[dict], mach: dict, seconds: dict, cold: dict | None) -> st
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="every row at its smallest size (CI); never writes BENCHMARKS.md")
-    ap.add_argument("--only", nargs="+", metavar="ROW", help="rows to run, by number (1-12) or name")
+    ap.add_argument("--only", nargs="+", metavar="ROW", help="rows to run, by number (1-16) or name")
     ap.add_argument("--write", action="store_true", help="rewrite BENCHMARKS.md (full mode only)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of a markdown table")
     ap.add_argument("--render", action="store_true",

@@ -148,3 +148,30 @@ def cleanup_jobs():
             job.stop(grace_s=2)
         except Exception:
             pass
+
+
+@pytest.fixture
+def job_registry(tmp_path, monkeypatch):
+    """A registry of the test's own: ``TUNE_MAGIC_HOME`` under ``tmp_path`` (dry runs off); returns
+    its ``jobs/`` folder, for records written by hand."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("TUNE_MAGIC_HOME", str(home))
+    monkeypatch.delenv("TUNE_MAGIC_DRY_RUN", raising=False)
+    root = home / "jobs"
+    root.mkdir(parents=True)
+    return root
+
+
+@pytest.fixture
+def third(monkeypatch):
+    """The third scheduler's test distribution installed on this process's path (and its children's,
+    through PYTHONPATH: kernels and JupyterLab started after it find it too); the scheduler registry
+    forgets what it found before and after."""
+    from jobhelpers import THIRD_PACKAGE
+    from tune_magic import schedulers
+
+    monkeypatch.syspath_prepend(str(THIRD_PACKAGE))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(THIRD_PACKAGE), os.environ.get("PYTHONPATH")])))
+    schedulers.refresh()
+    yield
+    schedulers.refresh()

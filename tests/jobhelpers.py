@@ -18,6 +18,8 @@ REPO = HERE.parent
 DATA = HERE / "data"
 TOY_RECIPE = HERE / "recipes" / "toy_recipe.py"
 TOY_CONFIG = HERE / "recipes" / "toy.yaml"
+#: the third scheduler's test distribution (an entry point in tune_magic.schedulers; fixture ``third``)
+THIRD_PACKAGE = HERE / "thirdsched"
 
 
 def toy_args(*overrides: str, nproc: int | None = 2) -> str:
@@ -86,3 +88,25 @@ def write_fake_nvidia_smi(bin_dir: Path, n: int, *, uuids: list[str] | None = No
     exe.write_text("#!/bin/sh\n# FAKE nvidia-smi for tests: there is no GPU here.\n" + body)
     exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
     return exe
+
+
+def registry_problem(root: Path) -> str | None:
+    """What is wrong with the registry ``root`` after a listing (which settles records and removes dead
+    launchers' staging): a staging directory left, an unreadable record, a live record with no live
+    process; ``None`` when nothing is."""
+    import tune_magic.job as J
+    from tune_magic.registry import store as jobstore
+
+    J.jobs()
+    for d in root.iterdir():
+        if d.name.startswith(".") and not d.name.startswith(jobstore.STAGING_PREFIX):
+            continue
+        if d.name.startswith(jobstore.STAGING_PREFIX):
+            return f"staging directory {d.name} left"
+        try:
+            rec = jobstore.read(d)
+        except jobstore.CorruptRecord as exc:
+            return f"{d.name}: {exc}"
+        if rec.state.is_live and not J.Job(d, rec)._sched().has_live_parts(d, rec):
+            return f"{d.name} is {rec.status} with no live process"
+    return None

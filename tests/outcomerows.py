@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tune_magic.registry.outcome import CANCELLED_OUTSIDE
+from tune_magic.registry.outcome import CANCELLED_OUTSIDE, FAILED_RESUME
 
 from waiting import wait_for
 
@@ -47,6 +47,10 @@ SHARED = (
     Row("stop_before_the_end_and_the_recipe_exits_0", (*LONG, "sigterm_exit=0"), "stop", "stopped", None),
     Row("stop_after_the_end", ("steps=2", "step_s=0.1"), "stop_after_end", "succeeded", None),
     Row("cancelled_outside", LONG, "cancel_outside", "stopped", CANCELLED_OUTSIDE),
+    # a resume whose recipe did not load its checkpoint and trained from the base model (exit 0)
+    Row("failed_resume", ("steps=2", "step_s=0.1", "resume_from_checkpoint=True", "fail_resume=true"), None, "failed",
+        f"{FAILED_RESUME}: WARNING:torchtune.utils._logging:Failed to load distributed checkpoint: no complete "
+        "dist_epoch_<K>/ found. Training will start from the base checkpoint."),
 )
 #: Only where a recipe's own exit code is the job's: one process, no torchrun (torchrun's agent
 #: exits 1 whenever a signal reached it, whatever its workers did).

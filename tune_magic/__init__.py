@@ -26,10 +26,17 @@ _API = {
     "launch": "launcher",
     "jobs": "job",
     "get_job": "job",
-    "stop_jobs": "job",
+    "stop_jobs": "stopping",
     "Job": "job",
     "JobNotFound": "errors",
     "Panel": "ui.panel",
+    "resume": "resuming",
+    "ResumePlan": "resuming",
+    "NothingToResume": "errors",
+    "sweep": "sweeping.create",
+    "Sweep": "sweeping.handle",
+    "sweeps": "sweeping.handle",
+    "get_sweep": "sweeping.handle",
 }
 
 __all__ = sorted(_API) + ["load_ipython_extension"]

@@ -15,6 +15,9 @@ KILL_ENV = "TUNE_MAGIC_TEST_KILL_LAUNCHER_AT"
 #: The steps of a local launch, in order (:func:`tune_magic.launch`). Schedulers add their own
 #: (the SLURM scheduler: ``sbatch-returned``, after sbatch answered and before its id is recorded).
 LAUNCH_STEPS = ("staging", "planned", "staged", "registered", "submitted")
+#: The steps of a resume (:func:`tune_magic.resume`): the old job locked, the new job's launch
+#: (:data:`LAUNCH_STEPS`), then the old record linked to it (``resumed_by``).
+RESUME_STEPS = ("resume-locked", *LAUNCH_STEPS, "resume-linked")
 
 
 def reached(step: str) -> None:

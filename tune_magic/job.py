@@ -157,12 +157,25 @@ class Job:
     def engine_note(self) -> str | None:
         """A note on how sure the status is (e.g. ``"SLURM not answering since 14:05"``: the status
         shown is the last known one), from the job's scheduler; ``None`` when there is none."""
-        return self._sched().status_note(self._record)
+        return self._sched().job_note(self._record)
 
     @property
     def engine_id(self) -> str | None:
         """The engine's own id of the job (e.g. SLURM's job id, once submitted), else ``None``."""
         return self._sched().engine_id(self._record)
+
+    @property
+    def engine_id_label(self) -> str | None:
+        """What the engine's id is called (a column title, e.g. ``"SLURM ID"``), else ``None``."""
+        return self._sched().engine_id_label
+
+    @property
+    def overrides(self) -> list[str]:
+        """The override words the recipe got (``key=value`` / ``~key``, in order; the per-job
+        ``output_dir`` tune_magic adds included), also for jobs launched before records kept them."""
+        from tune_magic.registry.record import overrides_of
+
+        return overrides_of(self._record)
 
     @property
     def tail_rules(self) -> tuple:
@@ -207,10 +220,7 @@ class Job:
         Raises:
             TimeoutError: still pending or running after ``timeout`` seconds.
         """
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or not 0 <= timeout < math.inf):
-            raise ValueError(f"timeout={timeout!r}: give seconds (a number >= 0) or None to wait for ever")
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = wait_deadline(timeout)
         # the supervisor writes the record by renaming a new file into the job's directory: a watch
         # on the directory's names ends each wait the moment it does (polling every poll_s all the
         # same, for where notification never comes); the rest of the job's writes wake nobody
@@ -356,6 +366,36 @@ class Job:
 
         return points_to_frame(self.metric_points())
 
+    def resume(self, overrides=(), **options) -> "Job":
+        """Resume this stopped, failed or ``unknown`` job from its last checkpoint, as a new job in
+        the same ``output_dir`` linked to it; return the new job (a ``ResumePlan`` for a dry run).
+        The same as ``tune_magic.resume(self, overrides, **options)``: see there
+        (:func:`tune_magic.resuming.resume`) for the options, the pre-flight and the refusals."""
+        import importlib
+
+        # the resume launches a job through tune_magic.launcher, which imports this module: reached
+        # by name at call time, as the package's lazy API reaches it, so job.py stays below the launcher
+        return importlib.import_module("tune_magic.resuming").resume(self, overrides, **options)
+
+    def lineage(self) -> list["Job"]:
+        """This job and the jobs it resumed, oldest first: the chain of ``resumed_from`` back to the
+        first run (a job removed with ``rm`` ends it; see :mod:`tune_magic.lineage`)."""
+        from tune_magic.lineage import ancestors
+
+        return [Job(jobstore.job_dir(r.id, self.dir.parent), r) for r in ancestors(self.refresh()._record,
+                                                                                   self.dir.parent)] + [self]
+
+    def lineage_metrics(self) -> list[dict]:
+        """The metrics of :meth:`lineage` as one run: dicts as :meth:`metrics` returns, plus ``job``
+        (the id of the job that logged the point). Each job's points stop at the global step where
+        the next job resumed (the steps it redid replace them); a resumed run that numbered its
+        steps from 1 again has them shifted to continue (:func:`tune_magic.lineage.lineage_points`)."""
+        from tune_magic.lineage import lineage_points
+
+        chain = self.lineage()
+        points = [j.metric_points() for j in chain]
+        return [{**p._asdict(), "job": job_id} for job_id, p in lineage_points([j.record for j in chain], points)]
+
     def tail(self, n: int = 20) -> list[str]:
         """Return the last ``n`` lines of the job's log (a progress bar's redraws collapsed to the
         latest one, as a terminal would show it)."""
@@ -369,6 +409,18 @@ class Job:
         if lines and lines[-1] == "":
             lines.pop()
         return lines[-n:] if n > 0 else []
+
+
+def wait_deadline(timeout: float | None) -> float | None:
+    """The monotonic deadline of a wait of ``timeout`` seconds (``None``: no deadline).
+
+    Raises:
+        ValueError: ``timeout`` is not a number of seconds >= 0 (nor ``None``).
+    """
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not 0 <= timeout < math.inf):
+        raise ValueError(f"timeout={timeout!r}: give seconds (a number >= 0) or None to wait for ever")
+    return None if timeout is None else time.monotonic() + timeout
 
 
 def _read(d: Path) -> JobRecord:
@@ -404,15 +456,24 @@ def jobs(skipped: list | None = None) -> list[Job]:
     """Return every job in the registry (live and finished), oldest first. Never writes except to
     record what it learns (best effort); works on a read-only registry.
 
+    Also starts the sweep process again of every sweep whose process died with trials queued
+    (:func:`tune_magic.sweeping.process.revive_all`).
+
     Args:
         skipped: when given, damaged records are appended to it (:class:`tune_magic.registry.store.Skipped`:
             path and a one-line reason) instead of being reported with :func:`warnings.warn`.
     """
+    from tune_magic.sweeping.process import revive_all
+
     root = jobstore.jobs_root(create=False)
     jobstore.collect_staging(root)
     _warn_if_open(root)
+    revive_all()  # a sweep whose process died with trials queued gets a new one (never two)
     stamps: dict[str, tuple] = {}
     records, bad = jobstore.list_records_checked(root, stamps)
+    from tune_magic.lineage import link_resumes
+
+    link_resumes(records, root)  # a resume killed before it linked the job it resumed
     if skipped is not None:
         skipped.extend(bad)
     else:
@@ -471,37 +532,18 @@ def _not_found(d: Path, job_id: str) -> None:
     raise JobNotFound(f"no job {job_id!r}; tune-magic jobs lists the jobs")
 
 
-def stop_jobs(targets, grace_s: float = 10.0, errors: list | None = None) -> dict[str, Status]:
-    """Stop several jobs together (one thread per job, so N jobs take about as long as one: each
-    stop waits out its own grace period at the same time), e.g. every live job or a sweep's trials.
-
-    Args:
-        targets: the :class:`Job` objects to stop.
-        grace_s: seconds between SIGTERM and SIGKILL for each (see :meth:`Job.stop`).
-        errors: when given, ``(job, exception)`` of each stop that raised is appended to it (those
-            jobs are left out of the result) instead of the first being raised.
-
-    Returns:
-        Job id -> its status afterwards, in the order given.
+def _job_at(job_id: str) -> Job:
+    """The job in ``job_id``'s directory, as it reads (damaged or not).
 
     Raises:
-        ValueError: ``grace_s`` is not a number of seconds >= 0.
-        TuneMagicError: without ``errors``, the first error a stop raised, once every other stop
-            has finished (e.g. an engine that did not take the cancel).
+        PlanError: the id is malformed. JobNotFound: no such directory. StateDirError: a link.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
-    targets = list(targets)
-    if not targets:
-        return {}
-    with ThreadPoolExecutor(max_workers=min(64, len(targets)), thread_name_prefix="tune_magic-stop") as pool:
-        futures = [pool.submit(job.stop, grace_s) for job in targets]
-    failed = [(job, f.exception()) for job, f in zip(targets, futures) if f.exception() is not None]
-    if failed and errors is None:
-        raise failed[0][1]
-    if errors is not None:
-        errors.extend(failed)
-    return {job.id: f.result() for job, f in zip(targets, futures) if f.exception() is None}
+    check_job_id(job_id)
+    d = jobstore.job_dir(job_id)
+    if not os.path.lexists(d):
+        _not_found(d, job_id)
+    jobstore.check_job_dir(d)
+    return Job(d)
 
 
 def get_job(job_id: str) -> Job:
@@ -512,12 +554,8 @@ def get_job(job_id: str) -> Job:
         JobNotFound: no such job.
         StateDirError: its directory is a symbolic link.
     """
-    check_job_id(job_id)
-    d = jobstore.job_dir(job_id)
-    if not os.path.lexists(d):
-        _not_found(d, job_id)
-    jobstore.check_job_dir(d)
-    job = Job(d)
+    job = _job_at(job_id)
+    d = job.dir
     if job.damaged and not job._sched().has_live_parts(d, None):
         raise JobNotFound(f"job {job_id!r} has a damaged record and nothing of it runs; tune-magic rm {job_id} "
                           "removes it")
@@ -532,12 +570,8 @@ def remove(job_id: str) -> None:
         JobNotFound: no such job.
         StateDirError: its directory is a symbolic link (the link is never followed).
     """
-    check_job_id(job_id)
-    d = jobstore.job_dir(job_id)
-    if not os.path.lexists(d):
-        _not_found(d, job_id)
-    jobstore.check_job_dir(d)
-    job = Job(d)
+    job = _job_at(job_id)
+    d = job.dir
     if not job.damaged:
         job.refresh()
     if (not job.damaged and job.record.state.is_live) or job._sched().has_live_parts(d, None if job.damaged else job.record):

@@ -22,7 +22,6 @@ import hashlib
 import os
 import re
 import shutil
-import socket
 import tempfile
 import time
 import warnings
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from tune_magic import faultpoints, schedulers
+from tune_magic.clashes import busy_gpus, check_clashes, live_jobs
 from tune_magic.errors import PlanError, StateDirError, UserError
 from tune_magic.job import Job
 from tune_magic.plan import catalog
@@ -39,10 +39,11 @@ from tune_magic.plan.checks import check_overrides
 from tune_magic.plan.configview import resolve_dirs, write_overlaid_config
 from tune_magic.plan.model import LaunchPlan
 from tune_magic.plan.resolve import resolve_config
-from tune_magic.plan.words import check_job_id, split_args, with_config
+from tune_magic.plan.words import check_job_id, split_args, tokenise, with_config
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.ids import new_job_id
 from tune_magic.registry.owner import TOKEN_ENV, new_token
+from tune_magic.plan.argsize import check_command_size, check_word_sizes
 from tune_magic.registry.store import JobRecord
 from tune_magic.schedulers.base import Scheduler, SchedulerOptions
 from tune_magic.schedulers.local import gpus as gpu_mod
@@ -54,11 +55,6 @@ MAX_NAME_CHARS = 1000
 #: Largest YAML cell body accepted, in bytes (UTF-8). A config is a few KB; a long value (a prompt
 #: template, a list of files) fits many times over. Larger bodies take OmegaConf tens of seconds.
 MAX_CELL_BODY_BYTES = 4 << 20
-#: Linux's limit on one argument or environment string of a new program, with its NUL
-#: (``MAX_ARG_STRLEN``: 32 pages, 128 KiB with 4 KiB pages); execve refuses more with E2BIG.
-MAX_ARG_STRLEN = 32 * os.sysconf("SC_PAGE_SIZE")
-
-_HOST = socket.gethostname()
 
 
 def dry_run_requested(env: Mapping[str, str] | None = None) -> bool:
@@ -151,6 +147,9 @@ class _Request:
     options: SchedulerOptions
     sched: Scheduler
     job_id: str
+    record_fields: Mapping[str, Any] | None = None
+    max_resumes: int | None = None
+    sweep: dict | None = None
 
 
 def launch(
@@ -165,6 +164,9 @@ def launch(
     config_overlay: str | None = None,
     scheduler: str | None = None,
     job_id: str | None = None,
+    record_fields: Mapping[str, Any] | None = None,
+    max_resumes: int | None = None,
+    sweep_trial: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> "Job | LaunchPlan":
     """Launch a ``tune run``-style job in the background and return at once.
@@ -191,6 +193,15 @@ def launch(
             ``"slurm"``, or an installed scheduler's name.
         job_id: the id a dry run's plan is built for (default: a new one, as a launch would pick);
             a real launch always picks its own.
+        record_fields: fields of the job's record set when it is registered, in the same atomic
+            step (a resume's ``resumed_from`` and ``resume_point``: :mod:`tune_magic.resuming`).
+        max_resumes: when the job fails after saving a checkpoint, start it again from that
+            checkpoint, as the same job, at most this many times (``--max-resumes N``; each
+            attempt is recorded in ``record.attempts``). For schedulers that do it
+            (``Scheduler.relaunches_from_checkpoint``: ``local``) and recipes the resume
+            pre-flight knows.
+        sweep_trial: set by a sweep for each of its trials (:mod:`tune_magic.sweeping`): the job
+            record's ``sweep`` field, ``{"id": sweep id, "trial": index, "name": sweep name}``.
         options: the scheduler's own options by name (``nodes=2, partition="gpu"`` for SLURM;
             ``tune-magic run --help`` lists each scheduler's). Another scheduler's option is refused.
 
@@ -203,6 +214,37 @@ def launch(
         StateDirError: ``$TUNE_MAGIC_HOME`` cannot take the job (read-only, full disk).
         JobStartError: the scheduler could not start the job (its record says why).
     """
+    request, dry_run = _request(args, name=name, gpus=gpus, cwd=cwd, force=force, env=env, dry_run=dry_run,
+                                config_overlay=config_overlay, scheduler=scheduler, job_id=job_id,
+                                record_fields=record_fields, max_resumes=max_resumes, sweep_trial=sweep_trial,
+                                options=options)
+    return _dry_run(request) if dry_run else _register_and_submit(request)
+
+
+def register_trial(args: Sequence[str], *, sweep_trial: Mapping[str, Any], name: str, gpus, cwd: str,
+                   force: bool, env: Mapping[str, str], config_overlay: str | None, scheduler: str,
+                   **options: Any) -> RegisteredJob:
+    """Register one trial of a sweep as a job of its scheduler, checked and planned as
+    :func:`launch` does, without submitting it: the sweep process registers under the sweep's
+    lock and submits outside it (several trials start side by side), and a scheduler that runs a
+    whole sweep as one engine job (``Scheduler.submit_sweep``) submits every registered trial at once.
+
+    Returns:
+        The :class:`RegisteredJob` (its directory, record and plan); call its ``submit()``, or its
+        ``release()`` once the job was handed on by other means.
+
+    Raises:
+        PlanError, StateDirError: as :func:`launch`; nothing is registered then.
+    """
+    request, _ = _request(args, name=name, gpus=gpus, cwd=cwd, force=force, env=env, dry_run=False,
+                          config_overlay=config_overlay, scheduler=scheduler, job_id=None, record_fields=None,
+                          max_resumes=None, sweep_trial=sweep_trial, options=options)
+    return _register(request)
+
+
+def _request(args, *, name, gpus, cwd, force, env, dry_run, config_overlay, scheduler, job_id, record_fields,
+             max_resumes, sweep_trial, options) -> "tuple[_Request, bool]":
+    """Check :func:`launch`'s arguments; return the request and whether it is a dry run."""
     caller_env = dict(os.environ if env is None else env)
     if name is not None and not isinstance(name, str):
         raise PlanError(f"name={name!r}: the job name must be a string")
@@ -214,17 +256,51 @@ def launch(
         if value is not None and not isinstance(value, bool):
             raise PlanError(f"{flag}={value!r}: give True or False")
     read = schedulers.read_options(scheduler, caller_env, **options)
+    max_resumes = _check_max_resumes(max_resumes, schedulers.get(read.scheduler))
     if dry_run is None:
         dry_run = dry_run_requested(caller_env)
     tokens = split_args(args)
-    _check_word_sizes(tokens)  # first: the checks of a 1 MB value would take tens of seconds
+    check_word_sizes(tokens)  # first: the checks of a 1 MB value would take tens of seconds
     if job_id is not None and not dry_run:
         raise PlanError("job_id is for dry runs only; a launch picks its own id")
     request = _Request(tokens=tokens, caller_env=caller_env,
                        cwd=os.path.abspath(os.getcwd() if cwd is None else os.fspath(cwd)), name=name, gpus=gpus,
                        force=force, config_overlay=config_overlay, options=read, sched=schedulers.get(read.scheduler),
-                       job_id=check_job_id(job_id) if job_id is not None else new_job_id())
-    return _dry_run(request) if dry_run else _register_and_submit(request)
+                       job_id=check_job_id(job_id) if job_id is not None else new_job_id(),
+                       record_fields=record_fields, max_resumes=max_resumes,
+                       sweep=dict(sweep_trial) if sweep_trial is not None else None)
+    return request, dry_run
+
+
+def _check_max_resumes(value: Any, sched: Scheduler) -> int | None:
+    """``max_resumes`` read (a whole number >= 1, or ``None``), for a scheduler that honours it.
+
+    Raises:
+        PlanError: another value, or a scheduler that does not relaunch jobs itself.
+    """
+    from tune_magic.plan.options import generic
+
+    value = generic("--max-resumes").read(value)
+    if value is not None and not sched.relaunches_from_checkpoint:
+        raise PlanError(f"--max-resumes {value}: scheduler {sched.name} does not relaunch failed jobs itself; leave "
+                        f"--max-resumes out there (its own options may offer a requeue), or resume by hand: "
+                        "tune-magic resume JOB")
+    return value
+
+
+def _resumable_recipe(plan: LaunchPlan, max_resumes: int | None) -> None:
+    """With ``max_resumes``: the recipe must be one the resume pre-flight knows.
+
+    Raises:
+        PlanError: it is not; the message lists the recipes it knows.
+    """
+    if max_resumes:
+        from tune_magic.plan.resumerecipes import recipe_support
+
+        try:
+            recipe_support(plan.recipe, plan.recipe_name)
+        except PlanError as exc:
+            raise PlanError(f"--max-resumes {max_resumes}: {exc}") from None
 
 
 def _dry_run(req: _Request) -> LaunchPlan:
@@ -237,6 +313,7 @@ def _dry_run(req: _Request) -> LaunchPlan:
         digest = hashlib.sha256(f"{tokens}\0{req.config_overlay}\0{req.cwd}".encode()).hexdigest()[:16]
         tokens = _apply_overlay(tokens, req.config_overlay, req.cwd, d / f"config-{digest}.yaml")
     plan, _ = _plan(tokens, req.job_id, gpus=req.gpus, cwd=req.cwd, env=req.caller_env, busy={}, options=req.options)
+    _resumable_recipe(plan, req.max_resumes)
     # the job's directory as it would be (the same id-dependent paths a launch gets)
     would_be = jobstore.jobs_root(req.caller_env, create=False) / req.job_id
     plan = replace(plan, **req.sched.prepare(plan, req.options, req.caller_env, would_be))
@@ -248,8 +325,57 @@ def _dry_run(req: _Request) -> LaunchPlan:
     return replace(plan, warnings=plan.warnings + [f"a launch here would refuse this: {e}" for e in problems])
 
 
+@dataclass
+class RegisteredJob:
+    """A job registered (listed, its record written) and not handed to its scheduler yet. It holds
+    the job's ``supervisor.lock``, so no listing takes it for a launch that died meanwhile.
+
+    Attributes:
+        dir: the job's directory.
+        record: its first record.
+        plan: its plan, as its scheduler prepared it.
+        lock_fd: the held lock (``None`` once released).
+    """
+
+    dir: Path
+    record: JobRecord
+    plan: LaunchPlan
+    lock_fd: int | None
+    _req: _Request
+
+    def submit(self) -> Job:
+        """Hand the job to its scheduler (once; the lock goes to its supervisor, or is released).
+
+        Raises:
+            JobStartError: the scheduler did not start it (its record says why).
+            PlanError: the engine refused it as described; the job is removed again.
+        """
+        try:
+            try:
+                self._req.sched.submit(self.dir, self.record, self.plan, self._req.options, self._req.caller_env,
+                                       self.lock_fd)
+            except UserError:
+                jobstore.remove_tree(self.dir)  # the engine refused it as described: nothing runs, nothing listed
+                raise
+            faultpoints.reached("submitted")
+            return Job(self.dir)
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """Let the lock go (after the job was submitted by other means, e.g. one engine job for a sweep)."""
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
+
+
 def _register_and_submit(req: _Request) -> Job:
     """Stage the job's directory, register it under the launch lock, hand it to the scheduler."""
+    return _register(req).submit()
+
+
+def _register(req: _Request) -> RegisteredJob:
+    """Stage the job's directory and register it under the launch lock (the clash checks first)."""
     root = jobstore.jobs_root(req.caller_env)
     jobstore.collect_staging(root)
     stage = jobstore.staging_dir(req.job_id, root)
@@ -266,27 +392,20 @@ def _register_and_submit(req: _Request) -> Job:
             plan, dirs, resolved, record = _stage(req, root, stage, final)
             # one launch at a time checks for clashes and registers, so two cannot both take a directory or GPU
             with jobstore.flocked(root / jobstore.LAUNCH_LOCK):
-                check_clashes(resolved, dirs, _live_jobs(jobstore.list_records(root)), force=req.force, plan=plan)
+                check_clashes(resolved, dirs, live_jobs(jobstore.list_records(root)), force=req.force, plan=plan)
                 os.rename(stage, final)
             faultpoints.reached("registered")
             if plan.output_dir and dirs.output_dir:
                 _make_private_dir(Path(dirs.output_dir))
         except OSError as exc:
-            raise _state_error(exc, root) from None
-        try:
-            req.sched.submit(final, record, plan, req.options, req.caller_env, lock_fd)
-        except UserError:
-            jobstore.remove_tree(final)  # the engine refused it as described: nothing runs, nothing listed
-            raise
-        faultpoints.reached("submitted")
-        return Job(final)
+            raise state_error(exc, root) from None
+        return RegisteredJob(final, record, plan, lock_fd, req)
     except BaseException:
         if stage.exists():
             shutil.rmtree(stage, ignore_errors=True)  # nothing registered, nothing left behind
-        raise
-    finally:
         if lock_fd is not None:
             os.close(lock_fd)
+        raise
 
 
 def _stage(req: _Request, root: Path, stage: Path, final: Path):
@@ -297,11 +416,12 @@ def _stage(req: _Request, root: Path, stage: Path, final: Path):
         tokens = _apply_overlay(tokens, req.config_overlay, req.cwd, stage / "config.yaml")
     plan, dirs, resolved = checked_plan(tokens, req.job_id, gpus=req.gpus, cwd=req.cwd, env=req.caller_env,
                                          root=root, force=req.force, job_dir=final, options=req.options)
+    _resumable_recipe(plan, req.max_resumes)
     if req.config_overlay is not None:
         plan = _replace_config(plan, str(final / "config.yaml"))
     plan = replace(plan, **req.sched.prepare(plan, req.options, req.caller_env, final))
     faultpoints.reached("planned")
-    record = _record(req, plan, dirs, resolved, final)
+    record = _record(req, plan, dirs, resolved, final, tokens)
     # the job's secret token, in the environment its processes get (record.env; not in the plan, which
     # a dry run shows alike): a stop signals only processes that carry it (tune_magic.registry.owner)
     token = new_token(req.job_id)
@@ -313,9 +433,10 @@ def _stage(req: _Request, root: Path, stage: Path, final: Path):
     return plan, dirs, resolved, record
 
 
-def _record(req: _Request, plan: LaunchPlan, dirs, resolved, final: Path) -> JobRecord:
-    """The job's first record."""
-    return JobRecord(
+def _record(req: _Request, plan: LaunchPlan, dirs, resolved, final: Path, tokens: list[str]) -> JobRecord:
+    """The job's first record (with ``req.record_fields``, and what a resume launches again: the
+    recipe name, the torchrun options as given in ``tokens``, the overrides)."""
+    record = JobRecord(
         id=req.job_id, name=req.name or plan.recipe_name or Path(plan.recipe).stem, argv=plan.argv, env=plan.env,
         cwd=req.cwd, log_path=str(final / jobstore.OUTPUT_LOG), started_at=time.time(),
         output_dir=dirs.output_dir, metric_log_dir=dirs.metric_log_dir, checkpoint_dir=dirs.checkpoint_dir,
@@ -325,8 +446,15 @@ def _record(req: _Request, plan: LaunchPlan, dirs, resolved, final: Path) -> Job
         recipe=plan.recipe, config=plan.config, rank_log_dir=plan.rank_log_dir, scheduler=req.sched.name,
         scheduler_options=_json_options(req.options), status=req.sched.initial_status.value,
         num_nodes=int(plan.nnodes) if (plan.nnodes or "").isdigit() else 1,
-        epochs=dirs.epochs, max_steps_per_epoch=dirs.max_steps_per_epoch,
+        epochs=dirs.epochs, max_steps_per_epoch=dirs.max_steps_per_epoch, recipe_name=plan.recipe_name,
+        torchrun_options=tokenise(tokens).torchrun_tokens, overrides=list(plan.overrides),
+        max_resumes=req.max_resumes, sweep=req.sweep,
     )
+    for key, value in (req.record_fields or {}).items():
+        if key not in JobRecord.__dataclass_fields__ or key in ("id", "status", "extra"):
+            raise PlanError(f"record_fields: {key!r} is not a record field a launch may set")
+        setattr(record, key, value)
+    return record
 
 
 def _json_options(options: SchedulerOptions) -> dict[str, Any]:
@@ -377,8 +505,8 @@ def checked_plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, root: P
                   options: SchedulerOptions):
     """Build the plan and check it against this machine (GPUs visible and free, inputs exist, dirs
     resolve). Busy GPUs are checked again under the launch lock."""
-    running = _live_jobs(jobstore.list_records(root))
-    plan, resolved = _plan(tokens, job_id, gpus=gpus, cwd=cwd, env=env, busy=_busy_gpus(running), force=force,
+    running = live_jobs(jobstore.list_records(root))
+    plan, resolved = _plan(tokens, job_id, gpus=gpus, cwd=cwd, env=env, busy=busy_gpus(running), force=force,
                            launching=True, job_dir=job_dir, options=options)
     check_command_size(plan, env)
     dirs = resolve_dirs(plan, cwd=cwd)
@@ -395,50 +523,8 @@ def checked_plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, root: P
     return plan, dirs, resolved
 
 
-def check_command_size(plan: LaunchPlan, env: Mapping[str, str]) -> None:
-    """Refuse a command Linux would not start: an argument or environment string longer than
-    :data:`MAX_ARG_STRLEN`, or all of them together over ``ARG_MAX`` (``sysconf``; with the
-    pointers to them, as execve counts). Checked before the job is registered, so nothing is left.
-
-    Raises:
-        PlanError: naming the long override (a long value belongs in a YAML cell body, which the
-            recipe reads from a file) or the variable, and the sizes in bytes.
-    """
-    strings = [*plan.argv, *(f"{k}={v}" for k, v in {**env, **plan.env}.items())]
-    _check_word_sizes(plan.argv, overrides=set(plan.overrides))
-    _check_word_sizes([f"{k}={v}" for k, v in {**env, **plan.env}.items()], variables=True)
-    total = sum(len(os.fsencode(text)) + 1 + 8 for text in strings)  # each string, its NUL and its pointer
-    limit = os.sysconf("SC_ARG_MAX")
-    if total > limit:
-        raise PlanError(f"the job's command and environment take {total:,} bytes, more than Linux passes to a new "
-                        f"program ({limit:,} bytes, ARG_MAX): move long override values into a YAML cell body, or "
-                        "unset large environment variables. Nothing was started")
-
-
-def _check_word_sizes(words: Iterable[str], overrides: set[str] | None = None, variables: bool = False) -> None:
-    """Refuse a word longer than :data:`MAX_ARG_STRLEN` (with its NUL), naming it: an override
-    (``key=value`` among the launch's words, or in ``overrides``) with the fix, a variable, or an argument.
-
-    Raises:
-        PlanError: the first such word.
-    """
-    for text in words:
-        size = len(os.fsencode(text)) + 1
-        if size <= MAX_ARG_STRLEN:
-            continue
-        name = text.split("=", 1)[0]
-        if not variables and "=" in text and (overrides is None or text in overrides):
-            raise PlanError(f"the override {name}=... is {size - 1:,} bytes long, more than Linux passes as one "
-                            f"argument ({MAX_ARG_STRLEN:,} bytes, MAX_ARG_STRLEN): a long value belongs in a YAML cell "
-                            f"body (the %%tune_run cell, or config_overlay=), which the recipe reads from a file. "
-                            "Nothing was started")
-        what = f"the environment variable {name}" if variables else f"the argument {text[:60]!r}..."
-        raise PlanError(f"{what} is {size - 1:,} bytes long, more than Linux passes to a new program "
-                        f"({MAX_ARG_STRLEN:,} bytes, MAX_ARG_STRLEN); shorten it. Nothing was started")
-
-
-def _state_error(exc: OSError, root: Path) -> StateDirError:
-    """Turn a registry write failure at launch into one paragraph naming the fix."""
+def state_error(exc: OSError, root: Path) -> StateDirError:
+    """Turn a registry write failure at launch (of a job or a sweep) into one paragraph naming the fix."""
     where = root.parent
     if jobstore.disk_full(exc):
         return StateDirError(f"the disk holding TUNE_MAGIC_HOME ({where}) is full ({exc.strerror}); nothing was "
@@ -494,72 +580,3 @@ def _replace_config(plan: LaunchPlan, config_at: str) -> LaunchPlan:
     return replace(plan, config=config_at, argv=[config_at if a == staged else a for a in plan.argv])
 
 
-def _same_or_nested(a: str, b: str) -> bool:
-    a, b = Path(os.path.realpath(a)), Path(os.path.realpath(b))
-    return a == b or a in b.parents or b in a.parents
-
-
-def _local_port(endpoint: str | None) -> int | None:
-    """The port of ``host:port`` when the host is this machine, else ``None``."""
-    import socket
-
-    if not endpoint:
-        return None
-    host, sep, port = endpoint.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not port.isdigit():
-        return None
-    mine = {"", "localhost", "0.0.0.0", "::", "::1", socket.gethostname(), socket.getfqdn()}
-    return int(port) if host in mine or host.startswith("127.") else None
-
-
-def check_clashes(resolved, dirs, running: list[Job], *, force: bool, plan: LaunchPlan | None = None) -> None:
-    """Refuse a GPU, a directory or a rendezvous port on this machine that a live job uses (unless
-    ``force``). Called under the launch lock, so two launches racing for the same GPU or
-    ``output_dir``: exactly one is refused."""
-    if force:
-        return
-    port = _local_port(plan.endpoint) if plan is not None and plan.rendezvous == "user" else None
-    if port:
-        for job in running:
-            if _HOST in job.nodes and _local_port(job.record.rendezvous_endpoint) == port:
-                raise PlanError(f"port {port} of your rendezvous endpoint is the rendezvous of {job.record.status} job "
-                                f"{job.id}: the second job would fail (EADDRINUSE) or join the first one's rendezvous; "
-                                "leave the endpoint out (a free port is picked), choose another port, or pass --force")
-    if resolved is not None:
-        busy = {str(k): v for k, v in _busy_gpus(running).items()}
-        for typed, physical in zip(resolved.typed, resolved.physical):
-            if str(physical) in busy:
-                shown = f"GPU {typed}" + (f" (physical {physical})" if str(typed) != str(physical) else "")
-                raise gpu_mod.GpuError(f"{shown} is used by running job {busy[str(physical)]}; pick another GPU, stop "
-                                       "that job, or pass --force / force=True to share it")
-    mine = [x for x in (dirs.output_dir, dirs.metric_log_dir, dirs.checkpoint_dir) if x]
-    for job in running:
-        theirs = [x for x in (job.output_dir, job.record.metric_log_dir, job.record.checkpoint_dir) if x]
-        clash = next(((m, t) for m in mine for t in theirs if _same_or_nested(m, t)), None)
-        if clash:
-            raise PlanError(
-                f"{clash[0]} would share {clash[1]} with {job.record.status} job {job.id}; choose another "
-                "output_dir=..., stop that job, or pass --force / force=True"
-            )
-
-
-def _busy_gpus(running: list[Job]) -> dict[int | str, str]:
-    """Physical GPU -> id of the live job using it (records made before ``physical_gpus`` existed
-    hold physical ids in ``gpus``)."""
-    busy: dict[int | str, str] = {}
-    for j in running:
-        r = j.record
-        for g in (r.physical_gpus if r.physical_gpus is not None else r.gpus) or []:
-            busy[g] = j.id
-    return busy
-
-
-def _live_jobs(records: Iterable[JobRecord]) -> list[Job]:
-    out = []
-    for r in records:
-        if r.state.is_live:
-            job = Job(jobstore.job_dir(r.id), r)
-            if job.refresh().record.state.is_live:
-                out.append(job)
-    return out

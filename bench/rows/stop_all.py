@@ -1,13 +1,13 @@
-"""Row 13: ``tune-magic stop --all`` stops N running jobs together, in at most 2× the time one
+"""Row 16: ``tune-magic stop --all`` stops N running jobs together, in at most 2× the time one
 ``tune-magic stop ID`` takes for one job (the anchor, same row run).
 
 The jobs: the test-only toy recipe, one process each (no torchrun), ``steps=100000 step_s=0.2``,
 launched with ``tune_magic.launch()`` and stopped once each has logged a step.
-- 13a: each job takes its time to end, as a real one does (a rank in a collective, a recipe
+- 16a: each job takes its time to end, as a real one does (a rank in a collective, a recipe
   cleaning up: the issue measured 68 s for 30 stops one after another, 2.3 s each): the recipe
   ignores SIGTERM (``ignore_sigterm=true``), so each stop waits its grace period (``--grace 2``)
   and then kills it. Goal: ≤ 2×.
-- 13b (full mode only): the recipe exits at once on SIGTERM: what is left is each stop's own
+- 16b (full mode only): the recipe exits at once on SIGTERM: what is left is each stop's own
   CPU and that of each job's supervisor recording its end, on the machine's cores. Reported.
 Each sample times the console script in a fresh process from start to exit: ``tune-magic stop
 --grace G ID`` for one job (the anchor), ``tune-magic stop --grace G --all`` for N jobs (full: 30,
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from bench.common import TOY_CONFIG, TOY_RECIPE, fmt, leftovers, log, median, ratio, row, row_main, spread
 
-KEY, NUMBER = "stop_all", "13"
+KEY, NUMBER = "stop_all", "16"
 METRIC = "`tune-magic stop --all` of N running jobs"
 GOAL = 2.0
 CLI = Path(sys.executable).with_name("tune-magic")

@@ -83,6 +83,9 @@ def scenarios(tmp: Path) -> dict[str, dict]:
         "two_agents_signal_first": {"agents": {"delay0": "3", "delay1": "0.5"}},
         # rank 1 killed by SIGKILL; rank 0 then raises only because its peer is gone
         "two_agents_peer_killed": {"agents": {"delay1": "0.5"}, "mode": "two_agents_peer"},
+        # ranks 0 (node 0) and 2 (node 1) raise in one whole second, rank 0 first; node 0's report
+        # comes second in the log (its rank 1 is slow to stop)
+        "two_agents_both_raise": {"agents": {}, "mode": "two_agents_both", "nproc": ("2", "1")},
     }
 
 
@@ -95,7 +98,8 @@ def run(name: str, spec: dict, tmp: Path) -> int:
             port = str(free_port())
             procs = []
             for node in (0, 1):
-                argv = [*TORCHRUN, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
+                nproc = spec.get("nproc", ("1", "1"))[node]
+                argv = [*TORCHRUN, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", nproc,
                         "--master-addr", "127.0.0.1", "--master-port", port, WORKER, spec.get("mode", "two_agents"),
                         *(f"{k}={v}" for k, v in spec["agents"].items())]
                 procs.append(subprocess.Popen(argv, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT))

@@ -102,6 +102,23 @@ def main(mode: str) -> None:
             raise ValueError("rank zero raised on purpose")
         time.sleep(float(o["delay1"]))
         os.kill(os.getpid(), signal.SIGKILL)
+    elif mode == "two_agents_both":
+        # node 0 runs ranks 0 and 1, node 1 runs rank 2. Ranks 0 and 2 raise in the same whole second,
+        # rank 0 first (at .2, rank 2 at .5); rank 1 takes 2 s to stop when its agent tells it to, so
+        # node 0's report is printed after node 1's although its rank failed first.
+        import math
+        import signal
+
+        import torch
+
+        dist = init()
+        start = torch.tensor([float(math.ceil(time.time()) + 1)])
+        dist.all_reduce(start, op=dist.ReduceOp.MAX)  # one whole second for every rank
+        if rank() == 1:
+            signal.signal(signal.SIGTERM, lambda *_: (time.sleep(2), os._exit(143)))
+            time.sleep(60)
+        time.sleep(max(0.0, start.item() + (0.2 if rank() == 0 else 0.5) - time.time()))
+        raise ValueError(f"rank {rank()} raised on purpose")
     elif mode == "two_agents_peer":
         # rank 1 is killed by SIGKILL; rank 0, waiting in a barrier, raises because its peer is gone
         import signal

@@ -388,6 +388,10 @@ def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
                   what="card c to read 'failed'", describe=lambda: json.dumps(_card_state(c), indent=1))
     assert "rank 1" in sc["first_line"] and "RuntimeError: toy recipe crashed on purpose" in sc["first_line"], sc
     assert not sc["button_visible"], sc  # no Stop on an ended job
+    # the overrides it ran with, one collapsed line under the header (the words one a line once opened)
+    overrides = c.locator("details.tm-overrides")
+    assert overrides.evaluate("d => !d.open") and overrides.locator("summary").inner_text() == "overrides: crash_rank=1"
+    assert sc["text"].index(sc["header"]) < sc["text"].index("overrides: crash_rank=1"), sc["text"]
     # the whole traceback is behind a toggle: collapsed, and shown on a click
     tb = c.locator(".tm-traceback")
     assert not tb.is_visible()
@@ -464,6 +468,10 @@ def test_two_live_cards_chart_and_stop_in_jupyterlab(lab, page, new_jobs):
 # --- the jobs table and the panel (issue 16: "The tables") -------------------------------------------
 
 TABLES = ARTIFACTS / "tables"
+#: The quickstart's own comparison cell (notebooks/quickstart.ipynb, cell "compare-chart"), run here on
+#: this test's two jobs: what a reader of the quickstart sees of the chart.
+QUICKSTART_COMPARE = next(c for c in json.loads((REPO / "notebooks" / "quickstart.ipynb").read_text())["cells"]
+                          if c.get("id") == "compare-chart")["source"]
 CMP_NAMES = ("cmp-lr-1e-2 learning-rate sweep, run A", "cmp-lr-2e-3 learning-rate sweep, run B")
 TABLE_CELLS = [
     ("markdown", "# tune_magic browser test: the jobs table and the panel"),
@@ -488,7 +496,12 @@ _ROW_JS = """([root, id]) => {
     const reason = cell('reason');
     return {status: cell('status').textContent.trim(), step: cell('step').textContent.trim(),
             loss: cell('loss').textContent.trim(), name: cell('name').textContent.trim(),
+            engine: (cell('engine').querySelector('.tm-engine') || {textContent: ''}).textContent.trim(),
+            nodes: (cell('engine').querySelector('.tm-nodes') || {textContent: ''}).textContent.trim(),
+            scheduler: cell('scheduler').textContent.trim(),
+            started: cell('started').textContent.trim(),
             buttons: cell('stop').querySelectorAll('button').length,
+            labels: [...cell('stop').querySelectorAll('button')].map(b => b.textContent.trim()),
             reason: reason.textContent.trim(), reason_shown: reason.offsetParent !== null};
 }"""
 
@@ -513,8 +526,15 @@ _LAYOUT_JS = """el => {
     const right = el.getBoundingClientRect().right;
     const wide = [...el.querySelectorAll('*')].filter(e => e.getBoundingClientRect().right > right + 1)
         .slice(0, 12).map(e => `${e.tagName}.${[...e.classList].join('.')} ${Math.round(e.getBoundingClientRect().width)}px`);
+    const command = [...el.querySelectorAll('.widget-textarea')].find(w => label(w) === 'command');
+    const commandArea = command && command.querySelector('textarea');
     return {
         panel: {scroll: el.scrollWidth, client: el.clientWidth, wide},
+        command: commandArea && {scroll: commandArea.scrollHeight, client: commandArea.clientHeight,
+                                 width: commandArea.clientWidth, rows: commandArea.rows,
+                                 char: fits('x'.repeat(50), commandArea).width / 50, value: commandArea.value},
+        endpoint_shown: !!endpoint && endpoint.offsetParent !== null,
+        scheduler_note: (n => n && n.textContent)(el.querySelector('.tm-scheduler-note')),
         output: (o => ({scroll: o.scrollWidth, client: o.clientWidth}))(el.closest('.jp-OutputArea-output')),
         table: (t => t && {scroll: t.scrollWidth, client: t.clientWidth})(el.querySelector('.tune-magic-jobs')),
         options: select ? [...select.options].map(o => fits(o.text, select)) : null,
@@ -528,6 +548,20 @@ _LAYOUT_JS = """el => {
         textareas: [...el.querySelectorAll('textarea')].map(t => t.value),
     };
 }"""
+
+
+# cells of a jobs table whose text is wider than the cell (it would run over the next column)
+_OVERRUN_JS = """root => [...root.querySelectorAll('[class*="tm-cell-"]')].filter(c => c.offsetParent !== null)
+    .filter(c => { const r = c.getBoundingClientRect();
+                   return [...c.querySelectorAll('*')].some(e => e.getBoundingClientRect().right > r.right + 1); })
+    .map(c => `${c.className.match(/tm-cell-[a-z]+/)[0]}: ${c.textContent.trim().slice(0, 40)}`)"""
+
+
+# cells of a jobs table that reach past its right edge (a grid wider than its room)
+_OUTSIDE_JS = """root => { const right = root.getBoundingClientRect().right;
+    return [...root.querySelectorAll('[class*="tm-cell-"]')].filter(c => c.offsetParent !== null)
+        .filter(c => c.getBoundingClientRect().right > right + 1)
+        .map(c => `${c.className.match(/tm-cell-[a-z]+/)[0]}: ${Math.round(c.getBoundingClientRect().right - right)} px`); }"""
 
 
 def _row(table, job_id: str) -> dict | None:
@@ -571,38 +605,73 @@ def _left_sidebar_collapsed(page) -> None:
     wait_for(lambda: not page.evaluate(shown), 10, what="the left sidebar to collapse")
 
 
-@pytest.mark.timeout(420)
-def test_live_jobs_table_and_panel_layout_in_jupyterlab(lab, page, new_jobs):
-    from jobhelpers import toy_args
-
-    TABLES.mkdir(parents=True, exist_ok=True)
-    for old in TABLES.glob("*.png"):
-        old.unlink()
-    # finished jobs to list and compare (two curves), and a failed one, started while Lab starts
-    done = [tune_magic.launch(toy_args("steps=6", "step_s=0", f"start_loss={loss}"), name=name)
-            for name, loss in zip(CMP_NAMES, (10.0, 8.0))]
-    crashed = tune_magic.launch(toy_args("steps=4", "step_s=0", "crash_rank=1"), name="crash rank 1")
-    assert [j.wait(120) for j in done] + [crashed.wait(120)] == ["succeeded", "succeeded", "failed"]
-    (lab.root / "tables_test.ipynb").write_text(json.dumps(_notebook(TABLE_CELLS), indent=1))
-    page.goto(lab.url("/lab/tree/tables_test.ipynb?reset"), timeout=120 * MS)
+def _run_all(page, lab, name: str, cells) -> None:
+    """Write a notebook of ``cells`` into the Lab's root, open it, wait for its kernel, collapse the
+    left sidebar and run all its cells from the Run menu."""
+    (lab.root / name).write_text(json.dumps(_notebook(cells), indent=1))
+    page.goto(lab.url(f"/lab/tree/{name}?reset"), timeout=120 * MS)
     page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120 * MS)
     page.locator(".jp-StatusBar-Widget", has_text=re.compile(r"\|\s*Idle")).first.wait_for(timeout=KERNEL_READY_S * MS)
     _left_sidebar_collapsed(page)
     page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+
+
+@pytest.mark.timeout(420)
+def test_live_jobs_table_and_panel_layout_in_jupyterlab(third, lab, page, new_jobs):
+    from jobhelpers import toy_args
+
+    TABLES.mkdir(parents=True, exist_ok=True)
+    for old in TABLES.glob("*.png"):
+        old.unlink()
+    # finished jobs to list and compare (two curves), and a failed one, started while Lab starts; one
+    # more on another scheduler (tests/thirdsched, found by Lab's kernel through PYTHONPATH), whose
+    # engine id (its label) gets a column titled by that scheduler, as SLURM's job id does
+    done = [tune_magic.launch(toy_args("steps=6", "step_s=0", f"start_loss={loss}"), name=name)
+            for name, loss in zip(CMP_NAMES, (10.0, 8.0))]
+    crashed = tune_magic.launch(toy_args("steps=4", "step_s=0", "crash_rank=1"), name="crash rank 1")
+    elsewhere = tune_magic.launch(toy_args("steps=2", "step_s=0", nproc=1), name="on the third scheduler",
+                                  scheduler="third", label="exp-7")
+    assert [j.wait(120) for j in done] + [crashed.wait(120), elsewhere.wait(120)] == [
+        "succeeded", "succeeded", "failed", "succeeded"]
+    quickstart = ("job_a, job_b = (tune_magic.get_job(i) for i in %r)\n" % ([j.id for j in done],)
+                  + "".join(QUICKSTART_COMPARE))
+    _run_all(page, lab, "tables_test.ipynb", TABLE_CELLS + [("code", quickstart)])
     tables, panels = page.locator(".tune-magic-jobs"), page.locator(".tune-magic-panel")
     wait_for(lambda: tables.count() == 3 and panels.count() == 2, CARDS_S, what="%tune_jobs and two panels",
              describe=lambda: page.locator(".jp-OutputArea").all_inner_texts())
     jobs_table, panel = tables.nth(0), panels.nth(0)
     assert "Error displaying widget" not in page.locator(".jp-Notebook").inner_text()
 
-    # rows: finished ones without a Stop button, the failed one with its reason under it
+    # rows: succeeded ones without a button, the failed one with its reason under it and a Resume button
     for job in done:
         r = wait_for(lambda: _row(jobs_table, job.id), 30, what=f"row {job.id}")
         assert (r["status"], r["step"], r["buttons"], r["reason_shown"]) == ("succeeded", "6", 0, False), r
     r = _row(jobs_table, crashed.id)
-    assert r["status"] == "failed" and r["buttons"] == 0 and r["reason_shown"], r
+    assert r["status"] == "failed" and r["labels"] == ["Resume"] and r["reason_shown"], r
     assert "rank 1" in r["reason"] and "RuntimeError: toy recipe crashed on purpose" in r["reason"], r
+    # newest first; the engine's id has a column titled by its scheduler, with the nodes, and the
+    # scheduler a column of its own (two are listed); when each job started
+    heads = jobs_table.evaluate("t => [...t.querySelectorAll('.tm-cell-head')].filter(h => h.offsetParent !== null)"
+                                ".map(h => h.innerText.trim().replace(/\\s+/g, ' '))")
+    # titled by the third scheduler, unless jobs of earlier tests with another engine's id (SLURM's)
+    # share the table: then the neutral title
+    shown = jobs_table.evaluate("t => [...t.querySelectorAll('.tm-cell-id')].filter(e => e.offsetParent !== null)"
+                                ".map(e => e.textContent.trim())")
+    labels = {j.engine_id_label for j in map(tune_magic.get_job, shown) if j.engine_id}
+    assert heads == ["id", "name", "status", "step", "loss", "elapsed", "started", "scheduler",
+                     ("THIRD LABEL" if labels == {"THIRD LABEL"} else "ENGINE ID") + " nodes", ""], (heads, labels)
+    assert r["engine"] == "" and r["scheduler"] == "local", r
+    r = _row(jobs_table, elsewhere.id)
+    assert (r["engine"], r["nodes"], r["scheduler"], r["status"]) == ("exp-7", socket.gethostname(), "third",
+                                                                      "succeeded"), r
+    assert re.fullmatch(r"\d\d:\d\d", r["started"]) or re.fullmatch(r"\d\d-\d\d \d\d:\d\d", r["started"]), r
+    order = jobs_table.evaluate("t => [...t.querySelectorAll('.tm-cell-id')].filter(e => e.offsetParent !== null)"
+                                ".map(e => e.textContent.trim())")
+    ours = [j.id for j in (*done, crashed, elsewhere)]
+    assert [i for i in order if i in ours] == sorted(ours, key=lambda i: tune_magic.get_job(i).started_at,
+                                                       reverse=True), order
+    _shot(page, "tables/00-tune-jobs-columns", jobs_table)
 
     # a job launched elsewhere (here, the test process) appears in both tables and its step moves on
     # while nobody clicks; its row has a Stop button
@@ -621,7 +690,7 @@ def test_live_jobs_table_and_panel_layout_in_jupyterlab(lab, page, new_jobs):
     for steps in seen.values():
         assert [int(s) for s in steps] == sorted(int(s) for s in steps), seen
     r = _row(jobs_table, running.id)
-    assert r["status"] == "running" and r["buttons"] == 1, r
+    assert r["status"] == "running" and r["labels"] == ["Stop"], r
     _shot(page, "tables/01-tune-jobs-running", jobs_table)
 
     # the panel at two widths, left sidebar collapsed: nothing wider than its box
@@ -636,12 +705,22 @@ def test_live_jobs_table_and_panel_layout_in_jupyterlab(lab, page, new_jobs):
         lay = panel.evaluate(_LAYOUT_JS)
         jobs_lay = jobs_table.evaluate("t => ({scroll: t.scrollWidth, client: t.clientWidth})")
         assert jobs_lay["scroll"] <= jobs_lay["client"], (width, jobs_lay)
+        # no cell's text runs over its neighbour (long ids and names wrap in their cells), and every
+        # column is inside the table (the Stop button too)
+        for root in (jobs_table, panel.locator(".tune-magic-jobs")):
+            assert root.evaluate(_OVERRUN_JS) == [], (width, root.evaluate(_OVERRUN_JS))
+            assert root.evaluate(_OUTSIDE_JS) == [], f"{width}: " + json.dumps([root.evaluate(_OUTSIDE_JS), root.evaluate(
+                "r => [r.getBoundingClientRect().width, ...[...r.querySelectorAll('.tm-cell-head')]"
+                ".filter(h => h.offsetParent !== null).map(h => Math.round(h.getBoundingClientRect().width))]")])
         # every job name in the compare picker fits (not cut off), the endpoint placeholder is whole
         assert lay["options"] and all(o["width"] <= o["room"] for o in lay["options"]), (width, lay["options"])
         shown = [o["text"].replace("\u00a0", " ") for o in lay["options"]]  # ipywidgets writes spaces as nbsp
         assert all(any(f"{name}  {job.id}" == t for t in shown) for name, job in zip(CMP_NAMES, done)), shown
         assert lay["placeholder"]["text"].endswith("--standalone") and \
             lay["placeholder"]["width"] <= lay["placeholder"]["room"], (width, lay["placeholder"])
+        # the whole command is in view, its last line too (no scrolling inside the box)
+        assert "'metric_logger.name=my run'" in lay["command"]["value"], lay["command"]
+        assert lay["command"]["scroll"] <= lay["command"]["client"], (width, lay["command"])
         _shot_whole(page, f"tables/02-panel-{width}", panel, width)
         _shot(page, f"tables/03-tune-jobs-{width}", jobs_table)
     lay = panel.evaluate(_LAYOUT_JS)
@@ -661,10 +740,29 @@ def test_live_jobs_table_and_panel_layout_in_jupyterlab(lab, page, new_jobs):
         assert slurm["slurm_shown"], slurm
         assert any(t.startswith("sbatch --parsable ") and t.endswith("/job.sbatch") for t in slurm["textareas"])
         assert any(t.startswith("#!/bin/bash\n") and "#SBATCH --nodes=2\n" in t for t in slurm["textareas"])
+        assert not slurm["endpoint_shown"] and lay["endpoint_shown"]  # the scheduler picks the rendezvous
+        from tune_magic.schedulers.slurm.sinfo import controller_note
+
+        note = controller_note(os.environ)  # what sinfo says here, as the kernel's panel heard it
+        assert slurm["scheduler_note"] == (f"slurm: {note}" if note else None), slurm["scheduler_note"]
         # nothing compared in this panel: no chart (no empty 0..1 grid), a line says so
         assert not panels.nth(1).locator(".bqplot.figure").is_visible()
         assert "choose jobs" in panels.nth(1).locator(".tm-chart-note").inner_text()
         _shot_whole(page, "tables/04-panel-slurm", panels.nth(1), 1440)
+
+    # the quickstart's comparison cell: the chart with its legend above the plot, one item per job
+    compare = page.locator(".jp-Notebook .jp-Cell").last
+    compare.locator(".tm-legend").scroll_into_view_if_needed()
+    _charts_laid_out(compare)
+    legend = compare.evaluate("""c => { const l = c.querySelector('.tm-legend'), f = c.querySelector('.bqplot.figure');
+        return {items: [...l.querySelectorAll('.tm-legend-item')].map(i => i.textContent.trim()),
+                colours: [...l.querySelectorAll('.tm-legend-item span')].map(s => getComputedStyle(s).backgroundColor),
+                shown: l.offsetParent !== null, bottom: l.getBoundingClientRect().bottom,
+                figure_top: f.getBoundingClientRect().top,
+                curves: [...f.querySelectorAll('svg g.curve path.line')].map(p => getComputedStyle(p).stroke)}; }""")
+    assert legend["shown"] and legend["items"] == [f"{j.name} {j.id[-6:]}" for j in sorted(done, key=lambda j: j.id)], legend
+    assert legend["bottom"] <= legend["figure_top"] + 1 and sorted(legend["colours"]) == sorted(legend["curves"]), legend
+    _shot(page, "tables/06-quickstart-chart-with-legend", compare)
 
     # Stop on the running job's row: it reads stopped and loses its button
     page.set_viewport_size({"width": 1440, "height": 900})
@@ -675,7 +773,226 @@ def test_live_jobs_table_and_panel_layout_in_jupyterlab(lab, page, new_jobs):
     wait_for(lambda: (_row(jobs_table, running.id) or {}).get("status") == "stopped", STOP_S,
              what="the row to read stopped", describe=lambda: json.dumps(_row(jobs_table, running.id)))
     assert tune_magic.get_job(running.id).status == "stopped"
-    assert _row(jobs_table, running.id)["buttons"] == 0
+    assert _row(jobs_table, running.id)["labels"] == ["Resume"]  # a stopped job may be resumed
     _shot(page, "tables/05-tune-jobs-after-stop", jobs_table)
+    errors = [line for line in page.tm_console if line.startswith("[pageerror]")]
+    assert not errors, errors
+
+
+# --- resume (issue 21): the Resume button of a card and of a table row, a lineage card ------------
+
+RESUME = ARTIFACTS / "resume"
+
+_CURVES_JS = """el => [...el.querySelectorAll('svg g.curve')].map(g => {
+    const path = g.querySelector('path.line');
+    const cs = path ? getComputedStyle(path) : null;
+    return {dots: g.querySelectorAll('path.dot').length, line: path ? (path.getAttribute('d') || '').length : 0,
+            opacity: cs ? parseFloat(cs.opacity) : null, dash: cs ? cs.strokeDasharray : null};
+})"""
+
+
+def _crashing_toy(tmp_path, name: str):
+    """A stand-in job of 3 epochs of 4 steps that saves checkpoints and crashes once at step 6 (epoch
+    2), after epoch_0/: a failed job with a checkpoint to resume from."""
+    from jobhelpers import toy_args
+
+    return tune_magic.launch(toy_args("epochs=3", "steps=4", "step_s=0.05", "save_checkpoints=true", "crash_rank=0",
+                                      "crash_step=6", f"crash_once_file={tmp_path / (name + '.crashed')}",
+                                      f"output_dir={tmp_path / name}", nproc=None), name=name)
+
+
+@pytest.mark.timeout(420)
+def test_resume_buttons_and_a_lineage_card_in_jupyterlab(lab, page, new_jobs, tmp_path):
+    RESUME.mkdir(parents=True, exist_ok=True)
+    for old in RESUME.glob("*.png"):
+        old.unlink()
+    card_job, row_job = _crashing_toy(tmp_path, "resume-from-card"), _crashing_toy(tmp_path, "resume-from-row")
+    assert [card_job.wait(120), row_job.wait(120)] == ["failed", "failed"]
+    cells = [("markdown", "# tune_magic browser test: resume"), ("code", "%load_ext tune_magic\nimport tune_magic"),
+             ("code", f"%tune_logs {card_job.id}"), ("code", "%tune_jobs")]
+    _run_all(page, lab, "resume_test.ipynb", cells)
+    card = page.locator(".tune-magic-card").first
+    card.locator(".tm-status", has_text="failed").wait_for(timeout=CARDS_S * MS)
+    table = page.locator(".tune-magic-jobs").first
+    table.wait_for(timeout=CARDS_S * MS)
+
+    # the card: Resume shows the pre-flight and starts nothing; Resume now starts the resumed job,
+    # whose card appears inside, draws the earlier run dimmed and a marker where it resumed
+    resume = card.locator("button.widget-button", has_text=re.compile(r"^\s*Resume\s*$"))
+    resume.click()
+    plan = card.locator(".tm-resume-plan")
+    plan.wait_for(timeout=30 * MS)
+    assert plan.inner_text().startswith(f"Resume job {card_job.id}: toy_recipe from epoch_0/ (1 of 3 epochs done, "
+                                        "global step 4)"), plan.inner_text()
+    assert "lost: 1 step (step 5), done again" in plan.inner_text()
+    assert [j.id for j in tune_magic.jobs() if j.record.resumed_from == card_job.id] == []  # nothing started yet
+    _shot(page, "resume/01-card-preflight", card)
+    card.locator("button.widget-button", has_text="Resume now").click()
+    inner = card.locator(".tune-magic-card")
+    inner.locator(".tm-status", has_text="succeeded").wait_for(timeout=STEPS_S * MS)
+    new_id = tune_magic.get_job(card_job.id).record.resumed_by
+    new = tune_magic.get_job(new_id)
+    assert new.status == "succeeded" and new.record.resumed_from == card_job.id
+    assert new_id in card.locator(".tm-resumed").inner_text()
+    state = wait_for(lambda: (lambda s: s if _step(s) == 12 else None)(_card_state(inner)), 30,
+                     what="the resumed card's last step", describe=lambda: json.dumps(_card_state(inner), indent=1))
+    assert f"resumed job {card_job.id} from epoch_0/ at step 4" in state["text"], state["text"]
+    curves = wait_for(lambda: (lambda c: c if sorted(x["dots"] for x in c)[-2:] == [4, 8] else None)(
+        inner.evaluate(_CURVES_JS)), 30, what="the lineage chart's curves", describe=lambda: inner.evaluate(_CURVES_JS))
+    earlier = next(c for c in curves if c["dots"] == 4)
+    own = next(c for c in curves if c["dots"] == 8)
+    marker = next(c for c in curves if c["dots"] == 0 and c["line"])
+    assert earlier["opacity"] < 0.5 <= own["opacity"], curves  # the earlier run's points dimmed
+    assert marker["dash"] not in (None, "", "none"), curves  # a dashed marker where it resumed
+    assert _distinct_int_ticks(state["ticks"]) and int(state["ticks"][0]) <= 2 and int(state["ticks"][-1]) >= 10, \
+        state["ticks"]  # one step axis for both runs
+    _charts_laid_out(inner)
+    _shot(page, "resume/02-lineage-card", inner)
+    _shot(page, "resume/03-old-card-with-the-resumed-card", card)
+
+    # the table row: Resume shows the pre-flight under the row and asks to confirm; Confirm starts it
+    r = wait_for(lambda: _row(table, row_job.id), 30, what=f"row {row_job.id}")
+    assert r["status"] == "failed" and r["labels"] == ["Resume"], r
+    index = table.evaluate(
+        f"t => [...t.querySelectorAll('.tm-cell-id')].findIndex(e => e.textContent.trim() === {json.dumps(row_job.id)})")
+    button = table.locator(".tm-cell-stop").nth(index).locator("button")
+    button.click()
+    wait_for(lambda: _row(table, row_job.id)["labels"] == ["Confirm"], 30, what="the row's Confirm button",
+             describe=lambda: json.dumps(_row(table, row_job.id)))
+    assert _row(table, row_job.id)["reason"].startswith(f"Resume job {row_job.id}: toy_recipe from epoch_0/")
+    _shot(page, "resume/04-row-preflight", table)
+    button.click()
+    wait_for(lambda: "resumed as job" in _row(table, row_job.id)["reason"], 60, what="the row to say resumed",
+             describe=lambda: json.dumps(_row(table, row_job.id)))
+    resumed = tune_magic.get_job(tune_magic.get_job(row_job.id).record.resumed_by)
+    assert resumed.wait(STEPS_S) == "succeeded" and resumed.record.resumed_from == row_job.id
+    wait_for(lambda: (_row(table, resumed.id) or {}).get("status") == "succeeded", 30,
+             what="the resumed job's own row", describe=lambda: json.dumps(_row(table, resumed.id)))
+    _shot(page, "resume/05-table-after-resume", table)
+# --- the sweep card (issue 20: "Sweeps") ----------------------------------------------------------
+
+SWEEPS = ARTIFACTS / "sweeps"
+TOY_ONE = f"{REPO / 'tests' / 'recipes' / 'toy_recipe.py'} --config {REPO / 'tests' / 'recipes' / 'toy.yaml'}"
+SWEEP_CELLS = [
+    ("markdown", "# tune_magic browser test: the sweep card"),
+    ("code", "%load_ext tune_magic\nimport tune_magic"),
+    # 4 trials of the stand-in recipe, 2 at a time: the first two run while the others are queued
+    ("code", f"%%tune_run --sweep --max-parallel 2 --name browser-grid {TOY_ONE}\nstart_loss=2,4,6,8\nsteps=6\n"
+             "step_s=0.6"),
+    # a long one, stopped from its card
+    ("code", f"%%tune_run --sweep --name browser-long {TOY_ONE}\nstart_loss=1,2,3\nsteps=400\nstep_s=0.3"),
+]
+
+_SWEEP_JS = """el => {
+    const t = sel => { const n = el.querySelector(sel); return n ? n.textContent.trim() : null; };
+    const rows = [...el.querySelectorAll('tr.tm-trial')].map(r => ({
+        trial: r.dataset.trial, best: r.classList.contains('tm-best'),
+        status: (r.querySelector('.tm-trial-status') || {}).textContent,
+        step: (r.querySelector('.tm-trial-step') || {}).textContent,
+        loss: (r.querySelector('.tm-trial-loss') || {}).textContent}));
+    const lines = [...el.querySelectorAll('svg g.curve path.line')].map(p => p.getAttribute('d') || '');
+    let ticks = null;
+    for (const axis of el.querySelectorAll('svg g.axis')) {
+        const label = axis.querySelector('.axislabel');
+        if (label && label.textContent.trim() === 'step')
+            ticks = [...axis.querySelectorAll('g.tick')]
+                .filter(g => parseFloat(getComputedStyle(g).opacity) > 0.5)
+                .map(g => (g.querySelector('text') || {textContent: ''}).textContent.trim());
+    }
+    const chart = el.querySelector('.bqplot');
+    const stop = [...el.querySelectorAll('button.widget-button')].find(b => b.textContent.includes('Stop sweep'));
+    return {header: t('.tm-header'), status: t('.tm-status'), counts: t('.tm-counts'), rows,
+            lines, ticks, legend: [...el.querySelectorAll('.tm-legend-item')].map(i => i.textContent.trim()),
+            chart_visible: !!chart && chart.offsetParent !== null,
+            best_marks: el.querySelectorAll('svg .scatter .dot, svg path.dot').length,
+            stop_visible: !!stop && stop.offsetParent !== null,
+            inner_cards: el.querySelectorAll('.tune-magic-card').length,  // descendants: the trials' own cards
+            scroll_width: el.scrollWidth, client_width: el.clientWidth};
+}"""
+
+
+def _sweep_state(card) -> dict:
+    return card.evaluate(_SWEEP_JS)
+
+
+@pytest.fixture
+def new_sweeps():
+    """At the end, stop every sweep the test started that still runs (a failed test's queue too)."""
+    before = {s.id for s in tune_magic.sweeps()}
+    yield before
+    for s in tune_magic.sweeps():
+        if s.id not in before and s.status == "running":
+            s.stop(grace_s=2)
+
+
+@pytest.mark.timeout(420)
+def test_sweep_card_in_jupyterlab(lab, page, new_jobs, new_sweeps):
+    SWEEPS.mkdir(parents=True, exist_ok=True)
+    for old in SWEEPS.glob("*.png"):
+        old.unlink()
+    (lab.root / "sweep_test.ipynb").write_text(json.dumps(_notebook(SWEEP_CELLS), indent=1))
+    page.goto(lab.url("/lab/tree/sweep_test.ipynb?reset"), timeout=120 * MS)
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120 * MS)
+    page.locator(".jp-StatusBar-Widget", has_text=re.compile(r"\|\s*Idle")).first.wait_for(timeout=KERNEL_READY_S * MS)
+    _left_sidebar_collapsed(page)
+    page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    cards = page.locator(".tune-magic-sweep")
+    wait_for(lambda: cards.count() == 2, CARDS_S, what="two sweep cards",
+             describe=lambda: page.locator(".jp-OutputArea").all_inner_texts())
+    grid, long = cards.nth(0), cards.nth(1)
+    assert "Error displaying widget" not in page.locator(".jp-Notebook").inner_text()
+
+    # while it runs: running trials with their curves, the others queued (shown as queued)
+    def running_and_queued():
+        s = _sweep_state(grid)
+        statuses = [r["status"] for r in s["rows"]]
+        return s if ("running" in statuses and "queued" in statuses and s["chart_visible"] and s["lines"]) else None
+
+    s = wait_for(running_and_queued, STEPS_S, interval=0.3, what="running and queued trials with curves",
+                 describe=lambda: json.dumps(_sweep_state(grid), indent=1))
+    assert len(s["rows"]) == 4 and "browser-grid" in s["header"] and "2 at a time" in s["header"]
+    assert all("NaN" not in d for d in s["lines"]), s["lines"]  # shorter curves padded, never a broken path
+    _shot(page, "sweeps/01-sweep-running", grid)
+
+    # at the end: every curve on the one chart, the best trial (the lowest final loss: 2/6) marked
+    s = wait_for(lambda: (lambda x: x if x["status"] == "finished" and len(x["lines"]) == 4 else None)(
+        _sweep_state(grid)), STEPS_S, what="the sweep to finish", describe=lambda: json.dumps(_sweep_state(grid)))
+    assert [r["status"] for r in s["rows"]] == ["succeeded"] * 4 and [r["step"] for r in s["rows"]] == ["6"] * 4
+    assert [r["best"] for r in s["rows"]] == [True, False, False, False]
+    assert [float(r["loss"]) for r in s["rows"]] == pytest.approx([2 / 6, 4 / 6, 6 / 6, 8 / 6], rel=1e-3)
+    assert len(s["legend"]) == 4 and s["legend"][0].endswith("◆ best") and "start_loss=8" in s["legend"][3]
+    wait_for(lambda: _distinct_int_ticks(_sweep_state(grid)["ticks"]), 10, what="integer step ticks, each once",
+             describe=lambda: json.dumps(_sweep_state(grid)["ticks"]))
+    assert not s["stop_visible"] and s["counts"] == "4 succeeded"
+    _shot(page, "sweeps/02-sweep-finished", grid)
+
+    # a trial's own card, from the picker
+    grid.locator("select").select_option(label="1: start_loss=4")
+    grid.locator("button.widget-button", has_text="Open card").click()
+    wait_for(lambda: _sweep_state(grid)["inner_cards"] == 1, 30, what="trial 1's own card")
+    inner = grid.locator(".tune-magic-card").first
+    wait_for(lambda: _card_state(inner)["status"] == "succeeded", 30, what="trial 1's card to read succeeded")
+    assert "start_loss=4" in _card_state(inner)["header"]
+    _shot(page, "sweeps/03-trial-card", grid)
+
+    # Stop on the long sweep's card: its running trial is stopped, the queued ones never start
+    sweep_id = long.locator("code").first.inner_text().strip()
+    wait_for(lambda: any(r["status"] == "running" and r["step"] for r in _sweep_state(long)["rows"]), STEPS_S,
+             what="the long sweep's first trial to log a step")
+    long.locator("button.widget-button", has_text="Stop sweep").click()
+    s = wait_for(lambda: (lambda x: x if x["status"] == "stopped" else None)(_sweep_state(long)), STOP_S,
+                 what="the long sweep to read stopped", describe=lambda: json.dumps(_sweep_state(long)))
+    assert [r["status"] for r in s["rows"]] == ["stopped", "cancelled", "cancelled"] and not s["stop_visible"]
+    assert tune_magic.get_sweep(sweep_id).counts() == {"stopped": 1, "cancelled": 2}
+    _shot(page, "sweeps/04-sweep-stopped", long)
+
+    for width, height in VIEWPORTS:  # never wider than its room
+        page.set_viewport_size({"width": width, "height": height})
+        time.sleep(1)
+        grid.evaluate("el => el.scrollIntoView({block: 'start'})")
+        time.sleep(0.7)
+        assert _too_wide(page) == [], (width, _too_wide(page))
+        _shot(page, f"sweeps/05-sweep-{width}", grid)
     errors = [line for line in page.tm_console if line.startswith("[pageerror]")]
     assert not errors, errors

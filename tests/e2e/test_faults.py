@@ -26,7 +26,7 @@ from tune_magic.registry import store as jobstore
 from tune_magic.schedulers.local import procs
 
 import waiting
-from jobhelpers import toy_args
+from jobhelpers import registry_problem, toy_args
 
 TIMEOUT = 120
 
@@ -180,19 +180,7 @@ L.launch(sys.argv[1])
 
 def _registry_is_consistent(root: Path) -> str | None:
     """None when every job directory has a record and every live record has a live process."""
-    J.jobs()  # a listing settles records and removes dead launchers' staging directories
-    for d in root.iterdir():
-        if d.name.startswith(".") and not d.name.startswith(jobstore.STAGING_PREFIX):
-            continue
-        if d.name.startswith(jobstore.STAGING_PREFIX):
-            return f"staging directory {d.name} left"
-        try:
-            rec = jobstore.read(d)
-        except jobstore.CorruptRecord as exc:
-            return f"{d.name}: {exc}"
-        if rec.state.is_live and not J.Job(d, rec)._sched().has_live_parts(d, rec):
-            return f"{d.name} is {rec.status} with no live process"
-    return None
+    return registry_problem(root)
 
 
 def _check_within_5s(root: Path, what: str) -> None:

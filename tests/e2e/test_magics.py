@@ -107,6 +107,8 @@ def test_yaml_body_alone_is_the_config(ip, started, tmp_path):
     assert job.wait(TIMEOUT) == "succeeded"
     assert Path(job.output_dir) == tmp_path / "alone" / job.id
     assert yaml.safe_load(Path(job.output_dir, "resolved_config.yaml").read_text())["start_loss"] == 4.0
+    # what a resume launches again is recorded, for a body that is the whole config too
+    assert (job.record.torchrun_options, job.record.overrides) == ([], [f"output_dir={tmp_path}/alone/{job.id}"])
 
 
 def test_var_expansion_keeps_omegaconf_and_undefined_names_fail(ip):

@@ -1,8 +1,8 @@
 """The tutorial notebooks, executed top to bottom in real Jupyter kernels (nbclient), with real jobs.
 
 quickstart.ipynb runs once, through the README's demo (``tune-magic demo``, which executes it with
-nbclient): the test checks the demo's summary and the executed notebook's outputs. panel.ipynb and
-gpu_node.ipynb (with ``TUNE_MAGIC_DRY_RUN=1``: no GPU here) are executed directly. Executed
+nbclient): the test checks the demo's summary and the executed notebook's outputs. panel.ipynb,
+resume.ipynb, sweep.ipynb and gpu_node.ipynb (with ``TUNE_MAGIC_DRY_RUN=1``: no GPU here) are executed directly. Executed
 notebooks are written under ``test-artifacts/notebooks/`` for inspection.
 """
 
@@ -19,6 +19,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+import tune_magic
 from tune_magic.registry import store as jobstore
 from tune_magic.job import get_job, jobs
 
@@ -135,8 +136,24 @@ def test_quickstart_through_the_demo(tmp_path, tiny_assets):
     assert stdout(nb, "stop") == f"{idc} stopped\n"
     after = table_rows(texts(nb, "jobs-after")[0])
     assert [after[i][1] for i in (ida, idb, idc)] == ["succeeded", "succeeded", "stopped"]
+    # the misspelled override is refused before anything starts, with the nearest key of the config
+    assert cell(nb, "typo").metadata.tags == ["raises-exception"]
+    refused = stderr(nb, "typo")
+    assert refused.startswith("UsageError: override optimzer.lr=1e-3: the config has no key optimzer; did you mean "
+                              "optimizer.lr? (to add optimzer.lr as a new key on purpose, write +optimzer.lr=1e-3)"), refused
+    assert not [j for j in jobs() if j.name == "typo" and j.record.cwd == a.record.cwd]  # nothing started
+    # the comparison chart comes with its legend (which curve is which job), read from the widget
+    # state the notebook keeps (the output's text form is a snapshot of when the cell returned, cut
+    # short; the browser test reads the same legend on screen: tests/e2e/test_browser.py)
+    (shown,) = [o for o in cell(nb, "compare-chart").outputs if o.output_type == "execute_result"]
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    model = lambda ref: state[ref.removeprefix("IPY_MODEL_")]["state"]  # noqa: E731
+    note, legend, plot = (model(ref) for ref in model(shown.data["application/vnd.jupyter.widget-view+json"]["model_id"])["children"])
+    assert note["value"] == "" and plot["_model_name"] == "FigureModel", note
+    assert re.findall(r"<span class='tm-legend-item'[^>]*><span [^>]*></span> ([^<]*)</span>", legend["value"]) == [
+        f"{name} {i[-6:]}" for i, name in sorted({ida: "lr-1e-2", idb: "lr-2e-3"}.items())], legend["value"]
     for c_ in nb.cells:
-        if c_.cell_type == "code":
+        if c_.cell_type == "code" and c_.get("id") != "typo":
             assert not any(o.output_type == "error" for o in c_.outputs), c_.source
 
     # the demo's summary: one row per job, then where the executed notebook is
@@ -192,6 +209,38 @@ def test_panel_notebook(stop_leftovers, tiny_assets):
         assert abs(float(loss) - curve[-1]) < 1e-3
 
 
+def test_sweep_notebook(stop_leftovers, tiny_assets):
+    nb = execute("sweep", stop_leftovers)
+    dry = stdout(nb, "dry-run")
+    assert dry.startswith("sweep lora_finetune: 4 trials (2 optimizer.lr x 2 model.lora_rank), 2 at a time "
+                          "without GPUs")
+    names = re.findall(r"^trial (\d): (\S+)$", dry, re.M)
+    assert names == [("0", "lr=1e-3,lora_rank=4"), ("1", "lr=1e-3,lora_rank=8"), ("2", "lr=3e-3,lora_rank=4"),
+                     ("3", "lr=3e-3,lora_rank=8")]
+    assert " optimizer.lr=3e-3 model.lora_rank=8 max_steps_per_epoch=5 " in dry
+    sweep_id = re.match(r"<Sweep (sweep-\S+) 'lr-rank': 4 trials, 2 at a time>", stdout(nb, "wait")).group(1)
+    assert stdout(nb, "wait").splitlines()[1] == "{'succeeded': 4}"
+    (card,) = texts(nb, "sweep", "display_data")
+    assert card.startswith(f"sweep lr-rank ({sweep_id}): running, 4 trials, 2 at a time")
+    sweep = tune_magic.get_sweep(sweep_id)
+    jobs = sweep.jobs
+    assert [j.name for j in jobs] == [n for _, n in names] and all(j.status == "succeeded" for j in jobs)
+    # the frame: a row per trial, the axes as the recipe reads them, 5 steps each, losses from the logs
+    rows = [line.split() for line in stdout(nb, "frame").splitlines()[2:]]
+    assert [r[:5] for r in rows] == [["0", "0.001", "4", "succeeded", "5"], ["1", "0.001", "8", "succeeded", "5"],
+                                     ["2", "0.003", "4", "succeeded", "5"], ["3", "0.003", "8", "succeeded", "5"]]
+    finals = [float(r[5]) for r in rows]
+    for job, final in zip(jobs, finals):
+        losses = [p["value"] for p in job.metrics() if p["name"] == "loss"]
+        assert len(losses) == 5 and abs(losses[-1] - final) < 1e-5
+    best = finals.index(min(finals))
+    assert stdout(nb, "best").startswith(f"best: trial {best} ({names[best][1]}), final loss {min(finals):.4f}, "
+                                         f"job {jobs[best].id}")
+    (again,) = texts(nb, "card", "display_data")
+    assert again.startswith(f"sweep lr-rank ({sweep_id}): finished, 4 trials, 2 at a time: 4 succeeded")
+    assert f"* best: trial {best} ({names[best][1]})" in again
+
+
 def test_gpu_node_notebook_in_dry_run(stop_leftovers, monkeypatch):
     monkeypatch.setenv("TUNE_MAGIC_DRY_RUN", "1")  # inherited by the kernel: every launch only prints
     before = {r.id for r in jobstore.list_records()}
@@ -215,3 +264,44 @@ def test_gpu_node_notebook_in_dry_run(stop_leftovers, monkeypatch):
     assert stdout(nb, "keep-multi").strip() == "rendezvous=user  endpoint=node0:29400  nnodes=2"
     assert "needs a rendezvous endpoint" in stderr(nb, "refused") + stdout(nb, "refused")
     assert {r.id for r in jobstore.list_records()} == before  # nothing started, nothing registered
+
+
+def test_resume_notebook(stop_leftovers, tiny_assets):
+    nb = execute("resume", stop_leftovers)
+    first = get_job(launched_id(nb, "launch"))
+    step = int(stdout(nb, "past-checkpoint").split()[-1])
+    last = first.summary().step  # where the stop caught it
+    assert 66 <= step <= last < 192 and stdout(nb, "stopped") == f"{first.id} stopped\n"
+    assert first.status == "stopped"
+    preflight = stdout(nb, "preflight")
+    # the stop comes a few steps into epoch 2 (epoch_0/ saved); on a fast machine it may land after epoch_1/
+    k = 0 if last < 128 else 1
+    at = 64 * (k + 1)
+    assert preflight.startswith(f"Resume job {first.id}: lora_finetune from epoch_{k}/ ({k + 1} of 3 epochs done, "
+                                f"global step {at})")
+    assert f"  lost: {last - at} step{'s' if last - at != 1 else ''} (step" in preflight
+    assert f"  the resumed run starts at step {at + 1}" in preflight
+    assert f"  adds: resume_from_checkpoint=True checkpointer.adapter_checkpoint=epoch_{k}/adapter_model.pt " in preflight
+    assert "  case: exact: the remaining steps give the same losses as an uninterrupted run" in preflight
+    resumed = get_job(launched_id(nb, "resume"))
+    assert stdout(nb, "resume").startswith(preflight.split("\n  command:")[0])  # the same pre-flight, then the card
+    assert stdout(nb, "wait") == "succeeded True True\n"
+    assert first.record.resumed_by == resumed.id and resumed.record.resume_point["step"] == at
+    (card,) = texts(nb, "card")
+    assert card.startswith(f"job {resumed.id} (three-epochs): succeeded")
+    assert f"resumed job {first.id} from epoch_{k}/ at step {at}" in card and "step 192/192" in card
+    lines = stdout(nb, "lineage").splitlines()
+    assert lines[:2] == [f"stopped run: steps 1-{at}, {at} points", f"resumed run: steps {at + 1}-192, {192 - at} points"]
+    around = dict(part.split(": ") for part in lines[2].removeprefix("around the resume: ").split(", "))
+    assert list(around) == [str(s) for s in range(at - 2, at + 4)]
+    stopped = {m["step"]: m["value"] for m in first.metrics() if m["name"] == "loss" and m["source"] == "disklogger"}
+    redone = [s for s in (at + 1, at + 2) if s in stopped]
+    assert redone  # the stopped run got past its checkpoint
+    for s in redone:  # the steps the stopped run did after its checkpoint came out the same again
+        assert abs(float(around[str(s)]) - stopped[s]) < 1e-4
+    jobs_text = {line.split()[0]: line for line in stdout(nb, "jobs").splitlines()[1:] if line.strip()}
+    assert jobs_text[first.id].endswith(f"resumed by {resumed.id}")
+    assert jobs_text[resumed.id].endswith(f"resume of {first.id} from epoch_{k}/")
+    for c_ in nb.cells:
+        if c_.cell_type == "code":
+            assert not any(o.output_type == "error" for o in c_.outputs), c_.source

@@ -18,25 +18,14 @@ import pytest
 from tune_magic import schedulers
 from tune_magic.errors import PlanError
 
-from jobhelpers import toy_args
+from jobhelpers import processes_mentioning, toy_args
 from waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 TIMEOUT = 180
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1] / "thirdsched"
+from jobhelpers import THIRD_PACKAGE as PACKAGE_DIR
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def third(monkeypatch):
-    """The test distribution installed on this process's path (and its children's, through
-    PYTHONPATH); the scheduler registry forgets what it found before and after."""
-    monkeypatch.syspath_prepend(str(PACKAGE_DIR))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(PACKAGE_DIR), os.environ.get("PYTHONPATH")])))
-    schedulers.refresh()
-    yield
-    schedulers.refresh()
 
 
 def test_no_file_of_tune_magic_names_the_third_scheduler():
@@ -132,3 +121,22 @@ def test_launch_runs_it_to_success_and_a_process_without_the_package_still_lists
     assert listed.returncode == 0, listed.stderr
     row = next(r for r in json.loads(listed.stdout) if r["id"] == job.id)
     assert (row["scheduler"], row["status"]) == ("third", "succeeded")
+
+
+def test_a_scheduler_can_take_a_whole_sweep_at_once_through_submit_sweep(third, tmp_path):
+    """The seam a job-array scheduler uses: ``submit_sweep`` registers every trial (``register_trial``)
+    and submits them together; no sweep process runs; ``cancel_sweep`` is called on stop."""
+    import tune_magic
+    from tune_magic.registry import sweepstore
+
+    sweep = tune_magic.sweep(toy_args("start_loss=1,2,3", "steps=2", "step_s=0.1", nproc=None), scheduler="third",
+                             label="array", cwd=tmp_path)
+    record = sweepstore.read(sweep.dir)
+    assert record.engine == {"array": f"third-{sweep.id}"}
+    assert [t.status for t in record.trials] == ["started"] * 3 and all(t.job_id for t in record.trials)
+    assert not processes_mentioning(sweep.id)  # no sweep process: the scheduler took the sweep
+    jobs = sweep.jobs
+    assert [j.scheduler for j in jobs] == ["third"] * 3 and [j.record.sweep["trial"] for j in jobs] == [0, 1, 2]
+    assert sweep.wait(TIMEOUT) == {"succeeded": 3}
+    sweep.stop(grace_s=1)
+    assert (sweep.dir / "third-cancelled").read_text() == f"third-{sweep.id}"

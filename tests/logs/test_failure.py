@@ -9,6 +9,7 @@ issues (their URL is next to them) for what cannot happen on this machine (CUDA,
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -68,9 +69,9 @@ def test_a_traceback_glued_to_another_ranks_progress_line_is_found_whole():
 @pytest.mark.parametrize("name,line,rank,exc_type", [
     ("pre_init_import_error", "rank 1: ModuleNotFoundError: No module named 'tune_magic_no_such_module'", 1,
      "ModuleNotFoundError"),
-    ("pre_init_missing_file",
-     "rank 0: FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent/tune_magic/train.json'", 0,
-     "FileNotFoundError"),
+    # both ranks read the missing file: the first one torchrun saw, and how many failed
+    ("pre_init_missing_file", "rank 0 failed first; 2 ranks failed: FileNotFoundError: [Errno 2] No such file or "
+     "directory: '/nonexistent/tune_magic/train.json'", 0, "FileNotFoundError"),
     ("pre_init_config_error",
      "rank 0: omegaconf.errors.ConfigAttributeError: Key 'batch_sizee' is not in struct. Did you mean: 'batch_size'?",
      0, "omegaconf.errors.ConfigAttributeError"),
@@ -157,8 +158,10 @@ def test_two_agents_a_raise_wins_over_a_signal_in_either_order(name):
     roots = [(e.rank, e.exitcode) for e in parse_reports(text) if e.root]
     order = [(0, 1), (1, -9)] if name == "two_agents_raise_first" else [(1, -9), (0, 1)]
     assert roots == order
-    r = check(describe_failure(text), "rank 0: ValueError: rank zero raised on purpose", kind="exception", rank=0,
-              exc_type="ValueError")
+    # both failed on their own; "first" only where the raise came first (rank 1's SIGKILL was 3 s earlier)
+    first = " failed first" if name == "two_agents_raise_first" else ""
+    r = check(describe_failure(text), f"rank 0{first}; 2 ranks failed: ValueError: rank zero raised on purpose",
+              kind="exception", rank=0, exc_type="ValueError")
     assert r.host == "localhost"  # one host in the log: not named in the line
 
 
@@ -181,7 +184,57 @@ def test_root_cause_that_only_lost_its_peer_yields_to_the_killed_rank():
 def test_several_hosts_are_named():
     text = log("two_agents_raise_first").replace("host      : localhost", "host      : node-a", 1)
     r = describe_failure(text)
-    assert (r.line, r.host) == ("rank 0 on node-a: ValueError: rank zero raised on purpose", "node-a")
+    assert (r.line, r.host) == ("rank 0 on node-a failed first; 2 ranks failed: ValueError: rank zero raised on purpose",
+                                "node-a")
+
+
+def test_the_rank_that_raised_first_is_named_though_its_report_comes_second():
+    # two agents (nodes) append to one log, as srun's do: rank 0 (node 0) raised at .2 s, rank 2
+    # (node 1) at .5 s of the same second; node 0's report is printed 2 s later (its rank 1 is slow
+    # to stop), so the reports' order and their whole-second times both point at rank 2
+    text = log("two_agents_both_raise")
+    entries = parse_reports(text)
+    assert [(e.rank, e.exitcode, e.root) for e in entries] == [(2, 1, True), (1, 143, False), (0, 1, True)]
+    assert entries[0].time == entries[2].time  # the same second
+    assert text.index("[rank0]: ValueError") < text.index("[rank2]: ValueError")  # raised first
+    check(describe_failure(text), "rank 0 failed first; 2 ranks failed: ValueError: rank 0 raised on purpose",
+          kind="exception", rank=0, exc_type="ValueError")  # rank 1's exit 143 is its stop, not a failure
+    on_nodes = text.replace("host      : localhost", "host      : n2", 1)  # node 1's report comes first
+    r = describe_failure(on_nodes)
+    assert (r.line, r.host) == ("rank 0 on localhost failed first; 2 ranks failed: ValueError: rank 0 raised on "
+                                "purpose", "localhost")
+
+
+def test_the_tracebacks_order_wins_over_report_seconds_across_a_seconds_edge():
+    # rank 0 raised first (its traceback is first in the log), but its agent saw it just after the
+    # second turned, so its report says :51 and rank 2's :50 (the captured log, that time edited)
+    text = log("two_agents_both_raise")
+    first, second = (m.start() for m in re.finditer(r"time      : 2026-12-01_21:35:50", text))
+    assert first < text.index("rank      : 2") < second < text.index("rank      : 0 (local")  # rank 2, then rank 0
+    edited = text[:second] + "time      : 2026-12-01_21:35:51" + text[second + len("time      : 2026-12-01_21:35:50"):]
+    assert [e.time for e in parse_reports(edited) if e.root] == ["2026-12-01_21:35:50", "2026-12-01_21:35:51"]
+    assert describe_failure(edited).line == "rank 0 failed first; 2 ranks failed: ValueError: rank 0 raised on purpose"
+
+
+def test_a_rank_that_raised_first_without_a_report_is_still_named_first():
+    # node 0's agent is stopped before it prints its report (srun --kill-on-bad-exit ends the other
+    # nodes' agents once one node's fails): the log ends after node 1's report (the captured log, cut there)
+    text = log("two_agents_both_raise")
+    cut = text[:text.index("E1201 21:35:52.496000")]
+    assert [e.rank for e in parse_reports(cut)] == [2]  # rank 0 raised (first), but no report names it
+    r = describe_failure(cut)
+    assert (r.line, r.rank, r.exc_type) == ("rank 0 failed first; 2 ranks failed: ValueError: rank 0 raised on purpose",
+                                            0, "ValueError")
+    # a rank that only lost its peer does not count, reported or not (rank 0's report cut off here)
+    peer = log("two_agents_peer_killed")
+    peer = peer[:peer.index("E1201 04:09:23.186000")]
+    assert [e.rank for e in parse_reports(peer)] == [1] and "[rank0]: RuntimeError" in peer
+    assert describe_failure(peer).line == "rank 1: killed by SIGKILL (signal 9)"
+
+
+def test_one_rank_failing_says_nothing_of_others():
+    # rank 0 was stopped by torchrun (SIGTERM) after rank 1 raised: one failure
+    assert describe_failure(log("torchrun_rank1_crash")).line == "rank 1: RuntimeError: boom on rank one"
 
 
 # -- signals and the OOM killer -----------------------------------------------------------------

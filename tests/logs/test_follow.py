@@ -640,3 +640,29 @@ def test_cli_metrics_file_reads_prefixed_step_lines():
     assert rows[0] == "step,name,value,epoch,source"
     assert "1,lr,2e-05,,disklogger" in rows and "8,tokens_per_second_per_gpu,108.0,,disklogger" in rows
     assert len(rows) == 1 + 4 * 8
+
+
+def test_every_metric_file_the_log_named_keeps_its_points(tmp_path):
+    """A job started again (torchrun's restarts, --max-resumes) names a new DiskLogger file each
+    time: the points of the earlier files stay, whether the follower saw them named one by one or
+    both lines at once; the later file's values win for a step both have."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    first, second = logs / "log_1.txt", logs / "log_2.txt"
+    first.write_text("Step 1 | loss:4.0 \nStep 2 | loss:3.0 \nStep 3 | loss:2.9 \n")
+    second.write_text("Step 3 | loss:2.5 \nStep 4 | loss:2.0 \n")
+    combined = tmp_path / "out.log"
+    named = "INFO:torchtune.utils._logging:Writing logs to {}\n"
+    combined.write_text(named.format(first) + named.format(second))
+    with JobMetricsFollower(combined, max_lines=10) as f:
+        f.finish()
+        assert [(p.step, p.value) for p in f.points() if p.name == "loss"] == [(1, 4.0), (2, 3.0), (3, 2.5), (4, 2.0)]
+    combined.write_text(named.format(first))
+    with JobMetricsFollower(combined, max_lines=10) as f:
+        f.poll()
+        assert [p.step for p in f.points()] == [1, 2, 3]
+        with open(combined, "a") as out:
+            out.write(named.format(second))
+        f.poll()
+        assert [(p.step, p.value) for p in f.points() if p.name == "loss"] == [(1, 4.0), (2, 3.0), (3, 2.5), (4, 2.0)]
+        assert f.metrics_path == second

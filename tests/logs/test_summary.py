@@ -212,3 +212,38 @@ def test_second_listing_of_a_million_step_job_reads_only_record_and_summary_file
     assert in_registry == {"record.json", "summary.json"}, in_registry
     logs = [p for p in opened if p.endswith(".log") or "/logs/log_" in p]
     assert logs == [], logs
+
+
+def test_a_long_backlog_is_read_a_piece_at_a_time_and_an_endless_record_is_passed_over(tmp_path):
+    # a 48 MB log (a sparse run of NULs, no line break: no record torchtune writes), then a step:
+    # the catch-up holds about one piece in memory, not the advance's 64 MiB budget, and reaches it
+    import tracemalloc
+
+    rec = make_job(tmp_path / "jobs", "big", steps=2)
+    with open(rec.log_path, "ab") as f:
+        f.truncate(os.path.getsize(rec.log_path) + 48 * S.PIECE_BYTES)
+    with open(rec.log_path, "a") as f:
+        f.write("\n\r2|7|Loss: 0.125: 35%|###| 7/20\n")
+    t = S.SummaryTracker(rec)
+    tracemalloc.start()
+    try:
+        assert t.advance(final=True)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * S.PIECE_BYTES, peak
+    assert (t.summary.step, t.summary.loss, t.summary.epoch) == (7, 0.125, 2)
+    assert t.summary.log_offset == os.path.getsize(rec.log_path)
+
+
+def test_a_step_whose_metric_lines_two_reads_gave_keeps_them_all(tmp_path):
+    rec = make_job(tmp_path / "jobs", "split", steps=2, bar=False)
+    t = S.SummaryTracker(rec)
+    t.advance()
+    with open(t.summary.metrics_path, "a") as f:
+        f.write("Step 3 | loss:0.5 \n")
+    t.advance()
+    with open(t.summary.metrics_path, "a") as f:
+        f.write("Step 3 | lr:0.002 \n")
+    t.advance()
+    assert t.summary.metrics == {"loss": 0.5, "lr": 0.002} and t.summary.step == 3

@@ -315,3 +315,42 @@ def test_slurm_lines_of_a_time_limit_two_nodes_and_no_cancel():
     # srun's kill line with no cancel among the lines (e.g. the OOM killer): shown as is
     assert display_tail(["x", "srun: error: n1: task 0: Killed"], rules=SLURM_TAIL_RULES) == [
         "x", "srun: error: n1: task 0: Killed"]
+
+
+def test_a_failed_tail_and_the_failure_line_name_the_same_rank_whatever_the_window():
+    # a card keeps the log's last lines only: here they hold rank 2's traceback but not rank 0's,
+    # which raised first (tests/data/two_agents_both_raise.log: the two nodes' reports)
+    text = (DATA / "two_agents_both_raise.log").read_text()
+    lines = text.splitlines()
+    window = lines[lines.index("[rank2]: Traceback (most recent call last):"):]  # 81 of its 91 lines
+    assert not any("[rank0]: " in line for line in window)
+    assert display_tail(window, 15)[-1] == "[rank2]: ValueError: rank 2 raised on purpose"  # the window alone
+    reason = describe_failure(text)  # the job's failure.json: what the card's first line says
+    assert reason.line.startswith("rank 0 failed first; 2 ranks failed: ")
+    shown = display_tail(window, 15, failure=reason)
+    assert shown[-1] == "[rank0]: ValueError: rank 0 raised on purpose"
+    assert shown[-len(reason.traceback.splitlines()):] == [f"[rank0]: {t}" for t in reason.traceback.splitlines()]
+    assert not [line for line in shown if any(word in line for word in REPORT_WORDS)]
+    whole = display_tail(text.splitlines(), 15, failure=reason)  # the whole log: the same ending
+    assert whole[-6:] == shown[-6:]
+
+
+def test_a_stop_slurm_cancelled_nothing_of_reads_as_a_stop():
+    # a stop through tune_magic on the two-node test cluster (SLURM 22.05): both agents got SIGTERM
+    # and stopped their workers, then srun reported each node's task (verbatim, ids and hosts as measured)
+    log = ["1|6|Loss: 1.6667:  0%|          | 6/100000 [00:19<...]", *SIGNAL_TRACEBACK,
+           "srun: error: tmnode1: task 0: Exited with exit code 1",
+           "srun: launch/slurm: _step_signal: Terminating StepId=1.0",
+           "srun: error: tmnode2: task 1: Exited with exit code 1"]
+    shown = display_tail(log, rules=SLURM_TAIL_RULES)
+    assert shown[-1] == "torchrun got SIGTERM (signal 15) and stopped its workers"
+    assert not any(line.startswith(("srun:", "slurmstepd")) or "Traceback" in line for line in shown), shown
+    # a node that names itself (slurmstepd-n1:) and a kill after the grace period
+    hard = [*SIGNAL_TRACEBACK, "slurmstepd-tmnode1: error: *** JOB 7 ON tmnode1 CANCELLED AT 2026-12-01T21:47:19 ***",
+            "srun: error: tmnode1: task 0: Killed", "srun: error: tmnode2: task 1: Exited with exit code 143"]
+    assert display_tail(hard, rules=SLURM_TAIL_RULES)[-2:] == [
+        "SLURM cancelled job 7 on tmnode1 at 2026-12-01T21:47:19; srun stopped its tasks",
+        "torchrun got SIGTERM (signal 15) and stopped its workers"]
+    # a task that failed on its own (no stop among the lines) is shown as it is
+    assert display_tail(["x", "srun: error: n2: task 1: Exited with exit code 1"], rules=SLURM_TAIL_RULES) == [
+        "x", "srun: error: n2: task 1: Exited with exit code 1"]

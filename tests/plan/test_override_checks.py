@@ -13,7 +13,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tune_magic.errors import PlanError
-from tune_magic.plan.checks import check_overrides, load_config, looks_like_axis, split_override
+from tune_magic.plan.checks import check_overrides, load_config, split_override
 from tune_magic.plan.nearkeys import edit_distance, is_near_miss, nearest_keys
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,12 +75,24 @@ def test_nearest_keys_are_ordered_by_distance_and_at_most_three():
 
 
 @pytest.mark.parametrize("value, axis", [
-    ("1e-4,3e-4", True), ("1,2,3", True), ("a, b", True),
+    ("1e-4,3e-4", True), ("1,2,3", True), ("a, b", True), ("range(1,4)", True), ("range(1, 4)", True),
+    ("f(1,2)", True),  # parentheses are not brackets to YAML or to the sweep grammar: two items
     ("[1,2]", False), ("{x: 1, y: 2}", False), ("'a,b'", False), ('"a,b"', False), ("${oc.env:A,b}", False),
-    ("f(1,2)", False), ("1e-4", False), ("", False),
+    ("1e-4", False), ("ranges", False),
 ])
-def test_looks_like_axis_is_a_comma_outside_brackets_and_quotes(value, axis):
+def test_the_comma_list_refusal_and_the_sweep_grammar_agree_on_what_an_axis_is(value, axis):
+    """One rule (tune_magic.plan.axes.looks_like_axis) says what an axis is; without --sweep, such a
+    value where the config holds a number is refused saying to add --sweep, and nothing else is."""
+    from tune_magic.plan.axes import looks_like_axis, word_axis
+
     assert looks_like_axis(value) is axis
+    assert (word_axis(f"batch_size={value}") is not None) is axis
+    try:
+        check_overrides(LORA, [f"batch_size={value}"])
+        message = ""
+    except PlanError as exc:
+        message = str(exc)
+    assert ("add --sweep (a sweep over batch_size)" in message) is axis, message
 
 
 @pytest.mark.parametrize("token, parsed", [

@@ -301,8 +301,9 @@ def test_an_epoch_folder_without_recipe_state_has_nothing_to_resume(tmp_path, ba
 
 def test_output_dir_gone(tmp_path, base):
     cfg = write_config(tmp_path / "cfg.yaml", base)
-    with pytest.raises(PlanError, match="output_dir .*/gone is gone"):
+    with pytest.raises(NothingToResume, match="output_dir .*/gone is gone") as err:
         R.preflight(LORA_SINGLE, tmp_path / "gone", config=cfg)
+    assert err.value.fresh_start is True  # nothing is lost by starting again with the same settings
 
 
 def test_base_checkpoint_gone(lora_run, base):

@@ -6,7 +6,8 @@ redrawn with ``\\r``) so the job machinery can be tested fast, and it can crash 
 rank. Config keys (YAML via --config, then key=value overrides):
 output_dir, steps (steps per epoch), epochs (default 1), step_s (seconds per step), crash_rank
 (that rank raises RuntimeError(crash_message) at global step crash_step, default 2: after step 1
-was logged; 1: before any step), crash_message, lines_per_step, start_loss,
+was logged; 1: before any step; a list such as [0,1]: each of those ranks does, as a config error
+every rank meets), crash_message, lines_per_step, start_loss,
 checkpoint_s (after each epoch, rank 0 prints lora_finetune_distributed's ``Saving checkpoint.
 This may take some time. Retrieving full model state dict...`` log line, every rank sleeps this
 many seconds, then rank 0 prints ``Saving checkpoint took N secs``; default 0: no such lines),
@@ -37,6 +38,10 @@ every step (as a real recipe's all-reduce makes them), so no rank saves alone af
 crashed. resume_from_checkpoint (default false): continue from ``checkpointer.recipe_checkpoint`` (default
 ``recipe_state/recipe_state.pt``) and the first of ``checkpointer.checkpoint_files``, both relative
 to output_dir, at the next epoch, global step and loss going on as in an uninterrupted run.
+fail_resume (default false): with resume_from_checkpoint, every rank logs full_finetune_distributed's
+(torchtune 0.6.1) ``Failed to load distributed checkpoint: ... Training will start from the base
+checkpoint.`` warning and trains from the first epoch instead, as that recipe does when its async
+checkpoint does not load (a failed resume).
 crash_once_file: with crash_rank, the crash happens only while this file does not exist; the
 crashing rank creates it right before raising, so a rerun or resume of the same job goes on.
 torch is imported only when world size > 1 or one of those two is on. A crash once after the
@@ -118,6 +123,13 @@ def _resume(cfg, out, steps):
     return state["epochs_run"], step
 
 
+def _ranks(value) -> set[int]:
+    """``crash_rank``'s ranks: one rank, or a list of them (``crash_rank=[0,1]``)."""
+    if OmegaConf.is_list(value):
+        return {int(r) for r in value}
+    return {int(value)}
+
+
 def main(argv):
     i = argv.index("--config")
     cfg = OmegaConf.merge(OmegaConf.load(argv[i + 1]), OmegaConf.from_dotlist(argv[:i] + argv[i + 2:]))
@@ -152,7 +164,10 @@ def main(argv):
     steps, epochs = int(cfg.steps), int(cfg.get("epochs", 1))
     checkpoint_s = float(cfg.get("checkpoint_s", 0))
     first_epoch = 1
-    if cfg.get("resume_from_checkpoint"):
+    if cfg.get("resume_from_checkpoint") and cfg.get("fail_resume"):
+        print("WARNING:torchtune.utils._logging:Failed to load distributed checkpoint: no complete dist_epoch_<K>/ "
+              "found. Training will start from the base checkpoint.", file=sys.stderr, flush=True)
+    elif cfg.get("resume_from_checkpoint"):
         done, _ = _resume(cfg, out, steps)
         first_epoch = done + 1
     once = cfg.get("crash_once_file")
@@ -161,7 +176,7 @@ def main(argv):
         started = time.monotonic()
         for n in range(1, steps + 1):
             step = (epoch - 1) * steps + n
-            if (cfg.get("crash_rank") is not None and rank == int(cfg.crash_rank) and step == int(cfg.get("crash_step", 2))
+            if (cfg.get("crash_rank") is not None and rank in _ranks(cfg.crash_rank) and step == int(cfg.get("crash_step", 2))
                     and not (once and os.path.exists(once))):
                 if times:
                     _stamp(times, "crash")

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from tune_magic.registry.outcome import CANCELLED_OUTSIDE, Evidence, Outcome, decide, exit_text
+from tune_magic.registry.outcome import CANCELLED_OUTSIDE, FAILED_RESUME, Evidence, Outcome, decide, exit_text
 from tune_magic.registry.status import Status
 
 S, F, X, U = Status.SUCCEEDED, Status.FAILED, Status.STOPPED, Status.UNKNOWN
 LINE = "rank 1: RuntimeError: boom"
+RESUME_LINE = "Failed to load distributed checkpoint: bad. Training will start from the base checkpoint."
 
 
 @pytest.mark.parametrize("evidence, outcome", [
@@ -38,6 +39,11 @@ LINE = "rank 1: RuntimeError: boom"
     (Evidence(returncode=1, stop_requested=True, finished_at_stop=True), Outcome(X, None, 1)),
     (Evidence(verdict="cancelled", stop_requested=True), Outcome(X, None, None)),
     (Evidence(verdict="failed", stop_requested=True), Outcome(X, None, None)),  # our stop's signal: 22.05 says FAILED
+    # a resume whose recipe trained from the base model instead (rule 4)
+    (Evidence(returncode=0, failed_resume=RESUME_LINE), Outcome(F, f"{FAILED_RESUME}: {RESUME_LINE}", 0)),
+    (Evidence(verdict="completed", failed_resume=RESUME_LINE), Outcome(F, f"{FAILED_RESUME}: {RESUME_LINE}", 0)),
+    (Evidence(returncode=0, stop_requested=True, failed_resume=RESUME_LINE), Outcome(X, None, 0)),
+    (Evidence(returncode=1, failure_line=LINE, failed_resume=RESUME_LINE), Outcome(F, LINE, 1)),  # the crash says why
     # no exit code, no verdict
     (Evidence(nothing_runs=True), Outcome(U)),
     (Evidence(nothing_runs=True, stop_requested=True), Outcome(X)),

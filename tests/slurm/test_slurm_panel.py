@@ -5,6 +5,7 @@ Launch submits one two-node job whose row the panel's table shows to the end."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -41,8 +42,14 @@ def test_panel_launches_one_two_node_job_on_the_cluster(cluster, tmp_path):
                      f"#SBATCH --partition={cluster.partition}", "#SBATCH --time=10"):
             assert line in script.splitlines(), (line, script)
         panel.launch_button.click()
-        assert panel.error.value == "", panel.error.value
+        # launched, with the node-local warnings this test's home under /tmp earns (the test cluster's
+        # nodes are one machine, so it works here; on a real cluster it would not)
         (job,) = panel.launched
+        home = os.environ["TUNE_MAGIC_HOME"]
+        warned = re.findall(r"<div class='tm-warning'[^>]*>(.*?)</div>", panel.error.value)
+        assert [w.split(" is under ")[0] for w in warned] == [f"output_dir {home}/runs/toy/{job.id}",
+                                                              f"TUNE_MAGIC_HOME {home}"], panel.error.value
+        assert re.sub(r"<div class='tm-warning'[^>]*>.*?</div>", "", panel.error.value) == ""  # nothing else
         assert job.scheduler == "slurm" and job.num_nodes == 2 and job.name == "from the panel"
         # what was submitted is what the preview showed, with the job's own id
         assert (job.dir / slurm_sched.SCRIPT).read_text() == script.replace("<job-id>", job.id)

@@ -35,7 +35,7 @@ def test_slurm_jobs_of_0_1_0_are_followed_settled_and_stopped_after_an_upgrade(c
         cluster.started.append(tune_magic.get_job(job_id))
     assert old["schema"] == 2 and old["slurm_job_id"] and "backend" not in old
     assert "#SBATCH" not in (jobstore.job_dir(long_id) / "job.sbatch").read_text()  # 0.1.0's script
-    wait_for(lambda: tune_magic.get_job(long_id).summary().step, timeout=TIMEOUT, interval=0.2,
+    wait_for(lambda: (tune_magic.get_job(long_id).summary().step or 0) >= 2, timeout=TIMEOUT, interval=0.2,
              what="a step of the old job")
 
     upgrade_in_place(site)

@@ -65,7 +65,8 @@ class Jobs:
             fd = os.open(d / jobstore.SUPERVISOR_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX)
             self.held.append(fd)
-        rec = JobRecord(id=job_id, name="card test", argv=["python", "r.py"], env={}, cwd=str(self.root),
+        fields.setdefault("argv", ["python", "r.py"])
+        rec = JobRecord(id=job_id, name="card test", env={}, cwd=str(self.root),
                         log_path=str(d / jobstore.OUTPUT_LOG), started_at=time.time() - 65, status=status,
                         output_dir=str(out), metric_log_dir=str(out / "logs"), **fields)
         if status in ("succeeded", "failed", "stopped"):
@@ -287,7 +288,64 @@ def test_notes_nodes_warnings_and_a_lost_log(make):
     assert plain.notes.layout.display == "none"  # one local node, no warning: no notes line
 
 
+def test_a_failed_card_shows_the_overrides_it_ran_with_on_one_collapsed_line(make):
+    words = ["optimizer.lr=abc", "metric_logger.name=my run", "~clip_grad_norm"]
+    job = make("failed", error="rank 1: TypeError: '<=' not supported between instances of 'float' and 'str'",
+               returncode=1)
+    update(job, overrides=[*words, f"output_dir=/runs/tiny_lora/{job.id}"])  # the per-job one tune_magic adds
+    card = card_of(job)
+    assert job.overrides == [*words, f"output_dir=/runs/tiny_lora/{job.id}"]  # every word the recipe got
+    assert card.children.index(card.overrides) == card.children.index(card.header) + 1
+    assert card.overrides.layout.display is None
+    value = card.overrides.value
+    assert value.startswith("<details class='tm-overrides'") and "<details open" not in value  # collapsed
+    summary = text_of(re.search(r"<summary[^>]*>(.*?)</summary>", value)[1])
+    assert summary == "overrides: optimizer.lr=abc 'metric_logger.name=my run' '~clip_grad_norm'"
+    assert [text_of(w) for w in re.findall(r"<div><code>(.*?)</code></div>", value)] == words  # one a line, opened
+    assert summary in card.text().splitlines()
+    assert card_of(make()).overrides.layout.display == "none"  # none given: no line
+
+
+def test_overrides_of_a_record_written_before_the_field_come_from_its_argv(make):
+    job = make("succeeded", argv=["/v/bin/python", "-m", "torch.distributed.run", "--standalone",
+                                  "--nproc_per_node", "2", "r.py", "--config", "/c/lora.yaml", "seed=3",
+                                  "output_dir=/o/x"])
+    data = json.loads((job.dir / jobstore.RECORD).read_text())
+    del data["overrides"]  # as a release before the field wrote it
+    (job.dir / jobstore.RECORD).write_text(json.dumps(data))
+    job = Job(job.dir)
+    assert job.record.overrides is None and job.overrides == ["seed=3", "output_dir=/o/x"]
+    assert text_of(card_of(job).overrides.value).startswith("overrides: seed=3 output_dir=/o/x")
+    assert make("succeeded").overrides == []  # an argv without --config: none
+
+
+def test_the_engines_id_of_the_job_is_in_the_header(make):
+    job = make("succeeded", scheduler="slurm", backend={"job_id": "7"}, nodes=["n1", "n2"], num_nodes=2)
+    card = card_of(job)
+    assert re.search(r"<span class='tm-engine-id'>([^<]*)</span>", card.header.value)[1] == "SLURM ID 7"
+    assert "SLURM ID 7" in card.text().splitlines()[1]
+    assert "tm-engine-id" not in card_of(make("succeeded")).header.value  # a local job has none
+
+
 # -- the log tail -------------------------------------------------------------------------------------
+
+def test_a_failed_cards_first_line_and_its_tail_name_the_same_rank(make):
+    from tune_magic.logs.failure import describe_failure
+
+    from jobhelpers import DATA
+
+    # two nodes' agents in one log; the rank that raised first (0) has the second report
+    text = (DATA / "two_agents_both_raise.log").read_text()
+    reason = describe_failure(text)
+    job = make("failed", log=text, error=reason.line, returncode=1)
+    (job.dir / jobstore.FAILURE).write_text(json.dumps(reason.to_dict()))
+    card = card_of(job)
+    assert text_of(card.error.value) == "rank 0 failed first; 2 ranks failed: ValueError: rank 0 raised on purpose"
+    tail = text_of(card.log_tail.value).splitlines()
+    assert tail[-1] == "[rank0]: ValueError: rank 0 raised on purpose", tail
+    assert not any("[rank2]: ValueError" in line for line in tail[-6:])
+
+
 
 def test_tail_collapses_redraws_and_warnings_and_a_long_line_wraps(make):
     # every rank prints it (tests/data/lora_2proc_5steps/output.log)

@@ -7,6 +7,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -137,7 +138,7 @@ def test_help_help_shows_the_help_of_help():
     r = run("help", "help")
     assert r.returncode == 0 and r.stderr == ""
     assert r.stdout.splitlines()[0] == "usage: tune-magic help [COMMAND]"
-    assert "commands: cmd, ls, assets, run, jobs, logs, stop, rm, metrics, demo, help" in r.stdout
+    assert "commands: cmd, ls, assets, run, resume, jobs, sweeps, logs, stop, rm, metrics, demo, help" in r.stdout
 
 
 # --- a job's log is read only when it is a regular file --------------------------------------------
@@ -154,7 +155,7 @@ def registry_log(tmp_path):
 
 
 def test_read_from_reads_a_regular_log_from_an_offset(registry_log):
-    from tune_magic.ui.cli import _read_from
+    from tune_magic.ui.cli import read_from as _read_from
 
     log, _ = registry_log
     assert list(_read_from(str(log), 0)) == []  # not written yet
@@ -169,7 +170,7 @@ def test_read_from_reads_a_regular_log_from_an_offset(registry_log):
     ("device", "is a character device, not a regular file"),
 ])
 def test_read_from_refuses_anything_but_a_regular_file(kind, words, registry_log):
-    from tune_magic.ui.cli import CliError, _read_from, check_job_log
+    from tune_magic.ui.cli import CliError, check_job_log, read_from as _read_from
 
     log, secret = registry_log
     if kind == "symlink":
@@ -220,3 +221,91 @@ def test_jobs_table_lines_up_wide_names_in_terminal_columns(tmp_path):
     assert {name: column(row, "succeeded") for name, row in rows.items()} == dict.fromkeys(names.values(), status)
     elapsed = column(lines[0], "ELAPSED")
     assert {name: column(row, "60s") for name, row in rows.items()} == dict.fromkeys(names.values(), elapsed)
+
+
+def _records(home, *rows) -> None:
+    """Finished jobs' records written by hand under ``home``: ``(id, name, status, started, fields)``."""
+    from tune_magic.registry import store as jobstore
+    from tune_magic.registry.store import JobRecord
+
+    for job_id, name, status, started, fields in rows:
+        d = home / "jobs" / job_id
+        d.mkdir(parents=True)
+        fields = {"error": "rank 0: boom" if status == "failed" else None, **fields}
+        jobstore.write_record(d, JobRecord(
+            id=job_id, name=name, argv=["python", "x.py", "--config", "c.yaml", "seed=1"], env={}, cwd=str(home),
+            started_at=started, ended_at=started + 60, log_path=str(d / "output.log"), status=status,
+            returncode=0 if status == "succeeded" else 1, **fields))
+        (d / "output.log").write_text("")
+
+
+def test_jobs_narrowed_by_status_name_and_count(tmp_path, monkeypatch, capsys):
+    from tune_magic.ui import cli
+
+    monkeypatch.setenv("TUNE_MAGIC_HOME", str(tmp_path))
+    t0 = time.time() - 3600
+    _records(tmp_path, ("j1", "lr-1", "succeeded", t0, {}), ("j2", "lr-2", "failed", t0 + 1, {}),
+             ("j3", "other", "stopped", t0 + 2, {}), ("j4", "lr-3", "failed", t0 + 3, {}))
+
+    def ids(*args) -> list[str]:
+        capsys.readouterr()
+        assert cli.main(["jobs", *args]) == 0
+        return [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]]
+
+    assert ids() == ["j1", "j2", "j3", "j4"]  # oldest first: the newest next to the prompt
+    assert ids("--failed") == ["j2", "j4"]
+    assert ids("--running") == []
+    assert ids("--name", "lr-*") == ["j1", "j2", "j4"]
+    assert ids("--name", "lr-*", "--last", "2") == ["j2", "j4"]
+    assert ids("--last", "1") == ["j4"]
+    capsys.readouterr()
+    assert cli.main(["jobs", "--json", "--failed"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in listed] == ["j2", "j4"] and listed[0]["overrides"] == ["seed=1"]
+    assert cli.main(["jobs", "--last", "0"]) == 2
+    assert "--last: '0' is not a number of jobs >= 1" in capsys.readouterr().err
+
+
+def test_jobs_columns_started_and_the_engine_id_with_nodes_only_when_a_job_has_one(tmp_path, monkeypatch, capsys):
+    from tune_magic.ui import cli
+    from tune_magic.ui.tablecols import started_text
+
+    monkeypatch.setenv("TUNE_MAGIC_HOME", str(tmp_path))
+    t0 = time.time() - 3600
+    _records(tmp_path, ("j1", "local-run", "succeeded", t0, {}))
+    capsys.readouterr()
+    cli.main(["jobs"])
+    header, row = capsys.readouterr().out.splitlines()
+    assert header.split() == ["ID", "NAME", "STATUS", "STEP", "LOSS", "ELAPSED", "STARTED", "ENDPOINT", "OUTPUT_DIR",
+                              "REASON", "RESUME"]
+    assert row[header.index("STARTED"):].startswith(started_text(t0) + " ")
+    _records(tmp_path, ("j2", "on-slurm", "succeeded", t0 + 5,
+                        {"scheduler": "slurm", "backend": {"job_id": "81"}, "nodes": ["n1", "n2"], "num_nodes": 2}))
+    cli.main(["jobs"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[6:11] == ["STARTED", "SCHEDULER", "SLURM", "ID", "NODES"]
+    at = lines[0].index("SLURM ID")
+    assert lines[2][at:].split()[:2] == ["81", "n1,n2"] and lines[1][at:].split()[0] == "-"
+    assert lines[1][lines[0].index("SCHEDULER"):].split()[0] == "local"
+    cli.main(["jobs", "--name", "local-*"])  # the column goes with the job that needs it
+    assert "SLURM ID" not in capsys.readouterr().out
+
+
+def test_logs_of_an_ended_job_say_how_it_ended_after_its_lines(tmp_path, monkeypatch, capsys):
+    from tune_magic.ui import cli
+
+    monkeypatch.setenv("TUNE_MAGIC_HOME", str(tmp_path))
+    t0 = time.time() - 600
+    _records(tmp_path, ("j1", "a", "stopped", t0, {}), ("j2", "b", "failed", t0, {}),
+             ("j3", "c", "stopped", t0, {"error": "cancelled outside tune_magic"}))
+    tail = "torchrun got SIGTERM\nsrun: error: n1: task 0: Exited with exit code 1\n"  # what a stop leaves
+    (tmp_path / "jobs" / "j1" / "output.log").write_text(tail)
+    capsys.readouterr()
+    assert cli.main(["logs", "j1"]) == 0
+    out = capsys.readouterr()
+    assert out.out == tail  # the log itself, every line
+    assert out.err == "tune-magic logs: job j1 stopped · stopped by the user\n"
+    cli.main(["logs", "j2"])
+    assert capsys.readouterr().err == "tune-magic logs: job j2 failed · rank 0: boom\n"
+    cli.main(["logs", "j3"])
+    assert capsys.readouterr().err == "tune-magic logs: job j3 stopped · cancelled outside tune_magic\n"

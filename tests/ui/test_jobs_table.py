@@ -8,6 +8,8 @@ summary file exactly as it follows a supervised job. Real jobs: tests/e2e/test_p
 
 from __future__ import annotations
 
+import html
+import re
 import shutil
 import threading
 import time
@@ -36,8 +38,8 @@ def root(tmp_path, monkeypatch):
 
 
 def make(root, job_id, *, status="succeeded", name="n", error=None, pending_reason=None, supervised=False,
-         step=None, loss=None, started=None):
-    """A job record (and a summary when ``step`` is given) written by hand."""
+         step=None, loss=None, started=None, **fields):
+    """A job record (and a summary when ``step`` is given) written by hand; ``fields``: more record fields."""
     me = psutil.Process()
     rec = JobRecord(id=job_id, name=name, argv=["python", "x.py"], env={}, cwd=str(root), started_at=started or time.time() - 65,
                     log_path=str(root / job_id / "output.log"), status=status, error=error,
@@ -46,7 +48,8 @@ def make(root, job_id, *, status="succeeded", name="n", error=None, pending_reas
                     returncode={"succeeded": 0, "failed": 1, "stopped": -15}.get(status),
                     # FAKE supervisor: this process (alive), so the record is never settled by a reader
                     supervisor=ProcessRef(me.pid, me.create_time()) if supervised else None,
-                    agent=ProcessRef(me.pid, 0.0) if supervised else None)  # never matches: never signalled
+                    agent=ProcessRef(me.pid, 0.0) if supervised else None,  # never matches: never signalled
+                    **fields)
     d = root / job_id
     d.mkdir()
     jobstore.write_record(d, rec)
@@ -78,7 +81,7 @@ def test_rows_show_status_step_loss_reasons_and_stop_only_on_live_jobs(root):
     make(root, "j3-pending", status="pending", pending_reason="Resources")
     make(root, "j4-running", status="running", supervised=True, step=3, loss=3.25)
     table = JobsTable(live=False)
-    assert [j.id for j in table.jobs] == ["j1-ok", "j2-failed", "j3-pending", "j4-running"]
+    assert [j.id for j in table.jobs] == ["j4-running", "j3-pending", "j2-failed", "j1-ok"]  # newest first (ids break ties)
     assert table.summaries["j1-ok"][1:4] == ("succeeded", 5, 2.0)
     assert ">5<" in table.rows["j1-ok"]["step"].value and ">2<" in table.rows["j1-ok"]["loss"].value
     failed = table.rows["j2-failed"]
@@ -90,10 +93,13 @@ def test_rows_show_status_step_loss_reasons_and_stop_only_on_live_jobs(root):
     assert [has_stop(table, i) for i in ("j1-ok", "j2-failed", "j3-pending", "j4-running")] == [
         False, False, True, True]
     lines = table.text().splitlines()
-    assert lines[0].split() == ["id", "name", "status", "step", "loss", "elapsed", "reason"]
+    assert lines[0].split() == ["id", "name", "status", "step", "loss", "elapsed", "started", "reason"]
     row = {line.split()[0]: line.split() for line in lines[1:]}
     assert row["j2-failed"][1:6] == ["n", "failed", "1", "10", row["j2-failed"][5]]
-    assert " ".join(row["j2-failed"][6:]).startswith("rank 1 (pid 42) failed: RuntimeError")
+    from tune_magic.ui.tablecols import started_text
+
+    started = started_text(table.jobs[0].started_at)  # 14:03:27 (or 12-01 23:59 just after midnight)
+    assert " ".join(row["j2-failed"][6:]).startswith(f"{started} rank 1 (pid 42) failed: RuntimeError")
     assert row["j3-pending"][-1] == "Resources"
     assert row["j4-running"][2:5] == ["running", "3", "3.25"]
     assert row["j4-running"][5] in ("1:05", "1:06", "1:07")
@@ -130,27 +136,41 @@ def test_new_jobs_fill_spare_rows_without_creating_widgets_and_removed_jobs_hide
     (root / ".staging-zz").mkdir()  # a launch in progress is not a job yet
     (root / "no-record").mkdir()  # nor a directory without a record: skipped, the others still shown
     table.refresh_once()
-    assert [j.id for j in table.jobs] == ["a0", "b0", "b1"]  # appended, oldest first
+    assert [j.id for j in table.jobs] == ["b1", "b0", "a0"]  # the new ones on top, newest first
+    assert shown_ids(table) == ["b1", "b0", "a0"]  # and so in the grid
     assert table.summaries["b1"][1:4] == ("running", 2, 1.5) and has_stop(table, "b1")
     assert table.rows["b1"]["name"].layout.display is None
     assert len(widget_mod._instances) == widgets_before
     shutil.rmtree(root / "a0")  # tune-magic rm
     table.refresh_once()
-    assert all(w.layout.display == "none" for w in table.rows["a0"].values() if w is not table.rows["a0"]["stop"])
-    assert "a0" not in table.text()
-    # more new jobs than spare rows: a note says how many are not shown; add() (the kernel's
-    # thread) shows a job at once and refills the spares
-    spare = sum(1 for r in table._slots if r.job is None)
-    for i in range(spare + 2):
-        make(root, f"c{i:02d}")
+    buttons = (table.rows["a0"]["stop"], table.rows["a0"]["resume"])  # inside the hidden button cell
+    assert all(w.layout.display == "none" for w in table.rows["a0"].values() if w not in buttons)
+    assert "a0" not in table.text() and [j.id for j in table.jobs] == ["b1", "b0"]
+    # more new jobs than free rows (the spares and the removed job's): the oldest rows shown go behind
+    # "show all", still without a widget made by the refresher; add() (the kernel's thread) shows a
+    # job at once and refills the spares
+    free = sum(1 for r in table._slots if r.job is None) + 1
+    for i in range(free + 2):
+        make(root, f"c{i:02d}", started=time.time() - 60 + i)
     table.refresh_once()
-    assert len(table.overflow) == 2 and "2 more new job(s)" in table.note.value
+    assert len(widget_mod._instances) == widgets_before
+    assert [j.id for j in table.jobs] == ["b1", "b0"] + [f"c{i:02d}" for i in range(free + 1, 1, -1)]
+    assert [j.id for j in table._hidden] == ["c01", "c00"] and table.more.layout.display is None
+    assert table.more.description == "show all (2 more)" and table.text().endswith("(2 more: show all)")
     from tune_magic.job import get_job
 
-    table.add(get_job("c00"))  # already shown: no second row
-    assert [j.id for j in table.jobs].count("c00") == 1
-    table.add(get_job(table.overflow[0]))
-    assert table.overflow[0] in table.rows and sum(1 for r in table._slots if r.job is None) == views.SPARE_ROWS
+    table.add(get_job("c03"))  # already shown: no second row
+    assert [j.id for j in table.jobs].count("c03") == 1
+    table.add(get_job("c00"))
+    assert "c00" in table.rows and [j.id for j in table._hidden] == ["c01"]
+    assert sum(1 for r in table._slots if r.job is None) == views.SPARE_ROWS
+    assert [j.id for j in table.jobs][-1] == "c00"  # in its place by age
+
+
+def shown_ids(table) -> list[str]:
+    """The job ids in the grid's id cells that are shown, top to bottom."""
+    ids = [w for w in table.grid.children if "tm-cell-id" in w._dom_classes and w.layout.display is None]
+    return [re.search(r"tm-job-id'>([^<]+)<", w.value).group(1) for w in ids]
 
 
 def test_names_with_control_characters_are_escaped_in_cells_and_text(root):
@@ -206,3 +226,106 @@ def test_refresher_never_prints(root, capfd):
     assert "failed" in table.rows["r1"]["status"].value
     out, err = capfd.readouterr()
     assert (out, err) == ("", "")
+
+
+# -- newest first, bounded, narrowed; the optional columns ------------------------------------------
+
+
+def test_a_long_lived_table_shows_the_newest_jobs_and_the_rest_behind_show_all(root):
+    t0 = time.time() - 3600
+    for i in range(views.TABLE_ROWS + 5):
+        make(root, f"old{i:02d}", started=t0 + i)
+    table = JobsTable(live=False)
+    assert [j.id for j in table.jobs] == [f"old{i:02d}" for i in range(24, 4, -1)]  # the newest 20, newest first
+    assert len(table.rows) == views.TABLE_ROWS and table.more.layout.display is None
+    assert table.more.description == "show all (5 more)"
+    widgets_before = len(widget_mod._instances)
+    for i in range(3):  # jobs launched later take the top rows; the table does not grow
+        make(root, f"new{i}", started=time.time() - 10 + i)
+    table.refresh_once()
+    assert [j.id for j in table.jobs][:4] == ["new2", "new1", "new0", "old24"]
+    assert len(table.jobs) == views.TABLE_ROWS and table.more.description == "show all (8 more)"
+    assert len(widget_mod._instances) == widgets_before  # the refresher made no widget
+    assert shown_ids(table) == [j.id for j in table.jobs]
+    table.more.click()  # (on the kernel's thread, as a click is)
+    assert len(table.jobs) == views.TABLE_ROWS + 8 and [j.id for j in table.jobs][-1] == "old00"
+    assert table.more.layout.display == "none" and table.limit is None
+    assert shown_ids(table) == [j.id for j in table.jobs]
+
+
+def test_filters_narrow_the_table_and_a_job_that_fails_later_joins_a_failed_listing(root):
+    from tune_magic.ui.listing import JobFilter
+
+    t0 = time.time() - 600
+    make(root, "a-ok", name="lr-1", started=t0)
+    make(root, "b-failed", name="lr-2", status="failed", error="rank 0: boom", started=t0 + 1)
+    make(root, "c-pending", name="lr-3", status="pending", pending_reason="Priority", started=t0 + 2)
+    make(root, "d-running", name="other", status="running", supervised=True, step=1, loss=1.0, started=t0 + 3)
+
+    def listed(**kw):
+        return [j.id for j in JobsTable(live=False, filter=JobFilter(**kw)).jobs]
+
+    assert listed(running=True) == ["d-running", "c-pending"]  # live: running or pending
+    assert listed(failed=True) == ["b-failed"]
+    assert listed(running=True, failed=True) == ["d-running", "c-pending", "b-failed"]
+    assert listed(name="lr-*") == ["c-pending", "b-failed", "a-ok"]
+    assert listed(name="LR-*") == []
+    last = JobsTable(live=False, filter=JobFilter(last=2))
+    assert [j.id for j in last.jobs] == ["d-running", "c-pending"] and last.more.description == "show all (2 more)"
+    failed = JobsTable(live=False, filter=JobFilter(failed=True))
+    jobstore.update(root / "d-running", status="failed", returncode=1, ended_at=time.time(), error="rank 1: late")
+    failed.refresh_once()
+    assert [j.id for j in failed.jobs] == ["d-running", "b-failed"]  # it failed after the table was shown
+    none = JobsTable(live=False, filter=JobFilter(failed=True, name="nothing*"))
+    assert none.jobs == [] and "no failed jobs named 'nothing*'" in html.unescape(none.note.value)
+    make(root, "e-failed", name="nothing-at-all", status="failed", error="rank 0: x")
+    none.refresh_once()
+    assert [j.id for j in none.jobs] == ["e-failed"] and none.note.layout.display == "none"
+
+
+def test_tune_jobs_magic_takes_the_filters(root, ip, capsys):
+    from IPython.core.error import UsageError
+
+    make(root, "a-ok", name="lr-1")
+    make(root, "b-failed", name="lr-2", status="failed", error="rank 0: boom")
+    capsys.readouterr()
+    ip.run_line_magic("tune_jobs", "--failed --name 'lr-*'")
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines[1:]] == ["b-failed"], lines
+    for bad in ("--last 0", "--last x", "--wat"):
+        with pytest.raises(UsageError):
+            ip.run_line_magic("tune_jobs", bad)
+
+
+def test_the_engine_id_column_with_nodes_and_the_scheduler_column_appear_when_needed(root):
+    make(root, "a-local", started=time.time() - 50)
+    table = JobsTable(live=False)
+    assert [h.layout.display for h in table._header[6:9]] == [None, "none", "none"]  # started only
+    assert table.grid.layout.grid_template_columns == "auto auto repeat(5, max-content) 76px"
+    make(root, "b-slurm", scheduler="slurm", backend={"job_id": "4242"}, nodes=["n1", "n2"], num_nodes=2,
+         started=time.time() - 10)
+    table.refresh_once()
+    heads = [re.sub(r"<br>", " / ", h.value) for h in table._header[6:9]]
+    assert [re.sub(r"<[^>]+>", "", h) for h in heads] == ["started", "scheduler", "SLURM ID / nodes"]
+    assert [h.layout.display for h in table._header[6:9]] == [None] * 3
+    # the scheduler, engine id and nodes wrap in a narrow notebook (auto), the others keep their width
+    assert table.grid.layout.grid_template_columns == "auto auto repeat(5, max-content) auto auto 76px"
+    row = table.rows["b-slurm"]
+    assert re.sub(r"<[^>]+>", "", row["scheduler"].value) == "slurm"
+    # the nodes under the engine's id, in one column: the table fits a narrow notebook
+    engine = re.fullmatch(r"<span class='tm-engine'[^>]*>([^<]*)</span><div class='tm-nodes'[^>]*>([^<]*)</div>",
+                          row["engine"].value)
+    assert engine.groups() == ("4242", "n1, n2")
+    assert all(row[k].layout.display is None for k in ("scheduler", "engine"))
+    assert re.sub(r"<[^>]+>", "", table.rows["a-local"]["engine"].value) == ""
+    lines = table.text().splitlines()
+    assert lines[0].split()[6:11] == ["started", "scheduler", "SLURM", "ID", "nodes"]
+    assert lines[1].split()[-3:] == ["slurm", "4242", "n1,n2"]
+
+
+def test_a_table_built_with_an_engine_id_job_shows_its_column_from_the_start(root):
+    make(root, "s-slurm", scheduler="slurm", backend={"job_id": "99"}, nodes=["n1"])
+    table = JobsTable(live=False)
+    assert [re.sub(r"<[^>]+>", "", h.value.replace("<br>", " / ")) for h in table._header[6:9]
+            if h.layout.display is None] == ["started", "SLURM ID / nodes"]  # one scheduler listed: no scheduler column
+    assert re.sub(r"<[^>]+>", " ", table.rows["s-slurm"]["engine"].value).split() == ["99", "n1"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import html
 import os
+import re
 import time
 
 import psutil
@@ -195,6 +197,30 @@ def test_compare_chart_has_integer_ticks_a_legend_apart_and_full_names(tmp_path)
             jobstore.remove_tree(jobstore.job_dir(i))
 
 
+def test_an_ended_job_is_charted_as_soon_as_it_is_chosen(tmp_path):
+    # an ended job's curve is final: read once when chosen, so the chart a cell returns holds it
+    # (a notebook run headless keeps only what the cell's own messages set); no thread for it
+    ids = []
+    for i, status in enumerate(("succeeded",)):
+        log = tmp_path / f"log{i}.txt"
+        log.write_text("".join(f"\r1|{k}|Loss: {4 - k / 2}: {k * 25}%|#| {k}/4" for k in range(1, 5)) + "\n")
+        rec = JobRecord(id=f"20990101-00001{i}-end00{i}", name=f"j{i}", argv=["python", "x.py"], env={}, cwd="/",
+                        log_path=str(log), started_at=time.time(), status=status,
+                        ended_at=time.time() if status == "succeeded" else None, returncode=0 if i == 0 else None)
+        jobstore.create(rec, jobstore.jobs_root())
+        ids.append(rec.id)
+    panel = Panel(cwd=tmp_path)
+    try:
+        panel.compare.value = (ids[0],)
+        assert panel.series[ids[0]] == [(1, 3.5), (2, 3.0), (3, 2.5), (4, 2.0)]
+        assert panel._watchers[ids[0]]._thread is None
+        assert panel.chart.layout.display is None and panel.chart_note.value == ""
+    finally:
+        panel.close()
+        for i in ids:
+            jobstore.remove_tree(jobstore.job_dir(i))
+
+
 # --- SLURM fields (FAKE sbatch and sinfo: no SLURM cluster in a unit test) ------------------------
 
 
@@ -229,7 +255,8 @@ def test_FAKE_sbatch_slurm_fields_preview_sbatch_line_and_script(tmp_path, fake_
 
     panel = Panel(cwd=tmp_path)
     assert "slurm" in panel.schedulers_offered and panel.scheduler.value == "local"
-    assert panel.scheduler in panel.children[0].children
+    row = next(c for c in panel.children[0].children if panel.scheduler in getattr(c, "children", ()))
+    assert panel.scheduler_note in row.children and panel.scheduler_note.value == ""  # sinfo answered: no note
     fields = panel.scheduler_fields["slurm"]
     # one field per option the SLURM scheduler declares, in its order
     assert list(fields) == ["nodes", "gpus_per_node", "cpus_per_node", "partition", "time_limit", "account", "sbatch"]
@@ -256,6 +283,10 @@ def test_FAKE_sbatch_slurm_fields_preview_sbatch_line_and_script(tmp_path, fake_
                               "metric_logger.name=my run"], cwd=tmp_path, dry_run=True, **panel.scheduler_options())
     assert panel.command_preview.value == plan.command_line().replace(plan.job_id, "<job-id>")
     assert panel.script_preview.value == plan.batch_script.replace(plan.job_id, "<job-id>")
+    # this test's home is under /tmp: the preview warns of it, with the same <job-id> as the preview
+    warned = [html.unescape(w) for w in re.findall(r"<div class='tm-warning'[^>]*>(.*?)</div>", panel.error.value)]
+    assert warned == [w.replace(plan.job_id, "<job-id>") for w in plan.warnings] and len(warned) == 2, warned
+    assert warned[0].startswith(f"output_dir {os.environ['TUNE_MAGIC_HOME']}/runs/tiny_lora/<job-id> "), warned
     line = panel.command_preview.value
     assert line.startswith("sbatch --parsable ") and line.endswith("/jobs/<job-id>/job.sbatch"), line
     head = panel.script_preview.value.splitlines()
@@ -309,10 +340,57 @@ def test_FAKE_sbatch_launch_passes_the_slurm_fields_to_launch(tmp_path, fake_slu
     ("sleep 5", []),  # longer than SINFO_TIMEOUT_S (0.5 s here)
 ])
 def test_FAKE_sinfo_partitions(tmp_path, monkeypatch, script, expected):
-    from tune_magic.schedulers.slurm import options as slurm_options
+    from tune_magic.schedulers.slurm import sinfo
 
     (tmp_path / "sinfo").write_text(f"#!/bin/sh\n{script}\n")
     (tmp_path / "sinfo").chmod(0o755)
-    monkeypatch.setattr(slurm_options, "SINFO_TIMEOUT_S", 0.5)
-    assert slurm_options.partitions({"PATH": str(tmp_path)}) == expected
-    assert slurm_options.partitions({"PATH": str(tmp_path / "nowhere")}) == []
+    monkeypatch.setattr(sinfo, "SINFO_TIMEOUT_S", 0.5)
+    assert sinfo.partitions({"PATH": str(tmp_path)}) == expected
+    assert sinfo.partitions({"PATH": str(tmp_path / "nowhere")}) == []
+
+
+def test_a_scheduler_whose_controller_does_not_answer_is_offered_with_a_note_next_to_it(tmp_path, monkeypatch):
+    """The real sinfo and sbatch of this machine, with a config whose controller port nobody listens on."""
+    import shutil
+    import socket
+
+    if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
+        pytest.skip("SLURM's client tools are not installed (scripts/test installs them with TUNE_MAGIC_INSTALL_SLURM=1)")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nobody answers there
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"ClusterName=nowhere\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort={port}\n"
+                    "AuthType=auth/none\nMessageTimeout=1\nTCPTimeout=1\nNodeName=n1 CPUs=1 State=UNKNOWN\n"
+                    "PartitionName=debug Nodes=n1 Default=YES\n")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    monkeypatch.delenv("TUNE_MAGIC_SCHEDULER", raising=False)
+    panel = Panel(cwd=tmp_path)
+    assert "slurm" in panel.schedulers_offered  # offered: sbatch is there (a launch would say what sbatch says)
+    row = next(c for c in panel.children[0].children if panel.scheduler in getattr(c, "children", ()))
+    assert panel.scheduler_note in row.children  # next to the choice
+    note = re.sub(r"<[^>]+>", "", panel.scheduler_note.value)
+    assert note == ("slurm: sbatch is here, but no SLURM controller answers (slurm_load_partitions: Unable to contact "
+                    "slurm controller (connect failure)): a job sent to slurm would not start"), note
+
+
+def test_the_endpoint_field_is_for_the_local_scheduler_only_and_the_preview_has_the_rows_it_needs(
+        tmp_path, fake_slurm_clients):
+    from tune_magic.ui.panel import preview_rows
+
+    panel = Panel(cwd=tmp_path)
+    panel.recipe.value = "lora_finetune"
+    panel.config.value = "tiny/lora"
+    panel.endpoint.value = "node0:29400"
+    assert panel.endpoint.layout.display is None and panel.args()[:2] == ["--rdzv-endpoint", "node0:29400"]
+    local = panel.command_preview.value
+    assert panel.command_preview.rows == preview_rows(local) >= len(local) // 56 + 2
+    assert panel.command_preview.layout.height is None  # no fixed height to cut the last line off
+    panel.scheduler.value = "slurm"
+    assert panel.endpoint.layout.display == "none"  # the scheduler picks the rendezvous
+    assert "--rdzv-endpoint" not in panel.args() and "node0" not in panel.script_preview.value
+    panel.scheduler.value = "local"
+    assert panel.endpoint.layout.display is None and panel.command_preview.value == local
+    assert [preview_rows(t) for t in ("", "x" * 56, "x" * 57, "a\nb\nc\nd", "x" * 10_000)] == [3, 3, 3, 5, 24]
+    # wrapped at spaces: a word that does not fit starts a new row
+    assert [preview_rows(t) for t in ("a " * 28, "x" * 50 + " " + "y" * 50, "x" * 50 + " " + "y" * 120)] == [3, 3, 5]

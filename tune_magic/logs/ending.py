@@ -3,8 +3,9 @@
 Every scheduler calls :func:`evidence` with what it knows (an exit code, its engine's verdict) and
 gets back an :class:`~tune_magic.registry.outcome.Evidence` completed from the job's directory:
 whether a stop was asked and what the log showed then, the failure line of the log's end (the
-failing rank, its host and its error; :mod:`tune_magic.logs.failure`), and whether torchrun's agent
-itself was told to stop by a signal (its ``SignalException``), which no exit code says.
+failing rank, its host and its error; :mod:`tune_magic.logs.failure`), whether torchrun's agent
+itself was told to stop by a signal (its ``SignalException``), which no exit code says, and, for a
+resumed run, whether its recipe fell back to the base model (:func:`failed_resume_line`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from tune_magic.logs.failure import Evidence as FailureEvidence
 from tune_magic.logs.failure import FailureReason, describe_failure
 from tune_magic.logs.logfiles import read_rank_logs
+from tune_magic.registry import attempts as attempt_entries
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.outcome import Evidence, Outcome
 from tune_magic.registry.record import JobRecord
@@ -45,6 +47,52 @@ def read_tail(path: str | os.PathLike, nbytes: int) -> str:
             return f.read(nbytes).decode("utf-8", errors="replace")
         except OSError:
             return ""
+
+
+#: The line full_finetune_distributed (torchtune 0.6.1) logs when the distributed checkpoint it was
+#: asked to resume from (``enable_async_checkpointing``) did not load: "Failed to load distributed
+#: checkpoint: <error>. Training will start from the base checkpoint." It then trains on from the
+#: base model.
+FAILED_RESUME_TEXT = "Training will start from the base checkpoint"
+_SCAN_BYTES = 4 << 20
+
+
+def is_resume(record: JobRecord) -> bool:
+    """Whether the job's command asks its recipe to resume (``resume_from_checkpoint=True``)."""
+    return any(a.lower() == "resume_from_checkpoint=true" for a in record.argv)
+
+
+def failed_resume_line(path: str | os.PathLike, since: int = 0) -> str | None:
+    """The line of the log at ``path``, from byte ``since`` on, saying a resume fell back to the base
+    checkpoint (:data:`FAILED_RESUME_TEXT`), stripped; ``None`` when there is none. Read in chunks of
+    4 MiB, never whole (the line comes at the run's start, a long run's log is large); a link at
+    ``path`` is not followed."""
+    needle = FAILED_RESUME_TEXT.encode()
+    try:
+        fd = jobstore.open_nofollow(Path(path), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        offset, carry = max(0, since), b""
+        while True:
+            chunk = os.pread(fd, _SCAN_BYTES, offset)
+            if not chunk:
+                return None
+            window = carry + chunk  # the end of what came before: a line cut by the chunks is found whole
+            found = window.find(needle)
+            if found >= 0:
+                at = offset - len(carry) + found  # where the text starts in the file
+                start = max(0, at - 4096)
+                around = os.pread(fd, 8192 + len(needle), start)
+                # the line's part before the text and after it, to the nearest \n or \r (a tqdm redraw)
+                line = re.split(rb"[\r\n]", around[:at - start])[-1] + re.split(rb"[\r\n]", around[at - start:], 1)[0]
+                return line.decode("utf-8", "replace").strip()
+            offset += len(chunk)
+            carry = window[-(len(needle) - 1):]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def agent_signal(text: str) -> int | None:
@@ -105,20 +153,29 @@ def evidence(job_dir: Path, record: JobRecord, returncode: int | None, *, verdic
         # also signals the other nodes' agents after a rank somewhere raised
         if reason is None or (reason.exc_type or "").endswith("SignalException"):
             signalled = agent_signal(text)
+    failed_resume = None
+    if (returncode == 0 or verdict == "completed") and not stop and is_resume(record):
+        since = record.attempts[-1].get("log_offset", 0) if record.attempts else 0
+        failed_resume = failed_resume_line(record.log_path, since if isinstance(since, int) else 0)
     ev = Evidence(returncode=returncode, stop_requested=stop, finished_at_stop=bool(record.finished_at_stop),
                   verdict=verdict, verdict_reason=verdict_reason, signalled=signalled,
                   failure_line=(reason.line_on_host() if with_host else reason.line) if reason is not None else None,
-                  nothing_runs=nothing_runs, answered=answered)
+                  nothing_runs=nothing_runs, answered=answered, failed_resume=failed_resume)
     return ev, reason
 
 
-def changes(outcome: Outcome, record: JobRecord, ended_at: float) -> dict:
+def changes(outcome: Outcome, record: JobRecord, ended_at: float, *, step: int | None = None) -> dict:
     """Record fields for ``outcome`` (``ended_at``: unix seconds of the end; an end already recorded is
-    kept, except one recorded while the outcome was unknown). ``unknown`` records no end time."""
+    kept, except one recorded while the outcome was unknown). ``unknown`` records no end time. A job
+    that was tried more than once (``record.attempts``) has its last attempt ended too, with
+    ``step`` (the last global step it logged, when the caller knows it)."""
     out: dict = {"status": outcome.status}
     if outcome.status.is_terminal:
         # an end seen while the job was "unknown" is no end time: the evidence's time replaces it
         out["ended_at"] = ended_at if record.state.value == "unknown" or not record.ended_at else record.ended_at
+        if record.attempts:
+            out["attempts"] = attempt_entries.finish(record.attempts, ended_at=out["ended_at"], reason=outcome.reason,
+                                                     step=step, returncode=outcome.returncode)
     if outcome.returncode is not None:
         out["returncode"] = outcome.returncode
     if outcome.reason and not record.error:

@@ -9,12 +9,13 @@ import csv
 import io
 import json
 import math
-from typing import Iterable
+from typing import Iterable, Mapping, Sequence
 
 from tune_magic.logs.metricstore import MetricStore
 from tune_magic.logs.points import MetricPoint
 
-__all__ = ["points_to_json", "points_to_csv", "points_to_frame"]
+__all__ = ["points_to_json", "points_to_csv", "points_to_frame", "labelled_points_to_json",
+           "labelled_points_to_csv"]
 
 
 def _json_value(value: float) -> float | str:
@@ -32,14 +33,7 @@ def points_to_json(points: Iterable[MetricPoint]) -> str:
         A JSON array of ``{"step": int, "name": str, "value": number|"nan"|"inf"|"-inf",
         "epoch": int (only when known), "source": str}`` objects, in the given order.
     """
-    rows = []
-    for p in points:
-        row: dict[str, object] = {"step": p.step, "name": p.name, "value": _json_value(p.value)}
-        if p.epoch is not None:
-            row["epoch"] = p.epoch
-        row["source"] = p.source
-        rows.append(row)
-    return json.dumps(rows, allow_nan=False)
+    return labelled_points_to_json([({}, points)])
 
 
 def points_to_csv(points: Iterable[MetricPoint]) -> str:
@@ -48,11 +42,35 @@ def points_to_csv(points: Iterable[MetricPoint]) -> str:
     Values use Python's float repr (``nan``, ``inf``, ``-inf`` for non-finite); an unknown
     epoch is an empty field. Lines end with ``\\n``.
     """
+    return labelled_points_to_csv((), [({}, points)])
+
+
+def labelled_points_to_json(groups: Iterable[tuple[Mapping[str, object], Iterable[MetricPoint]]]) -> str:
+    """As :func:`points_to_json` for points of several jobs, each object starting with its
+    group's labels (e.g. a sweep's trial, job id and axis values)."""
+    rows = []
+    for labels, points in groups:
+        for p in points:
+            row: dict[str, object] = {**labels, "step": p.step, "name": p.name, "value": _json_value(p.value)}
+            if p.epoch is not None:
+                row["epoch"] = p.epoch
+            row["source"] = p.source
+            rows.append(row)
+    return json.dumps(rows, allow_nan=False)
+
+
+def labelled_points_to_csv(columns: Sequence[str],
+                           groups: Iterable[tuple[Mapping[str, object], Iterable[MetricPoint]]]) -> str:
+    """As :func:`points_to_csv` for points of several jobs: the header is ``columns`` (each
+    group's labels, by name; missing ones empty) then ``step,name,value,epoch,source``."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(("step", "name", "value", "epoch", "source"))
-    for p in points:
-        writer.writerow((p.step, p.name, repr(float(p.value)), "" if p.epoch is None else p.epoch, p.source))
+    writer.writerow((*columns, "step", "name", "value", "epoch", "source"))
+    for labels, points in groups:
+        head = tuple("" if labels.get(c) is None else labels[c] for c in columns)
+        for p in points:
+            writer.writerow((*head, p.step, p.name, repr(float(p.value)), "" if p.epoch is None else p.epoch,
+                             p.source))
     return buf.getvalue()
 
 

@@ -8,11 +8,21 @@ phrases the reason. Known messages are phrased with their fix: CUDA out of memor
 
 The failing rank is the root cause of torchrun's report; when a log holds several reports
 (several agents, e.g. one per node under ``srun``), a rank that raised wins over ranks that died
-by a signal, and among those the earliest report time, then the first in the log. Its message is
-found in this order: the error file, the report's own traceback, the last traceback of that
-rank's ``[rankN]:`` lines, of its per-rank log file (``--redirects``/``--tee`` with
-``--log-dir``), of its ``[defaultN]:`` lines, the last unprefixed worker traceback, and last the
-log's last exception line.
+by a signal, and among those the first failure by time, then the first in the log. Ranks that
+raised are ordered by where their own tracebacks are in the log: each rank writes its traceback the
+moment it raises, into the one combined log, whereas each agent prints its report only after it
+stopped its other workers (measured: ``tests/data/two_agents_both_raise.log``, where the rank that
+raised first has the second report), and its ``time`` field is the whole second its agent saw the
+failure; otherwise by that ``time`` field (an entry without one comes last), then the traceback.
+When more than one rank failed on its own (raised, or was the root cause of its report by a signal
+other than torchrun's SIGTERM/SIGINT teardown; a raise that only says its peer went away does not
+count; a rank whose traceback ends its output counts too when its agent was stopped before it
+printed a report), the line says so: ``rank 1 on n2 failed first; 2 ranks failed: ...``.
+
+The failing rank's message is found in this order: the error file, the report's own traceback,
+the last traceback of that rank's ``[rankN]:`` lines, of its per-rank log file
+(``--redirects``/``--tee`` with ``--log-dir``), of its ``[defaultN]:`` lines, the last unprefixed
+worker traceback, and last the log's last exception line.
 
 A traceback the process survived is never the failure (see :mod:`tune_magic.logs.tracebacks`);
 a process killed by a signal is reported as killed by that signal.
@@ -20,6 +30,7 @@ a process killed by a signal is reported as killed by that signal.
 
 from __future__ import annotations
 
+import math
 import re
 import signal
 from dataclasses import asdict, dataclass
@@ -67,6 +78,7 @@ _NCCL_TIMEOUT_RE = re.compile(
     r"(?:[^)]*?OpType=(?P<op>\w+))?[^)]*?Timeout\(ms\)=(?P<ms>\d+)\)"
 )
 _PORT_RE = re.compile(r"port:? (\d+)|:(\d+)\b")
+_REPORT_TIME_RE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})_(\d\d:\d\d:\d\d)$")
 
 
 @dataclass(frozen=True)
@@ -209,9 +221,71 @@ def _consequence(e: ReportEntry, log: LogStreams) -> bool:
     return tb is not None and any(s in tb.message for s in _PEER_GONE)
 
 
+def _when(e: ReportEntry, log: LogStreams) -> tuple:
+    """A sort key for when ``e`` failed: the report's second (``"~"``, after every time, when it has
+    none), then where the rank's own traceback is in the log (a raise is written as it happens),
+    then a report's root cause before its other entries (its agent saw the root first)."""
+    m = _REPORT_TIME_RE.match(e.time or "")
+    second = f"{m[1]}{m[2]}{m[3]} {m[4]}" if m else "~"
+    tb = _own_traceback(e, log)
+    return (second, tb.order if tb is not None else math.inf, not e.root)
+
+
+def _own_traceback(e: ReportEntry, log: LogStreams):
+    """The last traceback ``e``'s rank wrote with its ``[rankN]:`` prefix, when it raised, else ``None``."""
+    return log.last_traceback(("rank", e.rank), survived=False) if _raised(e) else None
+
+
+def _earliest(entries: list[ReportEntry], log: LogStreams) -> ReportEntry:
+    """The entry that failed first: when each raised and wrote its traceback into the one log, the
+    traceback's place there (to the line: two agents' whole-second report times can disagree with
+    it across a second's edge); else by :func:`_when`; then the first report in the log."""
+    tracebacks = [_own_traceback(e, log) for e in entries]
+    if all(tb is not None for tb in tracebacks):
+        return min(zip(entries, tracebacks), key=lambda p: (p[1].order, p[0].report))[0]
+    return min(entries, key=lambda e: (_when(e, log), e.report))
+
+
+def _failed_on_its_own(e: ReportEntry, log: LogStreams) -> bool:
+    """Whether ``e`` is a failure of its own: a raise (not one that only says its peer went away,
+    nor the 128+N exit of a worker that caught torchrun's teardown SIGTERM/SIGINT), or the root cause
+    of its report by a signal other than that teardown's."""
+    teardown = (signal.SIGTERM, signal.SIGINT)
+    if _raised(e):
+        return not _consequence(e, log) and (e.root or e.exitcode - 128 not in teardown)
+    return e.root and e.exitcode is not None and e.exitcode < 0 and -e.exitcode not in teardown
+
+
+def _unreported_raises(entries: list[ReportEntry], log: LogStreams) -> dict[int, Traceback]:
+    """Ranks that raised (their last ``[rankN]:`` traceback ends their output, and is not a peer
+    gone away) though no report names them: their agent was stopped before it printed one (``srun
+    --kill-on-bad-exit`` ends the other nodes' agents when one node's fails)."""
+    reported = {x.rank for x in entries}
+    out = {}
+    for (kind, rank), tb in log.tracebacks(survived=False):
+        if kind == "rank" and rank not in reported and not any(p in tb.message for p in _PEER_GONE):
+            out[rank] = tb
+    return out
+
+
+def _earlier_unreported(chosen: ReportEntry, unreported: dict[int, Traceback],
+                        log: LogStreams) -> tuple[int, Traceback] | None:
+    """``(rank, traceback)`` of the first unreported raise when it beats ``chosen``: it came before
+    ``chosen``'s own traceback in the log, or ``chosen`` did not raise on its own (a signal, a peer
+    gone: a raise wins); else ``None``."""
+    if not unreported:
+        return None
+    rank, tb = min(unreported.items(), key=lambda kv: kv[1].order)
+    if _raised(chosen) and not _consequence(chosen, log):
+        mine = _own_traceback(chosen, log)
+        return (rank, tb) if mine is not None and tb.order < mine.order else None
+    return rank, tb
+
+
 def _choose(entries: list[ReportEntry], log: LogStreams) -> ReportEntry:
     """The failing entry: among the reports' root causes a raise beats a signal, which beats a
-    raise that only says a peer went away; then the earliest time, then the first in the log.
+    raise that only says a peer went away; then the first by time (:func:`_when`), then the
+    first in the log.
 
     torchrun's root cause is the first failure its monitor *noticed* (times are whole seconds),
     so when it names a rank that raised because its peer vanished, a rank of the same report
@@ -219,11 +293,12 @@ def _choose(entries: list[ReportEntry], log: LogStreams) -> ReportEntry:
     """
     roots = [e for e in entries if e.root] or entries
 
-    def key(e: ReportEntry) -> tuple:
+    def kind(e: ReportEntry) -> int:
         consequence = _consequence(e, log)
-        return (0 if _raised(e) and not consequence else 2 if consequence else 1, e.time or "", e.report)
+        return 0 if _raised(e) and not consequence else 2 if consequence else 1
 
-    best = min(roots, key=key)
+    first_kind = min(map(kind, roots))
+    best = _earliest([e for e in roots if kind(e) == first_kind], log)
     if _consequence(best, log):
         for e in entries:
             if (e.report == best.report and e.exitcode is not None and e.exitcode < 0
@@ -256,11 +331,15 @@ class _Who:
     exitcode: int | None = None
     pid: int | None = None
     show_host: bool = False
+    failed: int = 1  # ranks that failed on their own
+    first: bool = True  # this one failed first of them
 
     def say(self, text: str) -> str:
         if self.rank is None:
             return text
         where = f"rank {self.rank}" + (f" on {self.host}" if self.show_host and self.host else "")
+        if self.failed > 1:
+            where += f"{' failed first' if self.first else ''}; {self.failed} ranks failed"
         return f"{where}: {text}"
 
     def reason(self, line: str, kind: str, **fields) -> FailureReason:
@@ -312,7 +391,13 @@ def describe_failure(
     log = LogStreams(log_text)
     entries = parse_reports(log_text)
     if entries:
-        return _from_report(_choose(entries, log), entries, log, rank_logs, evidence)
+        chosen = _choose(entries, log)
+        unreported = _unreported_raises(entries, log)
+        early = _earlier_unreported(chosen, unreported, log)
+        if early is not None:  # it raised before the reported failure, and its agent printed no report
+            failed = len({x.rank for x in entries if _failed_on_its_own(x, log)}) + len(unreported)
+            return _from_traceback(early[1], _Who(rank=early[0], failed=failed))
+        return _from_report(chosen, entries, log, rank_logs, evidence, len(unreported))
     # No report: the agent itself failed (EADDRINUSE, rendezvous timeout), or a one-process job.
     who = _Who(exitcode=evidence.returncode, pid=evidence.pid) if evidence is not None else _Who()
     if who.exitcode is not None and who.exitcode < 0:  # killed: no traceback of its own explains that
@@ -340,9 +425,12 @@ def describe_failure(
 
 
 def _from_report(e: ReportEntry, entries: list[ReportEntry], log: LogStreams, rank_logs: Mapping[int, str] | None,
-                 evidence: Evidence | None) -> FailureReason:
+                 evidence: Evidence | None, unreported: int = 0) -> FailureReason:
     several_hosts = len({x.host for x in entries if x.host}) > 1
-    who = _Who(e.rank, e.local_rank, e.host, e.exitcode, e.pid, several_hosts)
+    own = {x.rank: x for x in entries if _failed_on_its_own(x, log)}
+    first = _earliest(list(own.values()), log) if own else e
+    who = _Who(e.rank, e.local_rank, e.host, e.exitcode, e.pid, several_hosts,
+               failed=max(len(own) + unreported, 1), first=first.rank == e.rank)
     if e.exitcode is not None and e.exitcode < 0:
         return _signal_reason(who, log, evidence, e.message or None)
     # 1. torchelastic's error file (@record); 2. the report's own traceback field

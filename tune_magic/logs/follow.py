@@ -84,6 +84,7 @@ class JobMetricsFollower:
         self._metrics: LineFollower | None = None
         self._metrics_parser = LogParser(strict=True)
         self._named: Path | None = None  # path from the last "Writing logs to" line handled
+        self._earlier: set[Path] = set()  # metric files named before the latest, read whole already
         self._store = MetricStore()
 
     @property
@@ -260,6 +261,7 @@ class JobMetricsFollower:
         if named is not None:
             path = Path(os.path.normpath(self.cwd / named))
             if path != self._named:
+                self._read_earlier_metric_files()
                 self._named = path
                 self._follow_metrics(path)
             return
@@ -267,6 +269,30 @@ class JobMetricsFollower:
             found = find_metric_file(self.log_dir, self.started_after)
             if found is not None:
                 self._follow_metrics(found)
+
+    def _read_earlier_metric_files(self) -> None:
+        """Read whole, once, each metric file the combined log named before its latest one (a job
+        started again names a new one: torchrun's restarts, ``--max-resumes`` attempts), so their
+        points stay; the one followed until now is read to its end first."""
+        for name in self._log_parser.log_paths[:-1]:
+            path = Path(os.path.normpath(self.cwd / name))
+            if path in self._earlier or path == self._log.path:
+                continue
+            self._earlier.add(path)
+            if path == self.metrics_path and self._metrics is not None:
+                follower, parser = self._metrics, self._metrics_parser
+            else:
+                follower, parser = LineFollower(path, 0, poll_bytes=self.poll_bytes), LogParser(strict=True)
+            try:
+                while True:
+                    before = follower.offset
+                    self._read(follower, parser)
+                    if follower.caught_up or follower.offset == before:
+                        break
+                self._store.add_batch(parser.parse(follower.finish()))
+            finally:
+                if follower is not self._metrics:
+                    follower.close()
 
     def _follow_metrics(self, path: Path) -> None:
         if path == self.metrics_path or path == self._log.path:

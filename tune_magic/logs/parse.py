@@ -100,15 +100,18 @@ class LogParser:
         stats: :class:`ParseStats` counters.
         latest_progress: last progress-bar text seen (ANSI-free), or ``None``.
         log_path: last path named by a ``Writing logs to`` line, or ``None``.
+        log_paths: every path so named, in order (a job started again names a new file each time:
+            torchrun's restarts, ``--max-resumes`` attempts).
     """
 
-    __slots__ = ("strict", "stats", "latest_progress", "log_path", "_names", "_waiting")
+    __slots__ = ("strict", "stats", "latest_progress", "log_path", "log_paths", "_names", "_waiting")
 
     def __init__(self, *, strict: bool = False) -> None:
         self.strict = strict
         self.stats = ParseStats()
         self.latest_progress: str | None = None
         self.log_path: str | None = None
+        self.log_paths: list[str] = []
         # One str object per metric name, so a million points share a handful of names.
         self._names: dict[str, str] = {}
         # prefix -> [cut line, possibly complete] (see the class docstring)
@@ -460,6 +463,7 @@ class LogParser:
             m = LOGPATH_RE.search(rec)
             if m is not None:
                 self.log_path = m.group(1)
+                self.log_paths.append(self.log_path)
         elif "%|" in rec and _TQDM_RE.search(rec):
             self.latest_progress = rec.strip()
         self.stats.other += 1

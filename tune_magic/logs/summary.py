@@ -21,7 +21,7 @@ import re
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tune_magic.registry import store as jobstore
 
@@ -31,6 +31,9 @@ SUMMARY = "summary.json"
 VERSION = 1
 #: Most bytes read from one log by one :meth:`SummaryTracker.advance`.
 ADVANCE_BYTES = 64 << 20
+#: Most bytes of a log held in memory at once: an advance reads its budget a piece at a time, so a
+#: listing that catches up on a 200 MB log grows by about this much, not by the budget.
+PIECE_BYTES = 1 << 20
 #: The metric whose last value listings show.
 LOSS = "loss"
 
@@ -182,12 +185,34 @@ def _read_records(path: Path, offset: int, budget: int, final: bool) -> tuple[li
         return [], offset
     cut = len(data) if final and len(data) < budget else max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
     if cut <= 0:
-        return [], offset  # one unfinished record so far
+        # one unfinished record so far; one longer than a whole read is no line torchtune writes
+        # (a run of NULs, a binary dump): skipped, or no reader would ever get past it
+        return ([], offset + len(data)) if len(data) >= budget else ([], offset)
     from tune_magic.logs.lineformat import strip_ansi
 
     # "\r" and "\n" never occur inside a UTF-8 multibyte character, so the cut never splits one
     text = strip_ansi(data[:cut].decode("utf-8", errors="replace"))
     return [r for r in _RECORD_SPLIT.split(text) if r], offset + cut
+
+
+def _catch_up(path: Path, offset: int, budget: int, final: bool, consume: Callable[[list[str]], None]) -> int | None:
+    """Give ``consume`` the records of ``path`` from ``offset`` on, at most :data:`PIECE_BYTES` at a
+    time, until ``budget`` bytes were read or the file's last boundary is reached.
+
+    Returns:
+        the new offset (bytes), or ``None`` when the file cannot be read at all.
+    """
+    read = 0
+    while read < budget:
+        got = _read_records(path, offset, min(PIECE_BYTES, budget - read), final)
+        if got is None:
+            return offset if read else None
+        records, new = got
+        if new == offset:
+            break
+        consume(records)
+        read, offset = read + new - offset, new
+    return offset
 
 
 class SummaryTracker:
@@ -221,17 +246,15 @@ class SummaryTracker:
         except OSError:
             st = None
         if st is not None and st.st_size > s.log_offset:
-            got = _read_records(log, s.log_offset, budget, final)
+            got = _catch_up(log, s.log_offset, budget, final, self._combined)
             if got is not None:
-                records, s.log_offset = got
-                self._combined(records)
+                s.log_offset = got
         self._rank_files(budget, final)
         self._find_metric_file()
         if s.metrics_path and _size(s.metrics_path) > s.metrics_offset:
-            got = _read_records(Path(s.metrics_path), s.metrics_offset, budget, final)
+            got = _catch_up(Path(s.metrics_path), s.metrics_offset, budget, final, self._metric_file)
             if got is not None:
-                records, s.metrics_offset = got
-                self._metric_file(records)
+                s.metrics_offset = got
         self._settle()
         if final and self.record.error:
             s.error = self.record.error
@@ -299,10 +322,9 @@ class SummaryTracker:
             offset = s.rank_offsets.get(key, 0)
             if _size(key) <= offset:
                 continue
-            got = _read_records(f.path, offset, budget, final)
+            got = _catch_up(f.path, offset, budget, final, self._combined)
             if got is not None:
-                records, s.rank_offsets[key] = got
-                self._combined(records)
+                s.rank_offsets[key] = got
 
     def _find_metric_file(self) -> None:
         s = self.summary
@@ -326,6 +348,8 @@ class SummaryTracker:
             if step == last:
                 values[name] = value
         if s.metric_step is None or last >= s.metric_step:
+            if last == s.metric_step:  # the rest of a step whose first lines an earlier read gave
+                values = {**s.metrics, **values}
             s.metrics = {k: v for k, v in values.items() if math.isfinite(v) or k == LOSS}
             if LOSS in values:
                 s.metric_step, s.metric_loss = last, values[LOSS]

@@ -16,8 +16,10 @@ line; a card's few lines are there to say what the job is doing, so here:
 * a failed job's tail ends with the failing rank's own last lines (its traceback), not with
   torchrun's ``ChildFailedError`` traceback and its ``Failures:`` / ``Root Cause`` report, which
   are dropped (the card's failure line and traceback say the same, better); the failing rank is
-  the one :func:`tune_magic.logs.failure.describe_failure` names, as on the failure line, and its
-  last traceback is moved below what other ranks and torchrun wrote after it;
+  the one the job's failure names (its ``failure.json``, when the caller passes it; else
+  :func:`tune_magic.logs.failure.describe_failure` of the lines shown), as on the failure line, and
+  its last traceback is moved below what other ranks and torchrun wrote after it, or added at the
+  end when it is older than the lines shown;
 * noise every job prints is dropped: torchrun's ``OMP_NUM_THREADS`` banner (torch 2.x
   ``torch.distributed.run``) and torch's ``'set_vital' is deprecated`` warning with its source
   line (``torch/__init__.py``'s ``__getattr__``, called by torchdata's ``StatefulDataLoader``);
@@ -78,6 +80,11 @@ def _split_bars(lines: Sequence[str]) -> list[tuple[bool, str]]:
     return out
 
 
+#: The one line :func:`display_tail` leaves of torchrun's traceback when it was told to stop (its
+#: ``SignalException``); a caller's rule may group its own lines of that stop with it.
+SIGNAL_NOTE = re.compile(r"^torchrun got (?:SIG[A-Z]+|signal \d+) \(signal \d+\) and stopped its workers$")
+
+
 def _signal_note(number: int) -> str:
     try:
         name = signal.Signals(number).name
@@ -110,7 +117,8 @@ class TailRule:
     """Lines of one kind that a card shows as fewer lines (one, or none).
 
     The lines of a rule form groups; each group is replaced by ``summary`` of it, shown where its
-    first line was. Without ``starts`` and ``ends`` every line of the rule in the tail is one group.
+    first line was (its last, with ``at_last``). Without ``starts`` and ``ends`` every line of the
+    rule in the tail is one group.
 
     Attributes:
         name: what the lines are (for tests and messages).
@@ -121,6 +129,8 @@ class TailRule:
             (e.g. ``"[default0]:"``, or ``""``); ``[]`` drops the group.
         starts: a line matching this (and ``member``) begins a new group.
         ends: a line matching this (and ``member``) is the last of its group.
+        at_last: show the summary where the group's last line was (e.g. the end of a stop, which
+            closes the tail), not its first.
     """
 
     name: str
@@ -128,6 +138,7 @@ class TailRule:
     summary: Callable[[list[re.Match], str], list[str]]
     starts: re.Pattern | None = None
     ends: re.Pattern | None = None
+    at_last: bool = False
 
 
 def apply_rule(lines: Sequence[str], rule: TailRule) -> list[str]:
@@ -153,7 +164,7 @@ def apply_rule(lines: Sequence[str], rule: TailRule) -> list[str]:
         prefix = lines[first][:len(lines[first]) - len(strip_prefixes(lines[first])[2])]
         for i, _ in group:
             replaced[i] = []
-        replaced[first] = rule.summary([m for _, m in group], prefix)
+        replaced[group[-1][0] if rule.at_last else first] = rule.summary([m for _, m in group], prefix)
     out: list[str] = []
     for i, line in enumerate(lines):
         out.extend(replaced.get(i, (line,)))
@@ -288,15 +299,21 @@ def _failing_block(lines: list[str], reason) -> list[int]:
     return list(range(first, last + 1))
 
 
-def _failure_last(lines: list[str]) -> list[str]:
-    """A failed job's tail: torchrun's reports dropped, the failing rank's traceback last."""
-    if not any("ChildFailedError" in line or line.strip() == "Root Cause (first observed failure):" for line in lines):
+def _failure_last(lines: list[str], failure=None) -> list[str]:
+    """A failed job's tail: torchrun's reports dropped, the failing rank's traceback last
+    (``failure``: the job's FailureReason, when known)."""
+    reports = any("ChildFailedError" in line or line.strip() == "Root Cause (first observed failure):"
+                  for line in lines)
+    if not reports and failure is None:
         return lines
     from tune_magic.logs.failure import describe_failure
 
-    reason = describe_failure("\n".join(lines))
-    kept = _drop_failure_reports(lines)
+    reason = failure if failure is not None else describe_failure("\n".join(lines))
+    kept = _drop_failure_reports(lines) if reports else list(lines)
     block = _failing_block(kept, reason) if reason is not None else []
+    if not block and failure is not None and failure.exc_type and failure.traceback and failure.rank is not None:
+        # the failing rank wrote its traceback before the lines shown: its end closes the tail
+        return kept + [f"[rank{failure.rank}]: {t}" for t in failure.traceback.splitlines() if t.strip()]
     if not block or not any(line.strip() for line in kept[block[-1] + 1:]):
         return kept
     inside = set(block)
@@ -347,7 +364,8 @@ def _collapse(lines: list[str]) -> list[str]:
     return [line + _COUNT.format(n) if n > 1 else line for line, n in zip(shown, counts)]
 
 
-def display_tail(lines: Sequence[str], n: int | None = None, *, rules: Sequence[TailRule] = ()) -> list[str]:
+def display_tail(lines: Sequence[str], n: int | None = None, *, rules: Sequence[TailRule] = (),
+                 failure=None) -> list[str]:
     """The card's form of a log's last lines (see the module docstring).
 
     Args:
@@ -356,6 +374,9 @@ def display_tail(lines: Sequence[str], n: int | None = None, *, rules: Sequence[
         n: most lines returned (the last ones), or ``None`` for all.
         rules: more lines to collapse (:class:`TailRule`), applied after the built-in ones, in
             order; e.g. a scheduler's lines for a cancelled job.
+        failure: a failed job's :class:`tune_magic.logs.failure.FailureReason` (its
+            ``failure.json``): the rank the tail ends with, so that the tail and the card's failure
+            line name the same rank. Default: the one the lines themselves show.
 
     Returns:
         The lines to show, oldest first.
@@ -363,7 +384,7 @@ def display_tail(lines: Sequence[str], n: int | None = None, *, rules: Sequence[
     items = _split_bars(lines)
     last_bar = max((i for i, (is_bar, _) in enumerate(items) if is_bar), default=-1)
     kept = [text for i, (is_bar, text) in enumerate(items) if not is_bar or i == last_bar]
-    kept = _failure_last(_drop_omp_banner(kept))
+    kept = _failure_last(_drop_omp_banner(kept), failure)
     kept = _drop_signal_tracebacks(kept)
     for rule in (*BUILTIN_RULES, *rules):
         kept = apply_rule(kept, rule)

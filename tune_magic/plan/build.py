@@ -77,15 +77,9 @@ def gpus_text(n: int) -> str:
     return f"{n} GPU" if n == 1 else f"{n} GPUs"
 
 
-def describe_run(
-    args: str | Sequence[str],
-    *,
-    env: Mapping[str, str] | None = None,
-    cwd: str | os.PathLike | None = None,
-    gpus: str | Iterable[int] | None = None,
-    job_id: str | None = None,
-    job_dir: str | os.PathLike | None = None,
-) -> RunSpec:
+def describe_run(args: str | Sequence[str], *, env: Mapping[str, str] | None = None,
+                 cwd: str | os.PathLike | None = None, gpus: str | Iterable[int] | None = None,
+                 job_id: str | None = None, job_dir: str | os.PathLike | None = None) -> RunSpec:
     """Read ``tune run``-style words into a :class:`RunSpec` (see :func:`tune_magic.build_plan`
     for the arguments). The per-job ``output_dir`` is added here: ``<config's output_dir>/<job id>``
     unless the user set one, so concurrent jobs never share a directory.

@@ -198,14 +198,8 @@ def find_recipe(name: str) -> RecipeEntry | None:
 
 
 def find_config(name: str) -> ConfigEntry | None:
-    """Look a config name up (no ``.yaml``): torchtune's registry, then the shipped configs.
-
-    Returns:
-        The entry, or ``None`` when the name is in neither (it may then be a file path).
-
-    Raises:
-        AmbiguousNameError: the name is in both registries.
-    """
+    """:func:`find_recipe` for a config name (no ``.yaml``): the entry, ``None``, or
+    :class:`AmbiguousNameError`."""
     return _find(name, configs(), "config")
 
 

@@ -31,8 +31,9 @@ each key of a YAML cell body merged over the config, against it:
   overrides), so ``~a`` twice, or ``~a`` of a key only an override sets, is refused too.
 * **Values** are read as OmegaConf reads them (:func:`tune_magic.plan.overrides.recipe_value`:
   ``1e-4`` is a number). Where the config holds a number or a boolean, text (unquoted) is refused,
-  naming the key, what the config has, and how to pass text on purpose (quote it); a comma list
-  such as ``1e-4,3e-4`` is told to add ``--sweep`` or to quote it. A list or mapping where the
+  naming the key, what the config has, and how to pass text on purpose (quote it); a value that
+  would be a sweep axis (:func:`tune_magic.plan.axes.looks_like_axis`, the one rule: a comma list
+  such as ``1e-4,3e-4`` or ``range(1,4)``) is told to add ``--sweep`` or to quote it. A list or mapping where the
   config holds a number or a boolean, a list over a section or a section over a list (merge
   fails), and a plain value over a section (the section is lost) are refused too; torchtune's own
   exception stays: ``model=pkg.fn`` for a top-level section with a ``_component_`` sets its
@@ -50,9 +51,10 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from tune_magic.errors import PlanError
+from tune_magic.plan.axes import looks_like_axis
 from tune_magic.plan.nearkeys import nearest_keys
 
-__all__ = ["CheckResult", "check_overrides", "looks_like_axis", "split_override", "load_config"]
+__all__ = ["CheckResult", "check_overrides", "check_axis_items", "split_override", "load_config"]
 
 #: The key of an override, as ``tune_magic.plan.words`` accepts it (dotted names, ``[i]`` items).
 KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z0-9_\-]+|\[[^\]]*\])*$")
@@ -77,25 +79,6 @@ class CheckResult:
 
 
 # -- override words -----------------------------------------------------------------------------
-
-
-def looks_like_axis(value: str) -> bool:
-    """Whether an override value is a comma list such as ``1e-4,3e-4``: a comma outside
-    brackets (``[]``, ``{}``, ``()``) and quotes. ``[1,2]``, ``'a,b'`` and ``${x,y}`` are not."""
-    depth, quote = 0, None
-    for c in value:
-        if quote is not None:
-            if c == quote:
-                quote = None
-        elif c in "'\"":
-            quote = c
-        elif c in "[{(":
-            depth += 1
-        elif c in "]})":
-            depth = max(depth - 1, 0)
-        elif c == "," and depth == 0:
-            return True
-    return False
 
 
 def split_override(token: str) -> tuple[str, str, str | None]:
@@ -284,8 +267,9 @@ def _type_problem(key: str, config_value: Any, value: Any, quoted: bool, *, comp
         want = "true or false" if isinstance(config_value, bool) else "a number"
         example = f"{key}={_shown(config_value)}" if typed is not None else f"{key.rsplit('.', 1)[-1]}: {_shown(config_value)}"
         if isinstance(value, str) and not quoted:
-            if typed is not None and looks_like_axis(typed):
-                return (f"{has}, and {typed} is a comma list, which the recipe would get as the text {value!r}; "
+            if typed is not None and looks_like_axis(typed):  # the sweep grammar's rule (plan.axes)
+                what = "a range(...)" if typed.strip().startswith("range(") else "a comma list"
+                return (f"{has}, and {typed} is {what}, which the recipe would get as the text {value!r}; "
                         f"to run one job per value add --sweep (a sweep over {key}), or to pass the text on "
                         f"purpose quote it: {_quoted_forms(key, typed)}")
             fix = (f"to pass the text on purpose, quote it: {_quoted_forms(key, typed)}" if typed is not None else
@@ -548,3 +532,24 @@ def check_overrides(config_path: str | os.PathLike | None, overrides: Sequence[s
     for token in overrides:
         checker.token(token)
     return result
+
+
+def check_axis_items(config_path: str | os.PathLike, axes: Sequence[tuple[str, Sequence[str]]]) -> None:
+    """Check each item of each sweep axis against the config, as the override ``key=item`` alone
+    (a sweep's trials each set one item; the raw comma list is never checked).
+
+    Args:
+        config_path: the config the trials get (a YAML cell body already merged into it).
+        axes: ``[(key, [item texts])]``.
+
+    Raises:
+        PlanError: an item whose type cannot be what the config holds, or a key that is a near
+            miss of a config key; the message names the axis and the item. Nothing has been started.
+    """
+    config = load_config(config_path)
+    for key, texts in axes:
+        for i, text in enumerate(texts, 1):
+            try:
+                _Checker(config, CheckResult()).token(f"{key}={text}")
+            except PlanError as exc:
+                raise PlanError(f"sweep axis {key}, item {i} ({text}): {exc}") from None

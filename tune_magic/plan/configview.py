@@ -18,6 +18,11 @@ METRIC_LOG_DIR_KEY = "metric_logger.log_dir"
 CHECKPOINT_DIR_KEY = "checkpointer.output_dir"
 #: Config keys holding local inputs a job reads; a missing one fails every rank at start-up.
 INPUT_KEYS = ("checkpointer.checkpoint_dir", "tokenizer.path")
+#: Last parts of config keys (torchtune 0.6.1 conventions: ``output_dir``, ``checkpointer.output_dir``,
+#: ``metric_logger.log_dir``, ``profiler.output_dir``...) naming a path the job writes to; a key
+#: ending in ``_`` plus one of these counts too (``adapter_output_dir``). Inputs
+#: (``checkpoint_dir``, ``tokenizer.path``, ``data_dir``) are not among them.
+WRITTEN_LEAVES = ("output_dir", "log_dir", "save_dir", "cache_dir", "output_path", "save_path")
 
 
 @dataclass(frozen=True)
@@ -89,15 +94,12 @@ def _inside(child: str, parent: str) -> bool:
     return Path(child) == Path(parent) or Path(parent) in Path(child).parents
 
 
-def resolve_dirs(plan: LaunchPlan, cwd: str | os.PathLike | None = None) -> JobDirs:
-    """Resolve the plan's ``output_dir``, metric-log dir and checkpoint dir.
+def _with_overrides(plan: LaunchPlan):
+    """The plan's config with its overrides applied as torchtune applies them (dotlist merge,
+    ``~key`` deletes), interpolations unresolved.
 
-    Interpolations resolve against this process's environment, which matches the job's for the
-    variables configs use (``TUNE_MAGIC_HOME`` is the same value :func:`tune_magic.home` gives).
-    Relative paths are taken from ``cwd``, the job's working directory (default: this process's).
-
-    Returns:
-        :class:`JobDirs`; a directory that cannot be resolved is ``None``, never an error.
+    Raises:
+        ValueError: the config cannot be read or an override not applied (the message says which).
     """
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
@@ -112,7 +114,50 @@ def resolve_dirs(plan: LaunchPlan, cwd: str | os.PathLike | None = None) -> JobD
             if node is not None and leaf in node:
                 del node[leaf]
     except (OmegaConfBaseException, OSError, ValueError) as exc:
-        return JobDirs(None, None, None, errors=[f"cannot read config {plan.config} with its overrides ({exc})"])
+        raise ValueError(f"cannot read config {plan.config} with its overrides ({exc})") from None
+    return cfg
+
+
+def written_paths(plan: LaunchPlan, cwd: str | os.PathLike | None = None) -> list[tuple[str, str]]:
+    """``(key, absolute path)`` of every path the plan's job writes to (keys whose last part is one
+    of :data:`WRITTEN_LEAVES`), resolved as :func:`resolve_dirs` resolves them; keys that cannot be
+    resolved, and a config that cannot be read, give nothing."""
+    from omegaconf import OmegaConf
+
+    try:
+        cfg = _with_overrides(plan)
+    except ValueError:
+        return []
+    cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
+    keys: list[str] = []
+
+    def walk(node, prefix: str) -> None:
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for k, v in items:
+            key = f"{prefix}{k}"
+            if isinstance(v, (dict, list)):
+                walk(v, key + ".")
+            elif isinstance(k, str) and any(k == leaf or k.endswith("_" + leaf) for leaf in WRITTEN_LEAVES):
+                keys.append(key)
+
+    walk(OmegaConf.to_container(cfg, resolve=False), "")
+    return [(key, path) for key in keys for path in [_select(cfg, key, cwd)] if path is not None]
+
+
+def resolve_dirs(plan: LaunchPlan, cwd: str | os.PathLike | None = None) -> JobDirs:
+    """Resolve the plan's ``output_dir``, metric-log dir and checkpoint dir.
+
+    Interpolations resolve against this process's environment, which matches the job's for the
+    variables configs use (``TUNE_MAGIC_HOME`` is the same value :func:`tune_magic.home` gives).
+    Relative paths are taken from ``cwd``, the job's working directory (default: this process's).
+
+    Returns:
+        :class:`JobDirs`; a directory that cannot be resolved is ``None``, never an error.
+    """
+    try:
+        cfg = _with_overrides(plan)
+    except ValueError as exc:
+        return JobDirs(None, None, None, errors=[str(exc)])
     cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
     errors: list[str] = []
     out = _select(cfg, "output_dir", cwd, errors)

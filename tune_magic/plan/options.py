@@ -101,17 +101,51 @@ GENERIC: tuple[Option, ...] = (
                                              "and return the LaunchPlan; start nothing"),
     Option("--scheduler", "scheduler", "text", "where the job runs: local (default, or $TUNE_MAGIC_SCHEDULER) or "
                                                "another installed scheduler (see the groups below)"),
+    Option("--max-resumes", "max_resumes", "count", "relaunch the job from its last checkpoint when it fails after "
+                                                    "saving one, at most N times, as the same job (torchrun's "
+                                                    "--max-restarts starts the recipe over)", example="2"),
+    Option("--fresh", "fresh", "switch", "the job saved no checkpoint: start it again from the beginning with the "
+                                         "same settings"),
     Option("--json", "json", "switch", "print the plan as JSON"),
     Option("--job-id", "job_id", "text", "build the plan for this job id (per-job output_dir)"),
     Option("--help", "help", "switch", "show this help"),
+    Option("--sweep", "sweep", "switch", "run a grid of trials: every override whose value is a comma list (or "
+                                         "range(start,stop[,step])) is an axis; one job per combination"),
+    Option("--max-parallel", "max_parallel", "count", "with --sweep: most trials at once (default: every group of "
+                                                      "--gpus; 1 without GPUs)", example="2"),
+    Option("--gpus-per-trial", "gpus_per_trial", "count", "with --sweep: GPUs of the --gpus pool each trial gets "
+                                                          "(default: its processes per node)", example="2"),
+    Option("--max-trials", "max_trials", "count", "with --sweep: the cap on the number of trials (default 1000)",
+           example="2000"),
 )
 _GENERIC = {o.flag: o for o in GENERIC}
 _HELP = _GENERIC["--help"]
 
+#: The own options of a sweep (``--sweep`` and those that only go with it).
+SWEEP = ("--sweep", "--max-parallel", "--gpus-per-trial", "--max-trials")
 #: The generic own options of a launch (``%%tune_run``, ``tune-magic run``); schedulers add theirs.
-RUN = ("--name", "--gpus", "--force", "--wait", "--dry-run", "--scheduler", "--help")
+RUN = ("--name", "--gpus", "--force", "--wait", "--dry-run", "--scheduler", "--max-resumes", *SWEEP, "--help")
+#: The generic own options of a resume (``%tune_resume``, ``tune-magic resume``).
+RESUME = ("--name", "--gpus", "--wait", "--dry-run", "--fresh", "--scheduler", "--max-resumes", "--help")
 #: The generic own options of ``tune-magic cmd``.
-CMD = ("--json", "--gpus", "--job-id", "--scheduler", "--help")
+CMD = ("--json", "--gpus", "--job-id", "--scheduler", *SWEEP, "--help")
+
+
+def check_sweep_options(own: Mapping[str, Any]) -> None:
+    """Refuse an option that only goes with ``--sweep`` given without it.
+
+    Args:
+        own: the own options split off a command line (name -> value).
+
+    Raises:
+        PlanError: naming the option and the fix.
+    """
+    if own.get("sweep"):
+        return
+    given = [o for o in map(generic, SWEEP[1:]) if own.get(o.name) is not None]
+    if given:
+        flag = given[0].flag
+        raise PlanError(f"{flag} goes with --sweep (a grid of trials); add --sweep, or drop {flag} to run one job")
 
 
 def generic(flag: str) -> Option:
@@ -188,6 +222,25 @@ def split_own(tokens: Sequence[str], allowed: Iterable[str | Option], where: str
     rest = tokens[i:]
     check_misplaced(rest, table, where)
     return values, rest
+
+
+def split_job_words(tokens: Sequence[str], allowed: Iterable[str | Option], where: str) -> tuple[str | None, dict, list[str]]:
+    """Split the words of a command on one job, ``JOB [OWN OPTIONS] [key=value ...]`` (the own options
+    may also come before ``JOB``).
+
+    Returns:
+        (the job id, or ``None`` when none was given; the own options as :func:`split_own` reads
+        them; the remaining words).
+
+    Raises:
+        PlanError: as :func:`split_own`.
+    """
+    tokens = list(tokens)
+    if tokens and not tokens[0].startswith("-"):
+        own, rest = split_own(tokens[1:], allowed, where)
+        return tokens[0], own, rest
+    own, rest = split_own(tokens, allowed, where)
+    return (rest[0], own, rest[1:]) if rest else (None, own, [])
 
 
 def check_misplaced(rest: Sequence[str], allowed: Iterable[str | Option] | Mapping[str, Option],

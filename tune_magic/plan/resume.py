@@ -25,7 +25,8 @@ torchtune 0.6.1 semantics (read from its recipes and checkpointers, measured on 
   epochs as distributed checkpoints ``dist_epoch_<K>/`` (complete once ``.metadata`` is written)
   and resumes from the newest one by itself; if that load fails it logs "Training will start
   from the base checkpoint" and trains on from the base model: :func:`failed_resume_line` finds
-  that line so the caller can treat such a run as a failed resume.
+  that line, and the outcome rule makes such a job ``failed`` (:mod:`tune_magic.registry.outcome`,
+  rule 4; the evidence is read by :func:`tune_magic.logs.ending.failed_resume_line`).
 * The seed and ``max_steps_per_epoch`` of the checkpoint win over the config's; ``epochs`` comes
   from the config.
 
@@ -54,6 +55,9 @@ from pathlib import Path
 from typing import Sequence
 
 from tune_magic.errors import NothingToResume, PlanError
+# the line full_finetune_distributed (0.6.1) logs when its resume from an async checkpoint failed: one
+# definition, which the outcome rule's evidence also reads from a resumed job's log (a failed resume)
+from tune_magic.logs.ending import FAILED_RESUME_TEXT  # noqa: F401
 from tune_magic.plan.resumerecipes import (  # noqa: F401  (the pre-flight's recipe table, re-exported)
     BUILTIN_RECIPES, FULL, LORA, SHIPPED_RECIPES, RecipeSupport, known_recipes, recipe_support,
 )
@@ -93,11 +97,9 @@ CASES = {
                          "earlier run's"),
     CASE_ASYNC: ("async checkpoint: the recipe loads the newest complete dist_epoch_<K>/ itself (it cannot be "
                  "pinned); if that load fails it logs \"Training will start from the base checkpoint\" and "
-                 "trains on from the base model: treat that line as a failed resume"),
+                 "trains on from the base model, and tune_magic records the job as failed (a failed resume)"),
 }
 
-#: The line full_finetune_distributed (0.6.1) logs when its resume from an async checkpoint failed.
-FAILED_RESUME_TEXT = "Training will start from the base checkpoint"
 
 _LOG_TAIL_BYTES = 256 << 10
 
@@ -280,8 +282,9 @@ def preflight(
 
     Raises:
         NothingToResume: (a PlanError) nothing to resume from: no checkpoint yet (the job died in its
-            first epoch; ``fresh_start`` is True), only a final checkpoint, or training finished.
-        PlanError: the ``output_dir`` is gone, the recipe is unknown, the
+            first epoch) or the ``output_dir`` is gone (``fresh_start`` is True for both), only a
+            final checkpoint, or training finished.
+        PlanError: the recipe is unknown, the
             recipe state is truncated, damaged or not a torch file, the checkpoint it pairs with is
             missing or incomplete, the base checkpoint is gone, or the config cannot be read. The
             message says why and what to do.
@@ -290,8 +293,8 @@ def preflight(
     cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
     out = Path(os.path.normpath(os.path.join(cwd, os.fspath(output_dir))))
     if not out.is_dir():
-        raise PlanError(f"cannot resume: the job's output_dir {out} is gone, and with it every checkpoint; "
-                        "start a fresh run with the same settings")
+        raise NothingToResume(f"cannot resume: the job's output_dir {out} is gone, and with it every checkpoint; "
+                              "start a fresh run with the same settings", fresh_start=True)
     cfg = load_config(config, overrides)
     warnings: list[str] = []
     root = _checkpoint_root(cfg, out, cwd, warnings)

@@ -17,6 +17,10 @@ stop was asked, what the job's log showed at that moment, the engine's own verdi
    tune_magic sent (SIGTERM/SIGINT/SIGHUP, or the engine's ``CANCELLED``) is ``stopped`` with the
    reason :data:`CANCELLED_OUTSIDE`; any other end is ``failed`` with the log's failure line (or the
    exit code in words).
+4. A resume that fell back to the base model (its log says so: full_finetune_distributed's
+   "Training will start from the base checkpoint", torchtune 0.6.1) is ``failed`` with that line
+   even when it exited 0: it was asked to continue from a checkpoint and trained from the base
+   model instead. A stop asked still gives ``stopped``; a crash keeps its own failure line.
 
 A stop asked after the job ended changes nothing: a terminal status is never left
 (:func:`tune_magic.registry.status.transition`).
@@ -31,6 +35,8 @@ from tune_magic.registry.status import Status
 
 #: The reason of a job someone else cancelled (``scancel``, ``kill``), as every listing shows it.
 CANCELLED_OUTSIDE = "cancelled outside tune_magic"
+#: The reason's start for a resume that trained from the base model instead (rule 4).
+FAILED_RESUME = "failed resume: the recipe did not load its checkpoint and trained from the base model"
 #: Signals that end a job on purpose (as opposed to a crash: SIGKILL, SIGSEGV, ...).
 TERMINATION_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 
@@ -69,6 +75,8 @@ class Evidence:
         nothing_runs: the scheduler knows that nothing of the job runs any more.
         answered: ``False`` when the engine was asked and did not answer (a failed or timed-out
             query): no news, which never ends a job.
+        failed_resume: the log line saying a resume fell back to the base checkpoint (see rule 4),
+            or ``None``.
     """
 
     returncode: int | None = None
@@ -80,6 +88,7 @@ class Evidence:
     failure_line: str | None = None
     nothing_runs: bool = False
     answered: bool = True
+    failed_resume: str | None = None
 
     def __post_init__(self) -> None:
         if self.verdict is not None and self.verdict not in VERDICTS:
@@ -130,6 +139,8 @@ def decide(ev: Evidence) -> Outcome | None:
     if ev.verdict in (TIMEOUT, NODE_FAIL, OUT_OF_MEMORY):  # even over exit 0: srun exits 0 on a node failure
         return Outcome(Status.FAILED, ev.verdict_reason or ev.verdict.replace("_", " "), code)
     if code == 0:
+        if ev.failed_resume:
+            return Outcome(Status.FAILED, f"{FAILED_RESUME}: {ev.failed_resume}", 0)
         return Outcome(Status.SUCCEEDED, None, 0)
     if ev.verdict == CANCELLED or _terminated(ev):
         return Outcome(Status.STOPPED, CANCELLED_OUTSIDE, code)

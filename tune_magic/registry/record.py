@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tune_magic.errors import TuneMagicError
+from tune_magic.registry import attempts as attempt_entries
 from tune_magic.registry.status import Status, transition
 
 #: Record schema written now (see the module docstring).
@@ -64,6 +65,11 @@ class JobRecord:
     ``stop_requested_at`` is when a user first asked to stop the job (unix seconds), and
     ``finished_at_stop`` whether its log then showed the last planned step and the checkpoint save
     after it (the outcome rule, :mod:`tune_magic.registry.outcome`, reads both).
+    ``overrides`` are the recipe's override words as it got them (``key=value`` / ``~key``, the
+    per-job ``output_dir`` included), or ``None`` in records written before the field existed
+    (:func:`overrides_of` then reads them from ``argv``).
+    ``sweep`` is set for a trial of a sweep: ``{"id": sweep id, "trial": its index, "name": the
+    sweep's name}`` (:mod:`tune_magic.registry.sweeprecord`), else ``None``.
     """
 
     id: str
@@ -106,6 +112,15 @@ class JobRecord:
     log_lost_at: float | None = None
     epochs: int | None = None
     max_steps_per_epoch: int | None = None
+    recipe_name: str | None = None
+    torchrun_options: list[str] | None = None
+    overrides: list[str] | None = None
+    resumed_from: str | None = None
+    resumed_by: str | None = None
+    resume_point: dict[str, Any] | None = None
+    attempts: list[dict] = field(default_factory=list)
+    max_resumes: int | None = None
+    sweep: dict[str, Any] | None = None
     schema: int = SCHEMA
     extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -174,14 +189,16 @@ class JobRecord:
         if not all(isinstance(x, dict) and isinstance(x.get("host"), str) and isinstance(x.get("rank"), int)
                    for x in kwargs.get("rank_hosts") or []):
             raise CorruptRecord("field 'rank_hosts' must hold {host, rank} objects")
-        for key in ("gpus", "warnings"):
+        for key in ("gpus", "warnings", "overrides"):
             if kwargs.get(key) is not None and not all(
                 isinstance(x, int if key == "gpus" else str) and not isinstance(x, bool) for x in kwargs[key]
             ):
                 raise CorruptRecord(f"field {key!r} has items of the wrong type")
-        for key in ("epochs", "max_steps_per_epoch"):
+        for key in ("epochs", "max_steps_per_epoch", "max_resumes"):
             if kwargs.get(key) is not None and kwargs[key] < 1:
                 raise CorruptRecord(f"field {key!r} must be a positive integer")
+        _check_relaunch_fields(kwargs)
+        _check_sweep(kwargs.get("sweep"))
         for key in ("supervisor", "agent"):
             if kwargs.get(key) is not None:
                 kwargs[key] = parse_process_ref(kwargs[key])
@@ -191,6 +208,27 @@ class JobRecord:
                 raise CorruptRecord(f"field {key!r} must map names to values")
         kwargs["schema"] = SCHEMA
         return cls(**kwargs, extra=extra)
+
+
+def _check_relaunch_fields(kwargs: dict[str, Any]) -> None:
+    """Validate the fields a resume and a relaunch read: word lists, and the attempts' format.
+
+    Raises:
+        CorruptRecord: one of them malformed.
+    """
+    for key in ("torchrun_options", "overrides"):
+        if kwargs.get(key) is not None and not all(isinstance(x, str) for x in kwargs[key]):
+            raise CorruptRecord(f"field {key!r} must be a list of strings")
+    try:
+        attempt_entries.parse(kwargs.get("attempts") or [])
+    except ValueError as exc:
+        raise CorruptRecord(f"field 'attempts': {exc}") from None
+def _check_sweep(sweep: dict | None) -> None:
+    """Refuse a ``sweep`` field that is not ``{id: str, trial: int, name: str}`` (more keys are kept)."""
+    trial = None if sweep is None else sweep.get("trial")
+    if sweep is not None and not (isinstance(sweep.get("id"), str) and isinstance(trial, int)
+                                  and not isinstance(trial, bool) and isinstance(sweep.get("name", ""), str)):
+        raise CorruptRecord("field 'sweep' must be {id, trial, name}")
 
 
 def finite_number(value: int | float) -> bool:
@@ -237,4 +275,27 @@ _FIELD_TYPES: dict[str, tuple[tuple, bool]] = {
     "pending_reason": (_OPT_STR, False),
     "log_lost_at": ((int, float, type(None)), False), "epochs": ((int, type(None)), False),
     "max_steps_per_epoch": ((int, type(None)), False), "schema": ((int,), False),
+    "recipe_name": (_OPT_STR, False), "torchrun_options": ((list, type(None)), False),
+    "overrides": ((list, type(None)), False), "resumed_from": (_OPT_STR, False), "resumed_by": (_OPT_STR, False),
+    "resume_point": ((dict, type(None)), False), "attempts": ((list,), False),
+    "max_resumes": ((int, type(None)), False), "sweep": ((dict, type(None)), False),
 }
+
+
+def overrides_of(record: JobRecord) -> list[str]:
+    """The override words ``record``'s recipe got: its ``overrides`` field, or for a record written
+    before that field, the words after ``--config CONFIG`` in ``argv`` (every plan ends with the
+    recipe's ``--config CONFIG [overrides...]``; the last pair naming the record's config); ``[]``
+    when ``argv`` has no such pair."""
+    return original_overrides(record.argv, record.config, record.overrides)
+
+
+def original_overrides(argv, config: str | None, recorded) -> list[str]:
+    """:func:`overrides_of` from its parts: ``recorded`` when the record has them, else the words
+    after the last ``--config <config>`` in ``argv``."""
+    if recorded is not None:
+        return list(recorded)
+    for i in range(len(argv) - 2, -1, -1):
+        if argv[i] == "--config" and (config is None or argv[i + 1] == config):
+            return list(argv[i + 2:])
+    return []

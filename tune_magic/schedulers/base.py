@@ -25,6 +25,16 @@ Contract:
    answer); ``queued_s`` is the time a requeued job waited, which elapsed time leaves out.
 7. ``migrate`` moves the scheduler's fields of records written by earlier releases into its own
    part of the record (``record.backend``); nothing outside the scheduler reads that part.
+7. ``relaunches_from_checkpoint``: the scheduler honours a launch's ``max_resumes`` (a job that fails
+   after saving a checkpoint is started again from it, as the same job, recording each attempt in
+   ``record.attempts``: :mod:`tune_magic.registry.attempts`); launches asking it of another
+   scheduler are refused.
+8. ``submit_sweep`` runs a registered sweep (:mod:`tune_magic.sweeping`). The default starts the
+   sweep process (``start_queue``), which queues the trials and launches each as a job through
+   :meth:`submit`, as slots free up. A scheduler that runs a whole sweep as one engine job (a job
+   array) overrides it: it registers every trial (``register_trial``) and submits them together;
+   ``cancel_sweep`` then ends that engine job when the sweep is stopped (each trial's job is
+   stopped through :meth:`cancel` too).
 
 Schedulers are found by name through :mod:`tune_magic.schedulers` (the built-in ones, and any
 package's entry points in the group ``tune_magic.schedulers``).
@@ -35,7 +45,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from tune_magic.registry.status import Status
 
@@ -44,6 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tune_magic.plan.model import LaunchPlan
     from tune_magic.plan.options import Option
     from tune_magic.registry.record import JobRecord
+    from tune_magic.registry.sweeprecord import SweepRecord
 
 
 @dataclass(frozen=True)
@@ -68,6 +79,38 @@ class SchedulerOptions:
         return {k: v for k, v in self.values.items() if v not in (None, (), [])}
 
 
+@dataclass(frozen=True)
+class SweepSubmission:
+    """A registered sweep handed to its scheduler (:meth:`Scheduler.submit_sweep`).
+
+    Attributes:
+        sweep_dir: the sweep's directory (``$TUNE_MAGIC_HOME/sweeps/<id>``).
+        record: its record (:class:`~tune_magic.registry.sweeprecord.SweepRecord`): the trials in
+            order (``record.trial_args(i)``: trial i's launch words), the slots (``record.slots``:
+            how many trials run at once, and each one's GPUs), the cell body, the options.
+        options: this scheduler's options, read and checked.
+        env: the caller's environment.
+        lock_fd: the sweep's process lock (``supervisor.lock``), held by the caller; a process
+            that should count as the sweep's live supervisor inherits it.
+        start_queue: starts the local sweep process (the default :meth:`Scheduler.submit_sweep`),
+            which inherits ``lock_fd``.
+        register_trial: ``index -> RegisteredJob`` (:class:`tune_magic.launcher.RegisteredJob`:
+            ``dir``, ``record``, ``plan``): registers trial ``index`` as a job of this scheduler,
+            checked and planned as a launch is (its record carries the ``sweep`` field; status
+            ``initial_status``), marks it started in the sweep record, and submits nothing; call its
+            ``submit()`` (through :meth:`Scheduler.submit`), or its ``release()`` once the engine
+            took the job by other means.
+    """
+
+    sweep_dir: Path
+    record: "SweepRecord"
+    options: SchedulerOptions
+    env: Mapping[str, str]
+    lock_fd: int | None
+    start_queue: Callable[[], None]
+    register_trial: Callable[[int], tuple]
+
+
 class Scheduler(ABC):
     """One engine that runs jobs. See the module docstring for the contract."""
 
@@ -81,6 +124,9 @@ class Scheduler(ABC):
     engine_id_label: str | None = None
     #: A sentence added when another scheduler's option is given to this one.
     foreign_option_hint: str = ""
+    #: Whether the scheduler relaunches a failed job from its last checkpoint (``max_resumes``;
+    #: contract item 7).
+    relaunches_from_checkpoint: bool = False
     #: Lines of the engine's own that a card's display tail collapses (e.g. SLURM's cancel
     #: messages): :class:`tune_magic.logs.tailview.TailRule` rows.
     tail_rules: tuple = ()
@@ -88,6 +134,12 @@ class Scheduler(ABC):
     def available(self, env: Mapping[str, str]) -> str | None:
         """``None`` when jobs can be sent to this scheduler from here, else why not (one line,
         naming the fix). The panel offers only available schedulers; a launch still tries."""
+        return None
+
+    def status_note(self, env: Mapping[str, str]) -> str | None:
+        """For a scheduler that is :meth:`available`: ``None`` when it answers from here, else one
+        line on why a job sent to it may not start (e.g. its controller does not answer); the
+        panel shows it next to the choice. It may ask the engine (a few seconds at most)."""
         return None
 
     def check_options(self, values: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
@@ -156,6 +208,21 @@ class Scheduler(ABC):
         """Move this scheduler's fields of a record written by an earlier release (found in
         ``record.extra``) into ``record.backend`` / ``record.scheduler_options``, in place."""
 
+    def submit_sweep(self, sweep: SweepSubmission) -> None:
+        """Run a registered sweep. Default: the local sweep process (``sweep.start_queue()``),
+        which starts each queued trial through :meth:`submit` as a slot frees up; it outlives the
+        caller, and a listing starts it again if it dies.
+
+        Raises:
+            JobStartError: the engine did not take the sweep.
+            PlanError: the engine refused it as described; nothing is left running.
+        """
+        sweep.start_queue()
+
+    def cancel_sweep(self, sweep_dir: Path, record: "SweepRecord", grace_s: float) -> None:
+        """End the engine job of a sweep this scheduler runs as one (see :meth:`submit_sweep`).
+        Default: nothing (each trial's job is stopped on its own)."""
+
     def engine_id(self, record: "JobRecord") -> str | None:
         """The engine's own id of the job (e.g. SLURM's job id), else ``None``."""
         return None
@@ -164,7 +231,7 @@ class Scheduler(ABC):
         """Host names the job runs on (``[]`` while it waits)."""
         return list(record.nodes)
 
-    def status_note(self, record: "JobRecord") -> str | None:
+    def job_note(self, record: "JobRecord") -> str | None:
         """One line about how sure the shown status is, for cards, tables and ``jobs --json``
         (e.g. ``"SLURM not answering since 14:05"`` while the engine does not answer and the last
         known status is shown), else ``None``. Cheap: it asks the engine nothing."""

@@ -6,25 +6,21 @@ Subcommands call the same public API as the magics. Bad input exits 2 with one p
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import os
 import re
-import stat
 import sys
 import time
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from tune_magic.plan import options as launchopts
 from tune_magic.errors import UserError
-from tune_magic.paths import file_kind
+from tune_magic.ui.clifiles import (  # noqa: F401  (CliError and CHUNK_BYTES are part of the CLI's API)
+    CHUNK_BYTES, ENV_ERRNOS, CliError, check_job_log, os_error_paragraph, os_reason, read_from, whole_log, write_chunks,
+)
 from tune_magic.ui.textfmt import NAME_WIDTH, PATH_WIDTH, cell, escape, table
 
 EXIT_USAGE = 2
-
-
-class CliError(UserError, ValueError):
-    """A user mistake on the command line: printed as one paragraph, exit 2."""
 
 
 def _cmd(argv: Sequence[str]) -> int:
@@ -38,6 +34,11 @@ def _cmd(argv: Sequence[str]) -> int:
         print("Print the exact command a tune run-style line launches (nothing is started).\n")
         print(launchopts.help_text(launchopts.CMD, usage, schedulers.options()))
         return 0
+    if own.get("sweep"):
+        from tune_magic.ui.sweepcli import cmd_sweep
+
+        return cmd_sweep(own, rest)
+    launchopts.check_sweep_options(own)
     plan = launch(rest, gpus=own.get("gpus"), dry_run=True, scheduler=own.get("scheduler"),
                   job_id=own.get("job_id"), **scheduler_values(own))
     if own.get("job_id") is None:
@@ -49,6 +50,8 @@ def _cmd(argv: Sequence[str]) -> int:
         print(plan.command_line())
         if getattr(plan, "batch_script", None):
             print("\n" + plan.batch_script, end="")
+    for warning in plan.warnings:  # what a launch would warn about (the card shows them)
+        print(f"tune-magic cmd: warning: {escape(warning)}", file=sys.stderr)
     return 0
 
 
@@ -102,7 +105,7 @@ def _assets(argv: Sequence[str]) -> int:
         raise CliError(f"{exc}; give an empty or new directory: tune-magic assets DIR") from None
     except OSError as exc:
         target = ns.dir or assets_dir()
-        raise CliError(f"cannot write the assets to {target}: {_os_reason(exc)}; give a writable directory "
+        raise CliError(f"cannot write the assets to {target}: {os_reason(exc)}; give a writable directory "
                        "(tune-magic assets DIR) or point TUNE_MAGIC_HOME at one") from None
     print(paths.root)
     return 0
@@ -115,115 +118,6 @@ def _seed(text: str) -> int:
     return int(text)
 
 
-#: errno values that are the machine's state, not a bug: reported as one paragraph, exit 2.
-_ENV_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
-
-
-def _os_reason(exc: OSError) -> str:
-    """``<strerror> (<ERRNO>)[ at <file>]`` for an OSError, e.g. ``Read-only file system (EROFS) at /x``."""
-    name = errno.errorcode.get(exc.errno, str(exc.errno)) if exc.errno else type(exc).__name__
-    where = f" at {exc.filename}" if exc.filename else ""
-    return f"{exc.strerror or exc} ({name}){where}"
-
-
-def _os_error_paragraph(exc: OSError) -> str:
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        fix = "free some space on that disk, or point TUNE_MAGIC_HOME at another disk"
-    elif exc.errno == errno.EROFS:
-        fix = "point TUNE_MAGIC_HOME at a writable directory"
-    else:
-        fix = "check the file's permissions, or point TUNE_MAGIC_HOME at a directory you own"
-    return f"{_os_reason(exc)}; {fix}"
-
-
-#: Most bytes of a log that ``tune-magic logs`` / ``run --wait`` hold in memory at once.
-CHUNK_BYTES = 1 << 20
-
-
-def _not_a_log(path: str, mode: int) -> CliError:
-    return CliError(f"the job's log {path} is {file_kind(mode)}, not a regular file: tune_magic writes a regular "
-                    "file there, so something else replaced it; refusing to read it (links are never followed "
-                    "inside the job registry)")
-
-
-def check_job_log(path: str) -> None:
-    """Refuse a job log that is not a regular file (a link, a FIFO, a device, a directory).
-
-    A missing log passes (the job has not written yet, or its log was removed).
-
-    Raises:
-        CliError: it exists and is not a regular file, or cannot be looked at.
-    """
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise CliError(f"cannot read the job's log: {_os_reason(exc)}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise _not_a_log(path, st.st_mode)
-
-
-def _read_from(path: str, offset: int) -> Iterator[bytes]:
-    """Yield ``path``'s bytes from ``offset`` to its current end, in chunks of at most :data:`CHUNK_BYTES`.
-
-    A missing file yields nothing (the job has not written yet, or its log was removed). Only a
-    regular file is read: a link at ``path`` is never followed (``O_NOFOLLOW``, see
-    :func:`tune_magic.registry.store.open_nofollow`), and a FIFO or device is refused, not opened for
-    reading (``O_NONBLOCK``, then ``fstat``), so nothing outside the registry is printed and
-    nothing blocks.
-
-    Raises:
-        CliError: the path is not a regular file, or cannot be read.
-    """
-    from pathlib import Path
-
-    from tune_magic.registry.store import open_nofollow
-
-    check_job_log(path)
-    try:
-        fd = open_nofollow(Path(path), os.O_RDONLY | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # became a link after check_job_log looked
-            raise _not_a_log(path, stat.S_IFLNK) from None
-        raise CliError(f"cannot read the job's log: {_os_reason(exc)}") from None
-    with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise _not_a_log(path, mode)
-        f.seek(offset)
-        while chunk := f.read(CHUNK_BYTES):
-            yield chunk
-
-
-def _whole_log(job, follow: bool, poll_s: float = 0.2) -> Iterator[bytes]:
-    """Yield the job's whole log from its start in chunks of at most :data:`CHUNK_BYTES`.
-
-    With ``follow``, keep yielding what is appended (polling every ``poll_s`` seconds) until the
-    job is no longer live; the last read comes after the job was seen ended, so nothing is missed.
-    """
-    from tune_magic.registry.status import parse
-
-    offset = 0
-    while True:
-        live = follow and parse(job.status).is_live
-        for chunk in _read_from(job.log_path, offset):
-            offset += len(chunk)
-            yield chunk
-        if not live:
-            return
-        time.sleep(poll_s)
-
-
-def _write_chunks(chunks: Iterable[bytes], out=None) -> None:
-    out = out or sys.stdout.buffer
-    for chunk in chunks:
-        out.write(chunk)
-        out.flush()
-
-
 #: The job a command is following right now (what Ctrl-C leaves running).
 _FOLLOWING: dict[str, str] = {}
 
@@ -231,7 +125,7 @@ _FOLLOWING: dict[str, str] = {}
 def _stream_log(job, out=None, poll_s: float = 0.2) -> None:
     """Copy the job's log to ``out`` (stdout) as it grows, until the job ends."""
     _FOLLOWING["job"] = job.id  # left set if Ctrl-C ends it: main() says the job runs on
-    _write_chunks(_whole_log(job, follow=True, poll_s=poll_s), out)
+    write_chunks(whole_log(job, follow=True, poll_s=poll_s), out)
     _FOLLOWING.pop("job", None)
 
 
@@ -239,28 +133,64 @@ def _run(argv: Sequence[str]) -> int:
     from tune_magic import schedulers
     from tune_magic.launcher import launch, launch_options, scheduler_values
 
-    usage = ("tune-magic run [--name N] [--gpus G] [--force] [--wait] [--scheduler NAME] [SCHEDULER OPTIONS] "
-             "[TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]")
+    usage = ("tune-magic run [--name N] [--gpus G] [--force] [--wait] [--max-resumes N] [--scheduler NAME] "
+             "[SCHEDULER OPTIONS] [TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]")
     allowed = tuple(f for f in launchopts.RUN if f != "--dry-run")
     own, rest = launchopts.split_own(argv, launch_options(allowed), "tune-magic run")
     if own.get("help"):
         print("Launch a tune run-style job in the background and print its id.\n")
         print(launchopts.help_text(allowed, usage, schedulers.options()))
         return 0
+    if own.get("sweep"):
+        from tune_magic.ui.sweepcli import run_sweep
+
+        return run_sweep(own, rest)
+    launchopts.check_sweep_options(own)
     result = launch(rest, name=own.get("name"), gpus=own.get("gpus"), force=bool(own.get("force")),
-                    scheduler=own.get("scheduler"), **scheduler_values(own))
+                    scheduler=own.get("scheduler"), max_resumes=own.get("max_resumes"), **scheduler_values(own))
     if not hasattr(result, "id"):  # TUNE_MAGIC_DRY_RUN=1: a plan, nothing started
         print(result.command_line())
         return 0
     print(result.id, flush=True)
-    if own.get("wait"):
-        _stream_log(result)
-        print(end_line(result), flush=True)
-        code = result.returncode
-        if result.status == "succeeded":
-            return 0
-        return 1 if code is None or code == 0 else (code if 0 < code < 256 else 128 + abs(code))
-    return 0
+    return _follow_to_end(result) if own.get("wait") else 0
+
+
+def _follow_to_end(job) -> int:
+    """``--wait``: stream the job's log until it ends, print how it ended; return the exit status
+    (0 when it succeeded, else its exit code, or 1)."""
+    _stream_log(job)
+    print(end_line(job), flush=True)
+    code = job.returncode
+    if job.status == "succeeded":
+        return 0
+    return 1 if code is None or code == 0 else (code if 0 < code < 256 else 128 + abs(code))
+
+
+def _resume(argv: Sequence[str]) -> int:
+    from tune_magic import schedulers
+    from tune_magic.launcher import launch_options, scheduler_values
+    from tune_magic.resuming import resume
+
+    usage = ("tune-magic resume JOB [--dry-run] [--fresh] [--name N] [--gpus G] [--wait] [--max-resumes N] "
+             "[--scheduler NAME] [SCHEDULER OPTIONS] [key=value ...]")
+    job_id, own, extra = launchopts.split_job_words(argv, launch_options(launchopts.RESUME), "tune-magic resume")
+    if own.get("help"):
+        print("Resume a stopped, failed or unknown job from its last checkpoint, as a new job in the same "
+              "output_dir.\nThe pre-flight prints what it found, what is lost and the overrides it adds; "
+              "--dry-run starts nothing.\n")
+        print(launchopts.help_text(launchopts.RESUME, usage, schedulers.options()))
+        return 0
+    if job_id is None:
+        raise CliError("give the job to resume: tune-magic resume JOB (tune-magic jobs lists them)")
+    result = resume(job_id, extra, fresh=bool(own.get("fresh")), dry_run=True if own.get("dry_run") else None,
+                    name=own.get("name"), gpus=own.get("gpus"), scheduler=own.get("scheduler"),
+                    max_resumes=own.get("max_resumes"), on_plan=lambda plan: print(plan.summary(), flush=True),
+                    **scheduler_values(own))
+    if not hasattr(result, "id"):  # a dry run: the plan, nothing started
+        print(result.summary())
+        return 0
+    print(result.id, flush=True)
+    return _follow_to_end(result) if own.get("wait") else 0
 
 
 def end_line(job) -> str:
@@ -271,6 +201,8 @@ def end_line(job) -> str:
         parts.append(f"step {s.step}" + (f" loss {s.loss:.6g}" if s.loss is not None else ""))
     if job.status in ("failed", "stopped") and job.error:
         parts.append(escape(job.error))
+    elif job.status == "stopped":  # a user's stop, whatever the engine said of the job's end
+        parts.append(escape(job.record.error) if job.record.error else "stopped by the user")
     elif job.record.returncode is not None and job.status != "succeeded":
         parts.append(f"exit code {job.record.returncode}")
     return " · ".join(parts)
@@ -296,21 +228,42 @@ def _listed(command: str) -> list:
 
 
 def _jobs(argv: Sequence[str]) -> int:
+    from tune_magic.ui import tablecols
+    from tune_magic.ui.listing import JobFilter, add_arguments
+
     parser = argparse.ArgumentParser(prog="tune-magic jobs", description="List jobs, running and finished.")
     parser.add_argument("--json", action="store_true", help="print a JSON list of job records")
+    add_arguments(parser)
+    parser.add_argument("--sweep", metavar="S", help="the trials of sweep S (id or name), queued ones too")
     ns = parser.parse_args(argv)
-    listed = _listed("jobs")
+    if ns.sweep is not None:
+        from tune_magic.ui.sweepcli import sweep_jobs
+
+        return sweep_jobs(ns.sweep, ns.json)
+    listed = JobFilter.from_args(ns).select(_listed("jobs"))
     if ns.json:
         print(json.dumps([_job_json(j) for j in listed], indent=2))
         return 0
     # every value can hold anything a user typed or a hand-edited record holds: escape and cut (--json keeps it)
-    rows = [("ID", "NAME", "STATUS", "STEP", "LOSS", "ELAPSED", "ENDPOINT", "OUTPUT_DIR", "REASON")]
+    from tune_magic.lineage import mark
+
+    cols = tablecols.columns_for(listed)
+    rows = [("ID", "NAME", "STATUS", "STEP", "LOSS", "ELAPSED", *map(cols.title, cols.kinds()), "ENDPOINT",
+             "OUTPUT_DIR", "REASON", "RESUME")]
+    now = time.time()
     for j in listed:
         s = j.summary()  # the small summary file, never the log
+        extra = tablecols.values(j, now)
         rows.append((cell(j.id), cell(j.name), cell(j.record.state.label), "-" if s.step is None else str(s.step),
                      "-" if s.loss is None else f"{s.loss:.4g}", f"{j.elapsed_s:.0f}s",
+                     *(cell(extra[k], NAME_WIDTH) for k in cols.kinds()),
                      cell(j.record.rendezvous_endpoint, NAME_WIDTH), cell(j.output_dir, PATH_WIDTH, keep="end"),
-                     _reason(j)))
+                     _reason(j),
+                     cell(mark(j.record), 2 * PATH_WIDTH, empty="")))
+    if any(j.record.sweep for j in listed):  # trials of sweeps: which sweep, which trial
+        sweep = [cell(f"{(j.record.sweep or {}).get('name') or j.record.sweep['id']} #{j.record.sweep['trial']}")
+                 if j.record.sweep else "-" for j in listed]
+        rows = [(*r[:2], head, *r[2:]) for r, head in zip(rows, ["SWEEP", *sweep])]
     for line in table(rows):  # aligned in terminal columns: 实验 and emoji take two
         print(line)
     return 0
@@ -332,8 +285,11 @@ def _job_json(job) -> dict:
             "output_dir": r.output_dir, "log_path": r.log_path, "rendezvous_endpoint": r.rendezvous_endpoint,
             "pid": job.pid, "gpus": r.gpus, "physical_gpus": r.physical_gpus, "argv": r.argv, "env": r.env, "cwd": r.cwd,
             "started_at": r.started_at, "ended_at": r.ended_at, "workers": job.workers,
-            "scheduler": job.scheduler, "engine_id": job.engine_id, "num_nodes": job.num_nodes,
+            "scheduler": job.scheduler, "engine_id": job.engine_id, "engine_id_label": job.engine_id_label,
+            "num_nodes": job.num_nodes, "overrides": job.overrides,
             "nodes": job.nodes, "pending_reason": r.pending_reason, "scheduler_options": r.scheduler_options,
+            "resumed_from": r.resumed_from, "resumed_by": r.resumed_by, "resume_point": r.resume_point,
+            "attempts": r.attempts, "max_resumes": r.max_resumes, "sweep": r.sweep,
             "engine_note": job.engine_note}
 
 
@@ -369,24 +325,36 @@ def _logs(argv: Sequence[str]) -> int:
     for dest, (flag, help_, _) in _LOG_PARTS.items():
         part.add_argument(flag, dest=dest, action="store_true", help=help_)
     ns, job = _job_arg(parser, argv)
-    source = next((src for dest, (_, _, src) in _LOG_PARTS.items() if getattr(ns, dest)), _whole_log)
+    source = next((src for dest, (_, _, src) in _LOG_PARTS.items() if getattr(ns, dest)), whole_log)
     if ns.follow:
         _FOLLOWING["job"] = job.id
-    _write_chunks(source(job, follow=ns.follow))
+    write_chunks(source(job, follow=ns.follow))
     _FOLLOWING.pop("job", None)
+    if source is whole_log and not job.status.is_live:
+        # how it ended, after its last lines (a stop's lines from torchrun and the engine read like a
+        # crash); on stderr: stdout stays the log itself
+        sys.stdout.flush()
+        print(f"tune-magic logs: {end_line(job)}", file=sys.stderr)
     return 0
 
 
 def _stop(argv: Sequence[str]) -> int:
-    from tune_magic.job import damaged_live_jobs, get_job, stop_jobs
+    from tune_magic.job import damaged_live_jobs, get_job
+    from tune_magic.stopping import stop_jobs
 
-    parser = argparse.ArgumentParser(prog="tune-magic stop", description="Stop a running job (or all, together).")
-    parser.add_argument("job", nargs="?", help="job id")
+    parser = argparse.ArgumentParser(prog="tune-magic stop", description="Stop a running job (or all, together), or a sweep.")
+    parser.add_argument("job", nargs="?", help="job id, or a sweep's id or name: every trial (queued ones never start)")
     parser.add_argument("--all", action="store_true", help="stop every running job")
     parser.add_argument("--grace", type=_seconds, default=10.0, help="seconds between SIGTERM and SIGKILL (10)")
     ns = parser.parse_args(argv)
     if bool(ns.job) == ns.all:
         raise CliError("give a job id or --all, not both" if ns.all else "give a job id or --all")
+    from tune_magic.ui import sweepcli
+
+    if sweepcli.is_sweep(ns.job):
+        return sweepcli.stop_sweep(ns.job, ns.grace)
+    if ns.all:
+        sweepcli.stop_all_sweeps(ns.grace)
     targets = ([j for j in _listed("stop") if j.record.state.is_live] + damaged_live_jobs()) if ns.all else [get_job(ns.job)]
     failed: list = []
     for job_id, status in stop_jobs(targets, grace_s=ns.grace, errors=failed).items():
@@ -425,9 +393,9 @@ def _metrics(argv: Sequence[str]) -> int:
     from tune_magic.logs.export import points_to_csv, points_to_json
 
     parser = argparse.ArgumentParser(
-        prog="tune-magic metrics", description="Print a job's (or a log file's) metric points.",
-        usage="tune-magic metrics (JOB | --file PATH) [--json | --csv]")
-    parser.add_argument("job", nargs="?", help="job id")
+        prog="tune-magic metrics", description="Print a job's (a log file's, or every trial's of a sweep) metric "
+        "points.", usage="tune-magic metrics (JOB | SWEEP | --file PATH) [--json | --csv]")
+    parser.add_argument("job", nargs="?", help="job id, or a sweep's id or name (trial, job id and axis columns first)")
     parser.add_argument("--file", help="a torchtune log: DiskLogger log_*.txt, log_*.jsonl, or a job's output log")
     fmt = parser.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="strict JSON (non-finite values as strings)")
@@ -437,6 +405,10 @@ def _metrics(argv: Sequence[str]) -> int:
         raise CliError("--file '' is an empty path, not a file; give a torchtune log, e.g. --file log_1.txt")
     if bool(ns.job) == bool(ns.file):
         raise CliError("give a job id or --file PATH")
+    from tune_magic.ui import sweepcli
+
+    if sweepcli.is_sweep(ns.job):
+        return sweepcli.sweep_metrics(ns.job, "json" if ns.json else "csv" if ns.csv else "text")
     if ns.file:
         from tune_magic.logs.follow import JobMetricsFollower
 
@@ -465,6 +437,12 @@ def _metrics(argv: Sequence[str]) -> int:
     return 0
 
 
+def _sweeps(argv: Sequence[str]) -> int:
+    from tune_magic.ui.sweepcli import sweeps_command
+
+    return sweeps_command(argv)
+
+
 def _demo(argv: Sequence[str]) -> int:
     from tune_magic.ui.demo import main as demo_main
 
@@ -489,7 +467,9 @@ _COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "ls": (_ls, "list recipes and configs (torchtune's and tune_magic's)"),
     "assets": (_assets, "write the tiny offline assets"),
     "run": (_run, "launch a job in the background"),
-    "jobs": (_jobs, "list jobs"),
+    "resume": (_resume, "resume a stopped or failed job from its last checkpoint"),
+    "jobs": (_jobs, "list jobs (--sweep S: a sweep's trials)"),
+    "sweeps": (_sweeps, "list sweeps"),
     "logs": (_logs, "print (or follow) a job's log"),
     "stop": (_stop, "stop a job, or --all"),
     "rm": (_rm, "remove finished jobs"),
@@ -540,9 +520,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as exc:  # a full disk, a read-only home, no permission: the machine's state, not a bug
-        if exc.errno not in _ENV_ERRNOS:
+        if exc.errno not in ENV_ERRNOS:
             raise
-        print(f"tune-magic {name}: error: {_os_error_paragraph(exc)}", file=sys.stderr)
+        print(f"tune-magic {name}: error: {os_error_paragraph(exc)}", file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -1,4 +1,5 @@
-"""IPython magics: ``%%tune_run``, ``%tune_run``, ``%tune_jobs``, ``%tune_logs``, ``%tune_stop``, ``%tune_panel``.
+"""IPython magics: ``%%tune_run``, ``%tune_run``, ``%tune_resume``, ``%tune_jobs``, ``%tune_logs``, ``%tune_stop``,
+``%tune_panel``.
 
 Thin by design: parse (own options with :mod:`tune_magic.plan.options`, the rest with
 ``magic_arguments``), call the public API (:func:`tune_magic.launch`, :func:`tune_magic.jobs`, ...),
@@ -21,6 +22,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from tune_magic.plan import options as launchopts
 from tune_magic.plan.cellbody import expand_fields, parse_cell_body
 from tune_magic.errors import UserError
+from tune_magic.registry.sweepstore import is_sweep_id
 
 
 def _split_line(line: str) -> list[str]:
@@ -77,6 +79,16 @@ def _launch_arguments(func):
     return magic_arguments()(func)
 
 
+def _filter_arguments(func):
+    """``magic_arguments`` of ``%tune_jobs``: the listing filter's options
+    (:data:`tune_magic.ui.listing.ARGUMENTS`, the same as ``tune-magic jobs``)."""
+    from tune_magic.ui.listing import ARGUMENTS
+
+    for flags, kwargs in reversed(ARGUMENTS):
+        func = argument(*flags, **kwargs)(func)
+    return func
+
+
 @magics_class
 class TuneMagics(Magics):
     """tune_magic's magics (registered by ``%load_ext tune_magic``)."""
@@ -93,6 +105,9 @@ class TuneMagics(Magics):
         ${...} is left for OmegaConf. Without an endpoint of your own, torchrun gets --standalone
         (an OS-chosen port), so jobs side by side never collide. --scheduler NAME sends the job to
         another scheduler (e.g. slurm: one batch job on --nodes nodes), with that scheduler's options.
+        --sweep runs a grid of trials (every comma list or range(...) value is an axis, a YAML body
+        may hold a sweep: mapping), at most --max-parallel at a time, each a job; the cell returns
+        the Sweep and shows its card.
         """
         from tune_magic.launcher import launch, launch_options, scheduler_values
 
@@ -103,12 +118,18 @@ class TuneMagics(Magics):
             if own.get("help"):
                 print(self.tune_run.__doc__)
                 return None
+            if own.get("sweep"):  # a grid of trials: the line is split again, keeping its quotes
+                from tune_magic.ui.sweepmagic import sweep_cell
+
+                return sweep_cell(line, cell, self.shell.user_ns)
+            launchopts.check_sweep_options(own)
             body = parse_cell_body(cell)
             overrides = [expand_fields(t, self.shell.user_ns) for t in body.overrides]
             result = launch(rest + overrides, name=own.get("name"), gpus=own.get("gpus"),
                             force=bool(own.get("force")), cwd=os.getcwd(),
                             dry_run=True if own.get("dry_run") else None, config_overlay=body.config_yaml,
-                            scheduler=own.get("scheduler"), **scheduler_values(own))
+                            scheduler=own.get("scheduler"), max_resumes=own.get("max_resumes"),
+                            **scheduler_values(own))
         except UserError as exc:
             raise UsageError(str(exc)) from None
         if not hasattr(result, "id"):  # a LaunchPlan: dry run
@@ -116,32 +137,79 @@ class TuneMagics(Magics):
             script = getattr(result, "batch_script", None)
             if script:
                 print("\n" + script)
+            for warning in result.warnings:  # what a launch would warn about (the card shows them)
+                print(f"warning: {warning}", file=sys.stderr)
             return result
-        if own.get("wait"):
+        return self._show_job(result, bool(own.get("wait")))
+
+    @no_var_expand
+    @line_magic("tune_resume")
+    def tune_resume(self, line: str):
+        """Resume a stopped, failed or unknown job from its last checkpoint, as a new job in the same
+        output_dir linked to it; print the pre-flight, show the new job's card and return the Job.
+
+        %tune_resume JOB [--dry-run] [--fresh] [--name N] [--gpus G] [--wait] [--max-resumes N]
+        [--scheduler NAME] [scheduler options] [key=value ...]
+
+        The pre-flight says what it found (the checkpoint epoch_K/, the epochs done), what is lost
+        (the steps after the checkpoint), the overrides it adds and how exact the resume is; extra
+        key=value overrides are added and shown. It refuses, saying why and what to do, a job that
+        succeeded or still runs, one resumed already, one with nothing to resume from (--fresh then
+        starts it again with the same settings), and one whose output_dir a live job uses.
+        --dry-run prints the pre-flight and the command and starts nothing.
+        """
+        from tune_magic.launcher import launch_options, scheduler_values
+        from tune_magic.resuming import resume
+
+        try:
+            tokens = [expand_fields(t, self.shell.user_ns) for t in _split_line(line)]
+            job_id, own, extra = launchopts.split_job_words(tokens, launch_options(launchopts.RESUME), "%tune_resume")
+            if own.get("help"):
+                print(self.tune_resume.__doc__)
+                return None
+            if job_id is None:
+                raise UsageError("give the job to resume: %tune_resume JOB (%tune_jobs lists them)")
+            result = resume(job_id, extra, fresh=bool(own.get("fresh")), dry_run=True if own.get("dry_run") else None,
+                            name=own.get("name"), gpus=own.get("gpus"), scheduler=own.get("scheduler"),
+                            max_resumes=own.get("max_resumes"), on_plan=lambda plan: print(plan.summary()),
+                            **scheduler_values(own))
+        except UserError as exc:
+            raise UsageError(str(exc)) from None
+        if not hasattr(result, "id"):  # a dry run: the plan, nothing started
+            print(result.summary())
+            return result
+        return self._show_job(result, bool(own.get("wait")))
+
+    def _show_job(self, job, wait: bool):
+        """Show a launched job: stream it as text with ``--wait``, else display its live card."""
+        if wait:
             from tune_magic.ui.watch import stream_text
 
             try:
-                stream_text(result, lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+                stream_text(job, lambda s: (sys.stdout.write(s), sys.stdout.flush()))
             except KeyboardInterrupt:
-                print(f"\nstopped following; job {result.id} keeps running (%tune_stop {result.id} stops it)")
-            return result
+                print(f"\nstopped following; job {job.id} keeps running (%tune_stop {job.id} stops it)")
+            return job
         from tune_magic.ui.views import JobCard
 
-        display(JobCard(result))
-        return result
+        display(JobCard(job))
+        return job
 
     @magic_arguments()
+    @_filter_arguments
     @line_magic("tune_jobs")
     def tune_jobs(self, line: str = ""):
-        """Show all jobs (also those started by earlier kernels) with status, step, last loss, elapsed
-        time and a Stop button per live job."""
+        """Show the jobs (also those started by earlier kernels), newest first, with status, step, last
+        loss, elapsed time, start time and a Stop button per live job; the newest 20 (or --last N),
+        the rest behind "show all". --running, --failed and --name GLOB narrow the list."""
         if _wants_help(line):
             print(self.tune_jobs.__doc__)
             return None
-        _parse(self.tune_jobs, line)
+        from tune_magic.ui.listing import JobFilter
         from tune_magic.ui.views import JobsTable
 
-        display(JobsTable())
+        wanted = JobFilter.from_args(_parse(self.tune_jobs, line))
+        display(JobsTable(filter=wanted))
         return None
 
     @magic_arguments()
@@ -157,7 +225,7 @@ class TuneMagics(Magics):
         return Panel()
 
     @magic_arguments()
-    @argument("job", help="job id (%%tune_jobs lists them)")
+    @argument("job", help="job id (%%tune_jobs lists them), or a sweep id: its sweep card")
     @line_magic("tune_logs")
     def tune_logs(self, line: str):
         """Show a job's live card again (e.g. after a kernel restart)."""
@@ -169,6 +237,13 @@ class TuneMagics(Magics):
 
         ns = _parse(self.tune_logs, line)
         try:
+            if is_sweep_id(ns.job):  # a sweep: its card
+                from tune_magic.sweeping.handle import get_sweep
+                from tune_magic.ui.sweepcard import SweepCard
+
+                sweep = get_sweep(ns.job)
+                display(SweepCard(sweep))
+                return sweep
             job = get_job(ns.job)
         except UserError as exc:
             raise UsageError(str(exc)) from None
@@ -176,7 +251,7 @@ class TuneMagics(Magics):
         return job
 
     @magic_arguments()
-    @argument("job", nargs="?", help="job id")
+    @argument("job", nargs="?", help="job id, or a sweep id: every trial of the sweep")
     @argument("--all", action="store_true", help="stop every live job (running or pending)")
     @argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL (10)")
     @line_magic("tune_stop")
@@ -186,7 +261,8 @@ class TuneMagics(Magics):
         if _wants_help(line):
             print(self.tune_stop.__doc__)
             return None
-        from tune_magic.job import damaged_live_jobs, get_job, jobs, stop_jobs
+        from tune_magic.job import damaged_live_jobs, get_job, jobs
+        from tune_magic.stopping import stop_jobs
 
         ns = _parse(self.tune_stop, line)
         if bool(ns.job) == ns.all:
@@ -194,6 +270,16 @@ class TuneMagics(Magics):
         if not 0 <= ns.grace < float("inf"):
             raise UsageError(f"--grace {ns.grace}: give the seconds between SIGTERM and SIGKILL, a number >= 0")
         try:
+            if ns.job and is_sweep_id(ns.job):  # a sweep: every trial; queued ones never start
+                from tune_magic.sweeping.handle import get_sweep
+
+                print(f"{ns.job} {get_sweep(ns.job).stop(grace_s=ns.grace)}")
+                return
+            if ns.all:  # sweeps first: their queued trials never start
+                from tune_magic.sweeping.handle import stop_running_sweeps
+
+                for sweep_id, counts in stop_running_sweeps(ns.grace):
+                    print(f"{sweep_id} {counts}")
             targets = ([j for j in jobs() if j.status.is_live] + damaged_live_jobs()) if ns.all else [get_job(ns.job)]
         except UserError as exc:
             raise UsageError(str(exc)) from None

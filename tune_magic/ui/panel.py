@@ -26,7 +26,8 @@ from tune_magic.job import Job, jobs
 from tune_magic.launcher import launch
 from tune_magic import schedulers
 from tune_magic.ui.textfmt import cut
-from tune_magic.ui.views import JobsTable, int_ticks  # one tick rule for card and comparison chart
+from tune_magic.ui.charts import int_ticks  # one tick rule for card and comparison chart
+from tune_magic.ui.views import JobsTable
 from tune_magic.ui.watch import JobWatcher
 
 #: How deep recipe/config files are looked for under the working directory.
@@ -66,7 +67,12 @@ class Panel(widgets.VBox):
     is no GPU: hidden and disabled, with ``gpu_note`` in its place saying so), ``endpoint``, ``name``,
     ``overrides``, ``command_preview``, ``error``, ``launch_button``, ``jobs_table`` (a live :class:`~tune_magic.ui.views.JobsTable`),
     ``compare`` (jobs shown in the chart), ``chart`` (integer step ticks; hidden until a chosen job
-    logged a step, ``chart_note`` then says why) with ``legend``.
+    logged a step, ``chart_note`` then says why) with ``legend``; :meth:`comparison` is the chart
+    with its legend on its own. ``sweep_switch`` (a Checkbox):
+    on, every override whose value is a comma list (or ``range(...)``) is an axis, ``max_parallel``
+    (shown then) caps the trials at once, the preview shows the number of trials and the first
+    trial's command, and Launch starts the sweep (:func:`tune_magic.sweep`; ``sweeps`` lists the
+    sweeps launched here).
     Where another scheduler is available from here (``schedulers_offered`` beyond ``local``) also
     ``scheduler`` (a dropdown) and, shown for the chosen one, ``scheduler_fields[name][option]``:
     one widget per option it declares (counts: 0 is not asked; text: blank is not asked, with the
@@ -83,6 +89,7 @@ class Panel(widgets.VBox):
         self.cwd = Path(os.getcwd() if cwd is None else cwd).absolute()
         self.series: dict[str, list[tuple[int, float]]] = {}
         self.launched: list[Job] = []
+        self.sweeps: list = []
         self._watchers: dict[str, JobWatcher] = {}
         self._lines: dict[str, object] = {}
         self._labels: dict[str, str] = {}
@@ -93,10 +100,11 @@ class Panel(widgets.VBox):
         self._connect()
         self._sync_compare_options()
         self._set_ticks()  # no curve yet: the chart hidden, a line saying so
-        scheduler_rows = [self.scheduler, *self._field_boxes.values()] if len(self.schedulers_offered) > 1 else []
+        scheduler_rows = ([_wrap([self.scheduler, self.scheduler_note]), *self._field_boxes.values()]
+                          if len(self.schedulers_offered) > 1 else [])
         self._gpu_row = _wrap([self.nproc, widgets.VBox([self.gpus, self.gpu_note])])
         form = widgets.VBox([self.recipe, self.config, *scheduler_rows, self._gpu_row, self.endpoint, self.name,
-                             self.overrides, self.command_preview, self.script_preview, self.error,
+                             self.overrides, _wrap([self.sweep_switch, self.max_parallel]), self.command_preview, self.script_preview, self.error,
                              self.launch_button], layout=widgets.Layout(width="100%"))
         super().__init__(children=[form, widgets.HTML("<b>Jobs</b>"), self.refresh_button, self.jobs_table,
                                    widgets.HTML("<b>Compare loss curves</b>"), self.compare, self.chart_note, self.legend,
@@ -124,10 +132,15 @@ class Panel(widgets.VBox):
         self.name = widgets.Text(placeholder="optional", description="name", layout=widgets.Layout(**wide))
         self.overrides = widgets.Textarea(placeholder="key=value, one a line", description="overrides",
                                           layout=widgets.Layout(width="100%", max_width="46em", height="6em", margin=_MARGIN))
-        self.command_preview = widgets.Textarea(disabled=True, description="command",
-                                                layout=widgets.Layout(width="100%", height="6em", margin=_MARGIN))
+        # as many rows as the command needs (update_preview): a fixed height cut its last line off
+        self.command_preview = widgets.Textarea(disabled=True, description="command", rows=3,
+                                                layout=widgets.Layout(width="100%", margin=_MARGIN))
         self.script_preview = widgets.Textarea(disabled=True, description="script",
                                                layout=widgets.Layout(width="100%", height="18em", display="none", margin=_MARGIN))
+        self.sweep_switch = widgets.Checkbox(value=False, description="sweep", indent=True,
+                                             tooltip="comma lists (and range(...)) become axes: one job per combination")
+        self.max_parallel = widgets.BoundedIntText(value=1, min=1, max=1000, description="at once",
+                                                   layout=widgets.Layout(width="12em", display="none"))
         self.error = widgets.HTML()
         self.launch_button = widgets.Button(description="Launch", button_style="success", icon="play", disabled=True)
         self.refresh_button = widgets.Button(description="Refresh", icon="refresh")
@@ -145,6 +158,12 @@ class Panel(widgets.VBox):
         self.schedulers_offered = [n for n in schedulers.names()
                                    if n == "local" or schedulers.get_or_missing(n).available(os.environ) is None]
         chosen = schedulers.default_name(os.environ)
+        notes = [(n, schedulers.get_or_missing(n).status_note(os.environ)) for n in self.schedulers_offered
+                 if n != "local"]
+        # e.g. sbatch on PATH but no SLURM controller answering: offered, and said so next to the choice
+        self.scheduler_note = widgets.HTML("".join(
+            f"<div class='tm-scheduler-note' style='color:#8c564b;{_WRAP}'>{html.escape(n)}: {html.escape(note)}</div>"
+            for n, note in notes if note), layout=widgets.Layout(min_width="0", max_width="40em", margin="0 0 0 1em"))
         self.scheduler = widgets.Dropdown(options=self.schedulers_offered,
                                           value=chosen if chosen in self.schedulers_offered else "local",
                                           description="scheduler", layout=widgets.Layout(width="16em"))
@@ -161,7 +180,7 @@ class Panel(widgets.VBox):
         """Observe the form's widgets and the buttons."""
         option_widgets = [w for fields in self.scheduler_fields.values() for w in fields.values()]
         for w in (self.recipe, self.config, self.nproc, self.gpus, self.endpoint, self.overrides, self.scheduler,
-                  *option_widgets):
+                  self.sweep_switch, self.max_parallel, *option_widgets):
             w.observe(self._on_change, names="value")
         self.recipe.observe(self._on_recipe, names="value")
         self.launch_button.on_click(self._on_launch)
@@ -208,6 +227,7 @@ class Panel(widgets.VBox):
     def _on_change(self, change=None) -> None:
         if change is not None and change.get("owner") is self.scheduler:
             self._show_scheduler_fields()
+        self.max_parallel.layout.display = None if self.sweep_switch.value else "none"
         self.update_preview()
 
     def _elsewhere(self) -> bool:
@@ -225,6 +245,7 @@ class Panel(widgets.VBox):
         for name, box in self._field_boxes.items():
             box.layout.display = None if name == chosen else "none"
         self.script_preview.layout.display = None if self._elsewhere() else "none"
+        self.endpoint.layout.display = "none" if self._elsewhere() else None  # the scheduler picks the endpoint
         # another scheduler allocates the job's GPUs: the kernel's own GPUs are not the job's
         self._gpu_row.children[1].layout.display = "none" if self._elsewhere() else None
 
@@ -235,17 +256,17 @@ class Panel(widgets.VBox):
             PlanError: an override line that is not ``key=value``.
         """
         tokens: list[str] = []
-        if self.endpoint.value.strip():
+        if self.endpoint.value.strip() and not self._elsewhere():
             tokens += ["--rdzv-endpoint", self.endpoint.value.strip()]
         if self.nproc.value > 1:  # with GPUs chosen and nproc left at 1, the GPU count sets it
             tokens += ["--nproc_per_node", str(self.nproc.value)]
         tokens.append(self.recipe.value.strip())
         if self.config.value.strip():
             tokens += ["--config", self.config.value.strip()]
-        body = parse_cell_body(self.overrides.value)
-        if body.config_yaml is not None:
+        body = parse_cell_body(self.overrides.value, sweep=self.sweep_switch.value)
+        if body.config_yaml is not None or body.sweep:
             raise PlanError("overrides must be key=value lines (one a line)")
-        return tokens + body.overrides
+        return tokens + (list(body.words) if self.sweep_switch.value else body.overrides)  # words keep their quotes
 
     def scheduler_options(self) -> dict:
         """Keyword arguments of :func:`tune_magic.launch` for the chosen scheduler: ``{}`` for local;
@@ -272,7 +293,9 @@ class Panel(widgets.VBox):
             return
         notes: list[str] = []
         try:
-            if self._elsewhere():
+            if self.sweep_switch.value:
+                notes = self._sweep_preview()
+            elif self._elsewhere():
                 import warnings
 
                 with warnings.catch_warnings(record=True):
@@ -281,38 +304,87 @@ class Panel(widgets.VBox):
                 hide = (lambda text: text.replace(plan.job_id, JOB_ID_PLACEHOLDER))
                 self.command_preview.value = hide(plan.command_line())
                 self.script_preview.value = hide(plan.batch_script or "")
-                notes = list(plan.warnings)
+                notes = [hide(n) for n in plan.warnings]
             else:
                 plan = build_plan(self.args(), cwd=self.cwd, gpus=self._gpu_choice())
                 self.command_preview.value = plan.command_line()
                 self.script_preview.value = ""
+            self.command_preview.rows = preview_rows(self.command_preview.value)
         except PlanError as exc:
             self.command_preview.value = self.script_preview.value = ""
             self.error.value = f"<span class='tm-error' style='color:#d62728'>{html.escape(str(exc))}</span>"
             self.launch_button.disabled = True
             return
-        self.error.value = "".join(f"<div class='tm-warning' style='color:#8c564b'>{html.escape(n)}</div>"
-                                   for n in notes)
+        self.error.value = _warning_divs(notes)
         self.launch_button.disabled = False
 
     # -- launching ------------------------------------------------------------------------------
-    def launch(self) -> Job | None:
-        """Launch what the form describes (as the Launch button does); return the job, or ``None``
-        with the error shown inline. The job's row appears in the jobs table at once."""
+    def _sweep_options(self) -> dict:
+        return dict(gpus=self._gpu_choice(), max_parallel=self.max_parallel.value, cwd=self.cwd,
+                    **self.scheduler_options())
+
+    def _sweep_preview(self) -> list[str]:
+        """The sweep's preview: the number of trials, the axes, the first trial's command."""
+        import warnings
+
+        from tune_magic.sweeping.create import preview
+
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            dry = preview(self.args(), **self._sweep_options())
+        first = dry.plans[0]
+        grid = " x ".join(f"{len(a)} {a.key}" for a in dry.plan.axes)
+        self.command_preview.value = (f"# {len(dry)} trials ({grid}), {dry.slots.max_parallel} at a time; trial 0: "
+                                      f"{dry.plan.trials[0].name}\n" + first.command_line().replace(
+                                          first.job_id or JOB_ID_PLACEHOLDER, JOB_ID_PLACEHOLDER))
+        self.script_preview.value = first.batch_script or ""
+        return list(dry.warnings)
+
+    def launch(self):
+        """Launch what the form describes (as the Launch button does); return the job (with the
+        sweep switch on: the :class:`~tune_magic.sweeping.handle.Sweep`), or ``None`` with the
+        error shown inline. The job's row appears in the jobs table at once (a sweep's trials
+        as they start)."""
+        if self.sweep_switch.value:
+            return self._launch_sweep()
+        import warnings
+
         try:
-            result = launch(self.args(), name=self.name.value.strip() or None, gpus=self._gpu_choice(), cwd=self.cwd,
-                            **self.scheduler_options())
+            # a button's callback has no cell to print warnings in: the record's (every warning of the
+            # launch, the scheduler's too) replace the preview's, naming the job's real paths
+            with warnings.catch_warnings(record=True):
+                warnings.simplefilter("always")
+                result = launch(self.args(), name=self.name.value.strip() or None, gpus=self._gpu_choice(),
+                                cwd=self.cwd, **self.scheduler_options())
         except PlanError as exc:
             self.error.value = f"<span class='tm-error' style='color:#d62728'>{html.escape(str(exc))}</span>"
             return None
         if not isinstance(result, Job):  # TUNE_MAGIC_DRY_RUN=1
             self.error.value = "<span class='tm-hint'>dry run (TUNE_MAGIC_DRY_RUN=1): nothing started</span>"
             return None
+        self.error.value = _warning_divs(result.record.warnings)
         self.launched.append(result)
         self.jobs_table.add(result)
         self._sync_compare_options()
         self.refresh_gpus()
         self.compare.value = tuple(self.compare.value) + (result.id,)
+        return result
+
+    def _launch_sweep(self):
+        from tune_magic.sweeping.create import sweep
+
+        try:
+            result = sweep(self.args(), name=self.name.value.strip() or None, **self._sweep_options())
+        except PlanError as exc:
+            self.error.value = f"<span class='tm-error' style='color:#d62728'>{html.escape(str(exc))}</span>"
+            return None
+        if not hasattr(result, "wait"):  # TUNE_MAGIC_DRY_RUN=1
+            self.error.value = "<span class='tm-hint'>dry run (TUNE_MAGIC_DRY_RUN=1): nothing started</span>"
+            return None
+        self.sweeps.append(result)
+        self.error.value = (f"<span class='tm-hint'>sweep <code>{html.escape(result.id)}</code>: "
+                            f"{len(result.record.trials)} trials, {result.max_parallel} at a time (%tune_logs "
+                            f"{html.escape(result.id)} shows its card)</span>")
         return result
 
     def _on_launch(self, _button=None) -> None:
@@ -345,6 +417,11 @@ class Panel(widgets.VBox):
             fig_margin={"top": 10, "bottom": 40, "left": 60, "right": 20},
         )
 
+    def comparison(self) -> widgets.VBox:
+        """The comparison chart as a notebook shows it apart from the panel: the line saying why it
+        is empty, the legend (which curve is which job) above the plot, and the chart."""
+        return widgets.VBox([self.chart_note, self.legend, self.chart], layout=widgets.Layout(width="100%"))
+
     def _on_compare(self, change) -> None:
         import bqplot
 
@@ -355,6 +432,7 @@ class Panel(widgets.VBox):
                 self._lines.pop(job_id, None)
                 self._labels.pop(job_id, None)
                 self.series.pop(job_id, None)
+        ended = []
         for job_id in sorted(wanted - set(self._watchers)):
             try:
                 job = next(j for j in self.launched if j.id == job_id)
@@ -369,14 +447,22 @@ class Panel(widgets.VBox):
             self._lines[job_id] = line
             self._labels[job_id] = f"{cut(job.name)} {job.id[-6:]}"
             self.series[job_id] = []
-            self._watchers[job_id] = JobWatcher(job, lambda snap, jid=job_id: self._show(jid, snap), interval_s=0.5,
-                                                tail_lines=1).start()
+            watcher = JobWatcher(job, lambda snap, jid=job_id: self._show(jid, snap), interval_s=0.5, tail_lines=1)
+            self._watchers[job_id] = watcher
+            if job.status.is_live:
+                watcher.start()
+            else:
+                # an ended job's curve is final: read once here, so the chart a cell returns (and
+                # what a notebook run headless keeps) already holds it; no thread to outlive the cell
+                ended.append(watcher)
         self.chart.marks = [self._lines[j] for j in sorted(self._lines)]
         self.legend.value = "".join(
             f"<span class='tm-legend-item' style='margin-right:1.2em;white-space:nowrap'>"
             f"<span style='display:inline-block;width:1.6em;height:3px;vertical-align:middle;"
             f"background:{self._lines[j].colors[0]}'></span> {html.escape(self._labels[j])}</span>"
             for j in sorted(self._lines))
+        for watcher in ended:
+            watcher.poll_once()
         self._set_ticks()
 
     def _show(self, job_id: str, snap) -> None:
@@ -418,6 +504,33 @@ class Panel(widgets.VBox):
         if table is not None:
             table.close()
         super().close()
+
+
+#: Characters a row of the command preview is taken to hold (a narrow notebook's, so that a wider
+#: one shows a spare row rather than a narrow one a cut line).
+PREVIEW_ROW_CHARS = 56
+
+
+def _wrapped_rows(line: str, width: int) -> int:
+    """Rows ``line`` takes in a box ``width`` characters wide that wraps at spaces, as a browser
+    wraps a textarea (a word longer than a row is broken across rows)."""
+    rows, used = 1, 0
+    for word in line.split(" "):
+        if used and used + 1 + len(word) > width:
+            rows, used = rows + 1, 0
+        elif used:
+            used += 1
+        used += len(word)
+        while used > width:
+            rows, used = rows + 1, used - width
+    return rows
+
+
+def preview_rows(text: str) -> int:
+    """Rows the command preview needs for ``text`` at :data:`PREVIEW_ROW_CHARS` characters a row
+    (wrapped at spaces), plus one, at least 3 and at most 24."""
+    wrapped = sum(_wrapped_rows(line, PREVIEW_ROW_CHARS) for line in text.splitlines() or [""])
+    return min(max(wrapped + 1, 3), 24)
 
 
 def _wrap(children) -> widgets.HBox:
@@ -472,3 +585,7 @@ def _option_value(opt, widget: widgets.Widget):
         return lines or None
     return widget.value.strip() or None
 
+
+def _warning_divs(notes) -> str:
+    """The panel's warning lines (HTML, one ``div.tm-warning`` each) for ``notes`` (plain text)."""
+    return "".join(f"<div class='tm-warning' style='color:#8c564b'>{html.escape(n)}</div>" for n in notes)

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import html
 import itertools
-import os
 import threading
-import time
 import weakref
-from pathlib import Path
+from dataclasses import replace
 from typing import Iterable
 
 import ipywidgets as widgets
@@ -24,6 +22,12 @@ from tune_magic.registry import store as jobstore
 from tune_magic.schedulers.local.gpus import gpus_label
 from tune_magic.job import Job, jobs
 from tune_magic.registry.status import Status
+from tune_magic.ui.cardlines import engine_id_text, overrides_html, overrides_text
+from tune_magic.ui import tablecols
+from tune_magic.ui.listing import JobFilter, newest_first
+from tune_magic.ui.tablerows import TABLE_ROWS, TABLE_STYLE, TableRows, dir_stamp
+from tune_magic.ui.resumeview import ResumeControl, can_resume, lineage_marks, resume_row, show_lineage
+from tune_magic.ui.charts import MAX_TICKS, int_ticks, loss_chart, step_domain  # noqa: F401
 from tune_magic.ui.textfmt import cut, escape, table
 from tune_magic.ui.watch import JobSnapshot, JobWatcher, stopped_how
 
@@ -32,6 +36,8 @@ MAX_LINE_CHARS = 400
 
 _STATUS_COLOURS = {"pending": "#ff7f0e", "running": "#1f77b4", "unknown": "#8c564b", "succeeded": "#2ca02c",
                    "failed": "#d62728", "stopped": "#7f7f7f"}
+#: Each status's colour in cards and tables (the sweep card uses them too).
+STATUS_COLOURS = _STATUS_COLOURS
 
 
 def _fmt_elapsed(seconds: float) -> str:
@@ -40,61 +46,8 @@ def _fmt_elapsed(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-#: Most x-axis ticks on a card's chart (integer steps, each label once).
-MAX_TICKS = 8
 # text that wraps anywhere (long paths, long log lines), never widening the card
 _CARD_WRAP = "white-space:normal;overflow-wrap:anywhere;word-break:break-word;line-height:1.4"
-
-
-def int_ticks(lo: int, hi: int, most: int = MAX_TICKS) -> list[int]:
-    """Integer tick values between ``lo`` and ``hi`` (steps), at most ``most`` of them, each once.
-
-    The spacing is 1, 2 or 5 x 10^k steps, the smallest that keeps the count within ``most``; ticks
-    sit on its multiples (``int_ticks(1, 6)`` -> ``[1, 2, 3, 4, 5, 6]``, ``int_ticks(1, 40)`` ->
-    ``[5, 10, ..., 40]``). ``hi < lo`` is taken as ``hi = lo``.
-    """
-    lo, hi = int(lo), int(max(hi, lo))
-    span = max(hi - lo, 1)
-    k = 0
-    while True:
-        for m in (1, 2, 5):
-            spacing = m * 10 ** k
-            if span // spacing + 1 <= most:
-                first = -(-lo // spacing) * spacing
-                return list(range(first, hi + 1, spacing)) or [lo]
-        k += 1
-
-
-def step_domain(steps) -> tuple[int, int]:
-    """The x-axis range (steps) of a chart of ``steps`` (non-empty): their least and greatest,
-    widened to a unit around a single step, never below 0."""
-    lo, hi = min(steps), max(steps)
-    if hi == lo:
-        lo, hi = max(lo - 1, 0), lo + 1
-    return int(lo), int(hi)
-
-
-def _loss_chart():
-    """Return (figure, lines mark, x axis, x scale) of a loss-vs-step chart (bqplot)."""
-    import bqplot
-
-    x, y = bqplot.LinearScale(), bqplot.LinearScale()
-    line = bqplot.Lines(x=[], y=[], scales={"x": x, "y": y}, colors=["#1f77b4"], marker="circle",
-                        marker_size=16)
-    x_axis = bqplot.Axis(scale=x, label="step", tick_format="d", tick_values=[])
-    fig = bqplot.Figure(
-        marks=[line],
-        axes=[x_axis, bqplot.Axis(scale=y, side="left", label="loss")],
-        # hidden until the first point: no empty 0..1 grid. No side margins: with the widgets' default
-        # 2 px each side, 100% width overflows the card by 4 px (a horizontal scrollbar). Overflow
-        # clipped: bqplot redraws an off-screen figure at its new width only once it is scrolled
-        # into view, and until then its old, wider drawing must not widen the card
-        layout=widgets.Layout(width="100%", min_width="0", height="240px", margin="2px 0px", overflow="hidden",
-                              display="none"),
-        padding_y=0.05,
-        padding_x=0.03, fig_margin={"top": 10, "bottom": 40, "left": 60, "right": 25},
-    )
-    return fig, line, x_axis, x
 
 
 class JobCard(widgets.VBox):
@@ -103,15 +56,17 @@ class JobCard(widgets.VBox):
     Public child widgets (stable names, for tests and tutorials), top to bottom: ``error`` (HTML,
     shown for a failed job: its first line is the job's ``error``; for a stopped one: "stopped by
     the user"), ``traceback`` (Accordion, collapsed, holding ``traceback_html``: a failed job's
-    whole traceback, :meth:`Job.failure`), ``header`` (HTML: name/id, status, GPUs, endpoint,
-    output_dir), ``notes`` (HTML, small: nodes of a multi-node or SLURM job, launch warnings,
+    whole traceback, :meth:`Job.failure`), ``header`` (HTML: name/id, status, the engine's id of the
+    job (``SLURM ID 7``), GPUs, endpoint, output_dir), ``overrides`` (HTML: the overrides the job ran
+    with, one collapsed line, :mod:`tune_magic.ui.cardlines`), ``notes`` (HTML, small: nodes of a multi-node or SLURM job, launch warnings,
     a lost log), ``progress`` (HTML: where the run is: epoch of epochs, step of steps, loss, steps
     this epoch, elapsed, ETA, throughput; "waiting for the first step", "waiting in the queue:
     <reason>", "saving checkpoint…"), ``chart`` (bqplot Figure, hidden until the first loss) with
     ``loss_line`` (its Lines mark: ``x`` steps, ``y`` losses) and ``x_axis`` (integer ticks),
     ``log_tail`` (HTML: the last log lines, :func:`tune_magic.logs.tailview.display_tail`; long lines
-    wrap) and ``stop_button`` (shown while the job is pending or running). ``snapshot`` is the last
-    :class:`JobSnapshot` shown.
+    wrap), ``stop_button`` (shown while the job is pending or running) and ``resume_control``
+    (stopped, failed, unknown jobs: :class:`~tune_magic.ui.resumeview.ResumeControl`); the chart's
+    ``earlier_line`` and ``resume_markers`` draw its lineage. ``snapshot``: the last :class:`JobSnapshot` shown.
 
     Args:
         job: the job to show.
@@ -138,17 +93,20 @@ class JobCard(widgets.VBox):
         self.traceback = widgets.Accordion(children=[self.traceback_html], titles=("traceback",),
                                            selected_index=None, layout=widgets.Layout(**hidden))
         self.header = widgets.HTML(layout=widgets.Layout(min_width="0"))
+        self.overrides = widgets.HTML(layout=widgets.Layout(**hidden))
         self.notes = widgets.HTML(layout=widgets.Layout(**hidden))
         self.progress = widgets.HTML(layout=widgets.Layout(min_width="0"))
-        self.chart, self.loss_line, self.x_axis, self._x_scale = _loss_chart()
+        self.chart, self.loss_line, self.x_axis, self._x_scale = loss_chart()
         self.log_tail = widgets.HTML(layout=widgets.Layout(min_width="0"))
         self.stop_button = widgets.Button(description="Stop", button_style="danger", icon="stop",
                                           tooltip=f"Stop job {job.id}")
         self.stop_button.on_click(self._on_stop)
         self.snapshot: JobSnapshot | None = None
         self._shown_steps: tuple | None = None
-        super().__init__(children=[self.error, self.traceback, self.header, self.notes, self.progress, self.chart,
-                                   self.log_tail, self.stop_button],
+        self.earlier_line, self.resume_markers = lineage_marks(self.chart, self.loss_line)
+        self.resume_control = ResumeControl(job, JobCard)
+        super().__init__(children=[self.error, self.traceback, self.header, self.overrides, self.notes, self.progress,
+                                   self.chart, self.log_tail, self.stop_button, self.resume_control],
                          layout=widgets.Layout(border="1px solid #ddd", padding="6px", min_width="0",
                                                max_width="100%"))
         self.add_class("tune-magic-card")
@@ -164,6 +122,9 @@ class JobCard(widgets.VBox):
         colour = _STATUS_COLOURS.get(snap.status, "#000")
         bits = [f"<b>{html.escape(snap.name)}</b> <code>{snap.job_id}</code>",
                 f"<span class='tm-status' style='color:{colour}'>{html.escape(snap.label)}</span>"]
+        if snap.engine_id:
+            engine = engine_id_text(snap.engine_id_label, snap.engine_id)
+            bits.append(f"<span class='tm-engine-id'>{html.escape(engine)}</span>")
         if snap.gpus:
             bits.append(html.escape(gpus_label(snap.gpus, snap.physical_gpus)))
         if snap.endpoint:
@@ -171,6 +132,8 @@ class JobCard(widgets.VBox):
         if snap.output_dir:
             bits.append(f"<code>{html.escape(snap.output_dir)}</code>")
         _set(self.header, f"<div class='tm-header' style='{_CARD_WRAP}'>" + " · ".join(bits) + "</div>")
+        _set(self.overrides, overrides_html(snap.overrides))
+        _show(self.overrides, bool(snap.overrides))
         notes = snap.notes()
         _set(self.notes, f"<div class='tm-notes' style='{_CARD_WRAP};font-size:11px;color:#8a6d3b'>"
              + "<br>".join(html.escape(n) for n in notes) + "</div>")
@@ -188,19 +151,22 @@ class JobCard(widgets.VBox):
         live = status is not None and status.is_live
         self.stop_button.disabled = not live or self.stop_button.description != "Stop"
         self.stop_button.layout.display = None if live else "none"
+        self.resume_control.show_for(self.job.record)
 
     def _chart(self, snap: JobSnapshot) -> None:
         """The curve and integer step ticks; the chart stays hidden until the first point."""
-        if not snap.steps or snap.steps == self._shown_steps:
+        steps = snap.steps + snap.earlier_steps  # the earlier runs of its lineage, dimmed
+        if not steps or (snap.steps, snap.earlier_steps, snap.resumed_at) == self._shown_steps:
             return
         self.loss_line.x, self.loss_line.y = list(snap.steps), list(snap.losses)
-        lo, hi = step_domain(snap.steps)
+        show_lineage(self.earlier_line, self.resume_markers, snap)
+        lo, hi = step_domain(steps)
         ticks = int_ticks(lo, hi)
         if (self._x_scale.min, self._x_scale.max) != (lo, hi):
             self._x_scale.min, self._x_scale.max = float(lo), float(hi)
         if list(self.x_axis.tick_values if self.x_axis.tick_values is not None else []) != ticks:
             self.x_axis.tick_values = ticks
-        self._shown_steps = snap.steps
+        self._shown_steps = (snap.steps, snap.earlier_steps, snap.resumed_at)
         self.chart.layout.display = None
 
     def _ending(self, snap: JobSnapshot, status: Status | None) -> None:
@@ -243,6 +209,7 @@ class JobCard(widgets.VBox):
         elif snap.status == Status.STOPPED:
             lines.append(stopped_how(snap))
         lines += snap.placement()
+        lines += [overrides_text(snap.overrides)] if snap.overrides else []
         lines += snap.notes()
         lines.append(snap.progress_text())
         return "\n".join(lines + list(snap.tail[-5:]))
@@ -279,13 +246,11 @@ SPARE_ROWS = 8
 #: Longest failure or pending reason shown in a row, in characters (the whole text is the tooltip).
 REASON_WIDTH = 160
 
-#: A registry changed less than this many seconds ago is listed again even when its stamp did not
-#: change (two changes within one filesystem timestamp tick leave one stamp).
-ROOT_SETTLE_S = 2.0
-
 _COUNTER = itertools.count(1)
-# cell text that wraps (a word longer than the column too), with normal line spacing (a widget line is 28 px)
-_WRAP = "white-space:normal;overflow-wrap:break-word;line-height:1.35"
+# cell text that wraps (a word longer than the column too: a narrow notebook's table gives its room to
+# the other columns first), with normal line spacing (a widget line is 28 px); ids wrap at their hyphens
+_WRAP = "white-space:normal;overflow-wrap:anywhere;line-height:1.35"
+_WRAP_ID = "white-space:normal;line-height:1.35"
 
 
 class _Row:
@@ -293,7 +258,8 @@ class _Row:
 
     def __init__(self, table: "JobsTable"):
         def cell(kind: str) -> widgets.HTML:
-            w = widgets.HTML(layout=widgets.Layout(display="none", min_width="0"))
+            # an id wraps at its hyphens, never narrower than its widest part (9 characters)
+            w = widgets.HTML(layout=widgets.Layout(display="none", min_width="9.5ch" if kind == "id" else "0"))
             w.add_class(f"tm-cell-{kind}")
             return w
 
@@ -301,9 +267,13 @@ class _Row:
         self.done = False  # ended and shown as ended: never refreshed again
         self.live: bool | None = None  # whether the Stop button is shown
         self.shown: tuple | None = None
-        self.cells = {kind: cell(kind) for kind in ("id", "name", "status", "step", "loss", "elapsed")}
+        self.extra_shown: dict | None = None  # the optional columns' text as last shown
+        self.cells = {kind: cell(kind) for kind in (*JobsTable.FIXED, *tablecols.TABLE_KINDS)}
         self.button = widgets.Button(description="Stop", button_style="danger", layout=widgets.Layout(width="70px"))
         self.button.on_click(lambda _b: table._stop(self))
+        self.resume_button = widgets.Button(description="Resume", button_style="info",
+                                            layout=widgets.Layout(width="auto", min_width="70px"))
+        self.resume_button.on_click(lambda _b: resume_row(self))
         self.stop_cell = widgets.Box(layout=widgets.Layout(display="none"))
         self.stop_cell.add_class("tm-cell-stop")
         # the reason gets a line of its own under the row, so a long one wraps instead of widening the
@@ -317,18 +287,25 @@ class _Row:
         return [*self.cells.values(), self.stop_cell, self.reason]
 
     def public(self) -> dict[str, widgets.Widget]:
-        return {**self.cells, "stop": self.button, "reason": self.reason}
+        return {**self.cells, "stop": self.button, "resume": self.resume_button, "reason": self.reason}
 
 
-class JobsTable(widgets.VBox):
-    """All jobs (including those started by earlier kernels and by other processes), kept live.
+class JobsTable(TableRows, widgets.VBox):
+    """The jobs (including those started by earlier kernels and by other processes), newest first,
+    kept live.
 
-    Columns: id, name, status, step, last loss, elapsed, and a Stop button on the rows of live
-    (pending, running) jobs; a failed row's reason and a pending row's SLURM reason (``Resources``,
-    ``Priority``...) show on a line under it. ``rows`` maps job id -> that row's widgets (``id``,
-    ``name``, ``status``, ``step``, ``loss``, ``elapsed``, ``reason`` HTML, ``stop`` Button);
-    ``summaries`` maps job id -> ``(name, status label, step, loss, elapsed seconds, reason)`` as
-    last shown; ``jobs`` lists the jobs shown, in row order.
+    Columns: id, name, status, step, last loss, elapsed, started, the scheduler (when jobs of more
+    than one are listed), the engine's id with the nodes under it (when a job listed has an engine
+    id, e.g. ``SLURM ID``; :mod:`tune_magic.ui.tablecols`), a Stop button on the rows of live
+    (pending, running) jobs and a Resume button on stopped, failed and unknown ones (its pre-flight
+    on the line under the row, then Confirm); a failed row's reason and a pending row's SLURM reason
+    (``Resources``, ``Priority``...) show on a line under it. At most ``limit`` rows (the newest jobs)
+    are shown; the others wait behind the ``more`` button ("show all (N more)",
+    :mod:`tune_magic.ui.tablerows`). ``rows`` maps job id -> that row's widgets (``id``, ``name``,
+    ``status``, ``step``, ``loss``, ``elapsed``, ``started``, ``scheduler``, ``engine`` (the nodes
+    under the engine's id), ``reason`` HTML, ``stop`` and ``resume`` Buttons); ``summaries`` maps job
+    id -> ``(name, status label, step, loss, elapsed seconds, reason)`` as last shown; ``jobs`` lists
+    the jobs shown, in row order.
 
     One named daemon thread per table (``tune_magic-jobs-table-N``) refreshes it every
     :data:`TABLE_INTERVAL_S` seconds: rows of jobs not yet ended are re-read from each job's record
@@ -339,11 +316,15 @@ class JobsTable(widgets.VBox):
     Args:
         listed: the jobs to show (default: every job, and jobs launched later appear too).
         live: start the refresher thread (default True).
+        limit: most rows shown before "show all" (``None``: every job).
+        filter: which jobs to list (:class:`tune_magic.ui.listing.JobFilter`; its ``last`` is the
+            limit), also among the jobs found later.
     """
 
-    COLUMNS = ("id", "name", "status", "step", "loss", "elapsed", "")
+    COLUMNS = ("id", "name", "status", "step", "loss", "elapsed", *tablecols.TABLE_KINDS, "")
 
-    def __init__(self, listed: Iterable[Job] | None = None, *, live: bool = True):
+    def __init__(self, listed: Iterable[Job] | None = None, *, live: bool = True, limit: int | None = TABLE_ROWS,
+                 filter: JobFilter | None = None):
         self._discover = listed is None
         self._root = jobstore.jobs_root(create=False) if self._discover else None
         self._root_stamp: tuple | None = None
@@ -352,29 +333,46 @@ class JobsTable(widgets.VBox):
         self._thread: threading.Thread | None = None
         self._slots: list[_Row] = []
         self._gone: set[str] = set()  # ids removed from the registry while shown
-        self.overflow: list[str] = []  # ids of new jobs found with no spare row left
+        self._filter = replace(filter, last=None) if filter is not None else None
+        self.limit = filter.last if filter is not None and filter.last else limit
+        self._hidden: list[Job] = []  # jobs behind "show all", newest first
+        self._waiting: list[Job] = []  # live jobs the filter may come to list (--failed)
+        self._cols, self._cols_applied = tablecols.Columns(), False
         self.jobs: list[Job] = []
         self.rows: dict[str, dict[str, widgets.Widget]] = {}
         self.summaries: dict[str, tuple] = {}
         if self._discover:
-            self._root_stamp = _dir_stamp(self._root)
-        listed = list(jobs() if listed is None else listed)
+            self._root_stamp = dir_stamp(self._root)
+        listed = newest_first(jobs() if listed is None else listed)
+        self._known = {j.id for j in listed}  # every job looked at (shown, hidden, or not listed)
+        if self._filter is not None:
+            self._waiting = [j for j in listed if not self._filter.matches(j) and self._filter.may_match_later(j)]
+            listed = self._filter.select(listed)
         header = []
         for c in self.COLUMNS:
             h = widgets.HTML(f"<b>{c}</b>")
             h.add_class("tm-cell-head")
             header.append(h)
         self._header = header
-        for job in listed:
-            self._fill(self._new_slot(), job)
-        self._top_up()
-        self.grid = widgets.GridBox(self._grid_children(), layout=widgets.Layout(
-            # id and name: auto, so they wrap (ids at their hyphens) rather than widen a narrow notebook
-            grid_template_columns="auto auto repeat(4, max-content) 76px", justify_content="flex-start",
-            grid_gap="2px 12px", align_items="center", max_width="100%"))
+        # id and name: auto, so they wrap (ids at their hyphens) rather than widen a narrow notebook
+        self.grid = widgets.GridBox(layout=widgets.Layout(justify_content="flex-start", grid_gap="2px 6px",
+                                                          align_items="center", max_width="100%"))
         self.grid.add_class("tm-jobs-grid")
+        self.more = widgets.Button(icon="list", layout=widgets.Layout(display="none", width="auto"))
+        self.more.add_class("tm-show-all")
+        self.more.on_click(lambda _b: self.show_all())
         self.note = widgets.HTML(layout=widgets.Layout(display="none"))
-        super().__init__(children=[self.grid, self.note], layout=widgets.Layout(max_width="100%"))
+        cut_at = len(listed) if self.limit is None else self.limit
+        for job in listed[:cut_at]:
+            self._fill(self._new_slot(), job)
+        self._hidden = listed[cut_at:]
+        self._top_up()
+        if not listed and self._filter is not None and self._filter.narrows:
+            self.note.value = f"<span class='tm-hint'>no {html.escape(self._filter.describe())} (yet)</span>"
+            self.note.layout.display = None
+        self._rearrange()
+        style = widgets.HTML(TABLE_STYLE, layout=widgets.Layout(display="none"))  # its CSS applies all the same
+        super().__init__(children=[style, self.grid, self.more, self.note], layout=widgets.Layout(max_width="100%"))
         self.add_class("tune-magic-jobs")
         if live:
             self.start()
@@ -391,17 +389,15 @@ class JobsTable(widgets.VBox):
         for _ in range(SPARE_ROWS - spare):
             self._new_slot()
 
-    def _grid_children(self) -> list[widgets.Widget]:
-        return self._header + [w for r in self._slots for w in r.widgets()]
-
     def _fill(self, row: _Row, job: Job) -> None:
         """Give ``row`` to ``job`` and show it (sets traits only)."""
         row.job = job
-        self.jobs.append(job)
+        self._known.add(job.id)
         self.rows[job.id] = row.public()
-        row.cells["id"].value = f"<div style='{_WRAP}'><code class='tm-job-id'>{html.escape(job.id)}</code></div>"
+        row.cells["id"].value = f"<div style='{_WRAP_ID}'><code class='tm-job-id'>{html.escape(job.id)}</code></div>"
         for w in row.widgets()[:-1]:
             w.layout.display = None
+        self._show_columns(row)
         self._show(row)
 
     def add(self, job: Job) -> None:
@@ -409,15 +405,15 @@ class JobsTable(widgets.VBox):
         Call from the kernel's thread: it may create widgets for spare rows."""
         with self._lock:
             if job.id not in self.rows:
-                spare = next((r for r in self._slots if r.job is None), None)
                 # its own Job object: the refresher thread must not share one with the caller's code
-                self._fill(spare or self._new_slot(), Job(job.dir))
+                self._place(Job(job.dir), create=True)
             self._top_up()
-            self.grid.children = self._grid_children()
+            self._rearrange()
 
     @staticmethod
     def _values(job: Job) -> tuple:
-        """(name, status label, step, loss, elapsed s, reason) of ``job`` from its record and summary."""
+        """(name, status label, step, loss, elapsed s, reason) of ``job`` from its record and summary;
+        a sweep's trial is named ``<its values> · sweep <sweep name> #<trial>``."""
         s = job.summary()  # refreshes the record first
         r = job.record
         state = r.state
@@ -428,10 +424,11 @@ class JobsTable(widgets.VBox):
             reason = r.pending_reason or ""
         elif state in (Status.UNKNOWN, Status.STOPPED):  # a stop's reason: who stopped it, when not the user
             reason = r.error or ""
+        name = r.name if not r.sweep else f"{r.name} · sweep {r.sweep.get('name') or r.sweep['id']} #{r.sweep['trial']}"
         note = job.engine_note if not state.is_terminal else None  # e.g. the engine is not answering
         if note:
             reason = f"{reason} ({note})" if reason else note
-        return (r.name, state.label, s.step, s.loss, job.elapsed_s, reason)
+        return (name, state.label, s.step, s.loss, job.elapsed_s, reason)
 
     def _show(self, row: _Row) -> None:
         """Re-read ``row``'s job and set the traits that changed."""
@@ -440,6 +437,16 @@ class JobsTable(widgets.VBox):
         name, label, step, loss, elapsed, reason = values
         state = job.record.state
         self.summaries[job.id] = values
+        extra = tablecols.values(job)
+        if extra != row.extra_shown:
+            for kind in tablecols.TABLE_KINDS:  # the nodes under the engine's id, small, wrapping after commas
+                nodes = (f"<div class='tm-nodes' style='font-size:11px;color:#555;{_WRAP}'>"
+                         f"{html.escape(cut(extra['nodes']).replace(',', ', '))}</div>" if kind == "engine" else "")
+                row.cells[kind].value = (f"<span class='tm-{kind}' style='{_WRAP}'>{html.escape(cut(extra[kind]))}"
+                                         f"</span>{nodes}")
+            if extra["engine"] and not self._cols.engine:
+                self._update_columns()  # its engine id came after the row was shown
+            row.extra_shown = extra
         if values == row.shown:
             return
         old = row.shown or (None,) * 6
@@ -471,7 +478,7 @@ class JobsTable(widgets.VBox):
             row.live = live
             row.button.disabled = not live
             row.button.description = "Stop"
-            row.stop_cell.children = (row.button,) if live else ()
+            row.stop_cell.children = (row.button,) if live else (row.resume_button,) if can_resume(job.record) else ()
         row.shown = values
         row.done = state.is_terminal
 
@@ -482,48 +489,14 @@ class JobsTable(widgets.VBox):
         with self._lock:
             if self._discover:
                 self._find_new()
+            if self._waiting:
+                self._recheck_waiting()
             for row in self._slots:
                 if row.job is not None and not row.done and row.job.id not in self._gone:
                     try:
                         self._show(row)
                     except Exception:  # noqa: BLE001 - one unreadable job must not stop the others
                         continue
-
-    def _find_new(self) -> None:
-        stamp = _dir_stamp(self._root)
-        # unchanged since the last look, and not changed so recently that a second change within the
-        # same timestamp tick could hide behind the first
-        if stamp == self._root_stamp and (stamp is None or time.time() - stamp[1] / 1e9 > ROOT_SETTLE_S):
-            return
-        self._root_stamp = stamp
-        try:
-            names = {e.name for e in os.scandir(self._root)
-                     if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)}
-        except OSError:
-            return
-        for row in self._slots:
-            if row.job is not None and row.job.id not in names and row.job.id not in self._gone:
-                self._gone.add(row.job.id)  # removed (tune-magic rm): hide its row
-                for w in row.widgets():
-                    w.layout.display = "none"
-        found = []
-        for name in names - set(self.rows) - set(self.overflow):
-            try:
-                job = Job(self._root / name)
-            except Exception:  # noqa: BLE001 - not a job directory (yet): listed when it becomes one
-                continue
-            if not job.damaged:
-                found.append(job)
-        for job in sorted(found, key=lambda j: (j.started_at, j.id)):
-            spare = next((r for r in self._slots if r.job is None), None)
-            if spare is None:
-                self.overflow.append(job.id)
-                continue
-            self._fill(spare, job)
-        if self.overflow:
-            self.note.value = (f"<span class='tm-hint'>{len(self.overflow)} more new job(s) since this table was "
-                               "shown: run %tune_jobs again to list them</span>")
-            self.note.layout.display = None
 
     def _run(self) -> None:
         while not self._stop_event.wait(TABLE_INTERVAL_S):
@@ -565,25 +538,24 @@ class JobsTable(widgets.VBox):
 
     # -- text ---------------------------------------------------------------------------------
     def text(self) -> str:
-        """The table as plain text: one line per job (name and reason escaped and cut)."""
-        rows = [self.COLUMNS[:-1] + ("reason",)]
+        """The table as plain text: one line per job, newest first (name and reason escaped and
+        cut), and how many more jobs "show all" would list."""
         with self._lock:
-            items = [(i, v) for i, v in self.summaries.items() if i not in self._gone]
-        for job_id, (name, status, step, loss, elapsed, reason) in items:
+            kinds = self._cols.kinds()
+            rows = [(*self.FIXED, *map(self._cols.heading, kinds), "reason")]
+            items = [(r.job.id, self.summaries.get(r.job.id), r.extra_shown or {}) for r in self._shown_rows()]
+            hidden = len(self._hidden)
+        for job_id, values, extra in items:
+            if values is None:
+                continue
+            name, status, step, loss, elapsed, reason = values
             rows.append((job_id, cut(name), status, "" if step is None else str(step),
-                         "" if loss is None else f"{loss:.5g}", _fmt_elapsed(elapsed), cut(reason, REASON_WIDTH)))
-        return "\n".join(table(rows))
+                         "" if loss is None else f"{loss:.5g}", _fmt_elapsed(elapsed),
+                         *(cut(extra.get(k, "")) for k in kinds), cut(reason, REASON_WIDTH)))
+        more = [f"({hidden} more: show all)"] if hidden else []
+        return "\n".join(table(rows) + more)
 
     def _repr_mimebundle_(self, **kwargs):
         bundle = super()._repr_mimebundle_(**kwargs)
         bundle["text/plain"] = self.text()
         return bundle
-
-
-def _dir_stamp(path: Path | None) -> tuple | None:
-    """(inode, mtime ns) of a directory: changes when an entry is added, removed or renamed."""
-    try:
-        st = os.stat(path)
-    except (OSError, TypeError):
-        return None
-    return (st.st_ino, st.st_mtime_ns)

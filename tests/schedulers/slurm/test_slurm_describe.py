@@ -101,3 +101,22 @@ def test_a_slurm_jobs_card_collapses_slurms_own_lines_through_its_schedulers_rul
              "srun: error: n1: task 0: Killed"]
     shown = display_tail(lines, 20, rules=job.tail_rules)
     assert shown[0] == "step 3" and not any("slurmstepd" in s for s in shown) and len(shown) == 2, shown
+
+
+def test_after_our_stop_squeues_job_launch_failure_is_a_stop_not_a_failure(tmp_path, squeue_says):
+    # measured on the two-node test cluster (SLURM 22.05): after tune_magic's scancel --signal=TERM --full,
+    # `squeue -t all` says the job FAILED, reason JobLaunchFailure, and no exit file is written
+    d, rec = _job(tmp_path, "node tmnode1 10.0.0.1\n" + "torchrun got SIGTERM\n")
+    rec.status = "running"
+    jobstore.write_record(d, rec)
+    jobstore.mark_stop_requested(d)
+    squeue_says("42|FAILED|JobLaunchFailure|2|tmnode[1-2]|10:00|tune_magic-j1")
+    changes = S.SlurmScheduler().describe(d, rec)
+    assert changes["status"] == "stopped" and changes.get("error") is None, changes
+    assert not (d / jobstore.FAILURE).exists()  # no failure reason kept for a stop
+    d2 = tmp_path / "nobody-stopped-it"  # the same answer without our stop: a failure
+    d2.mkdir()
+    d2, rec2 = _job(d2, "node tmnode1 10.0.0.1\n")
+    rec2.status = "running"
+    jobstore.write_record(d2, rec2)
+    assert S.SlurmScheduler().describe(d2, rec2)["status"] == "failed"

@@ -5,6 +5,11 @@ on ``sys.path``/``PYTHONPATH``) registers it under the entry-point group ``tune_
 It runs jobs as plain local processes under another name, with options of its own:
 ``--niceness N`` runs the job's processes at that niceness (``nice -n N`` in front of the command
 each node runs), and ``--label TEXT`` is kept in the scheduler's own part of the record.
+
+Sweeps labelled ``array`` show the seam a scheduler with job arrays uses (``submit_sweep``): instead
+of the sweep process, the whole sweep is taken at once, as one engine job would take it: every trial
+registered (``register_trial``) and started together, ``engine`` set in the sweep's record, and
+``cancel_sweep`` leaving a marker file in the sweep's directory.
 """
 
 from tune_magic.errors import PlanError
@@ -47,3 +52,18 @@ class ThirdScheduler(LocalScheduler):
 
     def engine_id(self, record):
         return record.backend.get("label")
+
+    def submit_sweep(self, sweep):
+        if sweep.options.get("label") != "array":
+            return super().submit_sweep(sweep)  # the sweep process, trial by trial
+        from tune_magic.registry import sweepstore
+
+        with sweepstore.locked(sweep.sweep_dir) as record:
+            record.engine = {"array": f"third-{record.id}"}
+        registered = [sweep.register_trial(index) for index in range(len(sweep.record.trials))]
+        for job in registered:  # "the engine job": every trial at once
+            self.submit(job.dir, job.record, job.plan, sweep.options, sweep.env, job.lock_fd)
+            job.release()
+
+    def cancel_sweep(self, sweep_dir, record, grace_s):
+        (sweep_dir / "third-cancelled").write_text(record.engine.get("array", ""))

@@ -39,6 +39,7 @@ class LocalScheduler(Scheduler):
 
     name = "local"
     initial_status = Status.RUNNING
+    relaunches_from_checkpoint = True  # the supervisor does it (autoresume.py)
     foreign_option_hint = ("for several nodes without a cluster scheduler run torchrun's --nnodes N "
                            "--rdzv-endpoint HOST:PORT on every node")
 
@@ -170,6 +171,8 @@ class LocalScheduler(Scheduler):
         exit_info = jobstore.read_exit_code(job_dir)
         if exit_info is not None and supervised and procs.alive(self._refs(job_dir, record)[1]) is not None:
             exit_info = None  # the agent still runs: whatever that file says, the job has not ended
+        if exit_info is not None and supervised and record.max_resumes:
+            exit_info = None  # the supervisor may start it again from its checkpoint: it records the end itself
         if exit_info is not None:
             evidence, reason = ending.evidence(job_dir, record, exit_info.returncode, nothing_runs=True)
             changes = ending.changes(decide(evidence), record, exit_info.ended_at)

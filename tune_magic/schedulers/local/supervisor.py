@@ -111,6 +111,11 @@ class Supervisor:
         self._known_workers: tuple = ()  # (pids and ranks, endpoint) last recorded
         self.stop_requested = False  #: a stop asked for by SIGUSR1 (works on a read-only or full disk)
         self.tracker = SummaryTracker(self.record)
+        self.autoresume = None  # .autoresume when the job has --max-resumes (imported now: see the imports)
+        if self.record.max_resumes:
+            from tune_magic.schedulers.local import autoresume
+
+            self.autoresume = autoresume
 
     # -- the record ----------------------------------------------------------------------------
     def _update(self, **changes) -> None:
@@ -243,24 +248,52 @@ class Supervisor:
             return rec.returncode or 0
         self._update(supervisor=self.me)
         self._write_procs()
-        wrapper = self._start()
-        if wrapper is None:
-            return 127
-        try:
-            wrapper_ref = procs.ref_of(psutil.Process(wrapper.pid))
-        except psutil.Error:
-            wrapper_ref = ProcessRef(wrapper.pid, time.time())
-        oom_watch = OomWatch.start(wrapper.pid)
-        self._find_agent(wrapper, wrapper_ref)
-        self._tell_launcher()
-        self._watch(wrapper)
-        code = self._exit_code(wrapper, wrapper_ref)
-        # whatever outlived the command (a killed agent's workers, a rank's children) goes now
-        procs.kill_job(self.agent, self.workers, ORPHAN_GRACE_S, procs.Owner(rec.env.get(TOKEN_ENV)))
-        self.check_registry()
-        self._copy_log()
+        while True:  # one attempt; again only with --max-resumes, from the last checkpoint
+            wrapper = self._start()
+            if wrapper is None:
+                return 127
+            try:
+                wrapper_ref = procs.ref_of(psutil.Process(wrapper.pid))
+            except psutil.Error:
+                wrapper_ref = ProcessRef(wrapper.pid, time.time())
+            oom_watch = OomWatch.start(wrapper.pid)
+            self._find_agent(wrapper, wrapper_ref)
+            self._tell_launcher()
+            self._watch(wrapper)
+            code = self._exit_code(wrapper, wrapper_ref)
+            # whatever outlived the command (a killed agent's workers, a rank's children) goes now
+            procs.kill_job(self.agent, self.workers, ORPHAN_GRACE_S, procs.Owner(rec.env.get(TOKEN_ENV)))
+            self.check_registry()
+            self._copy_log()
+            if not self._again(code):
+                break
         self._end(code, oom_watch)
         return code
+
+    def _again(self, code: int | None) -> bool:
+        """With ``--max-resumes``: start the failed attempt again from the job's last checkpoint
+        (:mod:`.autoresume` decides); return whether a new attempt is to start."""
+        if self.autoresume is None:
+            return False
+        while self.tracker.advance():
+            pass
+        step = self.tracker.summary.step
+        stop = self.stop_requested or jobstore.stop_was_requested(self.dir, self.record)
+        nxt = self.autoresume.next_attempt(self.dir, self.record, code, stop=stop, step=step, now=time.time())
+        if nxt.message:
+            self.autoresume.say(self.record.log_path, nxt.message)
+        if not nxt.changes or self.stop_requested:
+            return False
+        self.autoresume.set_exit_file_aside(self.dir, len(nxt.changes["attempts"]) - 1)
+        # the next attempt's processes replace this one's; until its agent is recorded, a stop waits for it
+        self.agent, self.workers, self.endpoint, self._known_workers, self._next_look = None, [], None, (), 0.0
+        try:
+            jobstore.write_procs(self.dir, supervisor=self.me, merge=False, scheduler=self.record.scheduler)
+        except OSError:
+            pass
+        fresh = {} if self.record.rendezvous == "user" else {"rendezvous_endpoint": None}  # a new OS-chosen port
+        self._update(agent=None, workers=[], **fresh, **nxt.changes)
+        return True
 
     def _start(self) -> subprocess.Popen | None:
         """Start the command under the exit wrapper, its output appended to the job's log; on
@@ -459,7 +492,7 @@ class Supervisor:
         end = decide(evidence)
         if end is None:
             return
-        for key, value in ending.changes(end, rec, ended).items():
+        for key, value in ending.changes(end, rec, ended, step=self.tracker.summary.step).items():
             rec.set_status(value) if key == "status" else setattr(rec, key, value)
         if evidence.returncode is not None:
             rec.returncode = evidence.returncode

@@ -30,6 +30,7 @@ from tune_magic.registry import outcome
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.outcome import Evidence
 from tune_magic.errors import JobStartError, PlanError, UserError
+from tune_magic.paths import home
 from tune_magic.registry.store import PENDING, RUNNING, UNKNOWN, JobRecord
 from tune_magic.registry.status import Status
 from tune_magic.schedulers.base import Scheduler, SchedulerOptions
@@ -38,6 +39,7 @@ from tune_magic.schedulers.slurm import follow, queue
 from tune_magic.schedulers.slurm import options as sopts
 from tune_magic.schedulers.slurm import squeue as sq
 from tune_magic.schedulers.slurm.script import batch_script, directives, sbatch_argv
+from tune_magic.schedulers.slurm.nodelocal import node_local_warnings
 from tune_magic.schedulers.slurm.tail import TAIL_RULES
 
 #: Seconds to wait for sbatch (a submission is not repeated: it waits longer than a status query).
@@ -147,6 +149,12 @@ class SlurmScheduler(Scheduler):
             return _CLIENTS_MISSING
         return None
 
+    def status_note(self, env: Mapping[str, str]) -> str | None:
+        """sbatch alone says nothing of the controller: ``sinfo`` must answer too."""
+        from tune_magic.schedulers.slurm.sinfo import controller_note
+
+        return controller_note(env)
+
     def place(self, spec, options: SchedulerOptions):
         return place(spec, nodes=options.get("nodes"), gpus_per_node=options.get("gpus_per_node"))
 
@@ -184,6 +192,7 @@ class SlurmScheduler(Scheduler):
         warnings += env_warnings
         if shutil.which("sbatch", path=env.get("PATH")) is None:  # a dry run still shows the script
             warnings.append("sbatch is not on PATH here: " + _CLIENTS_MISSING.split(" on PATH: ", 1)[1])
+        warnings += node_local_warnings(plan, env, home=str(home(env)), python=sys.executable)
         lines = directives(job_id=plan.job_id, job_dir=str(job_dir), cwd=plan.cwd or os.getcwd(), nodes=nodes,
                            gpus_per_node=options.get("gpus_per_node"), cpus_per_node=options.get("cpus_per_node"),
                            partition=options.get("partition"), time_limit=time_limit, account=options.get("account"),
@@ -268,7 +277,7 @@ class SlurmScheduler(Scheduler):
             changes.update(status=RUNNING, pending_reason=None)
         return changes
 
-    def status_note(self, record: JobRecord) -> str | None:
+    def job_note(self, record: JobRecord) -> str | None:
         """``"SLURM not answering since HH:MM"`` for a job not ended while the controller does not
         answer (the shared answer's own time); else ``None``. Asks nothing."""
         if record.state.is_terminal:

@@ -17,7 +17,6 @@ Every error is a :class:`~tune_magic.errors.PlanError` whose message says how to
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 from collections.abc import Mapping
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 
 from tune_magic.errors import PlanError
 from tune_magic.plan.options import Option
+from tune_magic.schedulers.slurm import sinfo
 
 # --- sbatch's options -------------------------------------------------------------------------
 
@@ -476,36 +476,6 @@ def env_variables_of(long_names) -> set[str]:
 
 # --- the scheduler's own launch options (declared once; see tune_magic.plan.options) -------------
 
-#: Seconds ``sinfo`` may take to list the partitions (the panel's choices).
-SINFO_TIMEOUT_S = 5.0
-
-
-def partitions(env: Mapping[str, str] | None = None) -> list[str]:
-    """The partitions ``sinfo -h -o %P`` lists (the default one's ``*`` removed, the default first),
-    or ``[]`` when sinfo is missing, fails or takes longer than :data:`SINFO_TIMEOUT_S` seconds."""
-    import shutil
-    import subprocess
-
-    exe = shutil.which("sinfo", path=(env or os.environ).get("PATH"))
-    if exe is None:
-        return []
-    try:
-        r = subprocess.run([exe, "-h", "-o", "%P"], capture_output=True, text=True, timeout=SINFO_TIMEOUT_S,
-                           stdin=subprocess.DEVNULL, env=dict(env) if env is not None else None)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    if r.returncode != 0:
-        return []
-    names, default = [], None
-    for line in r.stdout.splitlines():
-        name = line.strip()
-        if name.endswith("*"):
-            name = default = name[:-1]
-        if name and name not in names:
-            names.append(name)
-    return ([default] if default else []) + [n for n in names if n != default]
-
-
 def _time_option(value: object) -> str:
     """``--time``: one word in sbatch's forms (:func:`check_time`); a bare int is minutes, as sbatch
     reads a bare number."""
@@ -522,7 +492,8 @@ OPTIONS = (
     Option("--gpus-per-node", "gpus_per_node", "count", "GPUs per node (processes per node unless "
                                                          "--nproc_per_node is given)", example="8"),
     Option("--cpus-per-node", "cpus_per_node", "count", "CPUs per node, for the agent and its workers", example="16"),
-    Option("--partition", "partition", "text", "partition (sbatch --partition)", example="gpu", choices=partitions),
+    Option("--partition", "partition", "text", "partition (sbatch --partition)", example="gpu",
+           choices=sinfo.partitions),
     Option("--time", "time_limit", "text", "time limit in sbatch's forms (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, "
                                            "UNLIMITED)", example="2:00:00", check=_time_option),
     Option("--account", "account", "text", "account to charge (sbatch --account)", example="myproject"),

@@ -10,7 +10,7 @@ import time
 import pytest
 
 import tune_magic
-from tune_magic import launcher
+from tune_magic.plan import argsize
 from tune_magic.errors import PlanError
 from tune_magic.registry import store as jobstore
 
@@ -29,7 +29,7 @@ def test_a_1_mb_override_is_refused_before_anything_starts_naming_it():
         tune_magic.launch(toy_args("steps=1", nproc=None).split() + [f"crash_message={big}"])
     msg = str(err.value)
     assert msg.startswith("the override crash_message=... is 1,048,590 bytes long"), msg[:300]
-    assert f"({launcher.MAX_ARG_STRLEN:,} bytes, MAX_ARG_STRLEN)" in msg and "YAML cell body" in msg
+    assert f"({argsize.MAX_ARG_STRLEN:,} bytes, MAX_ARG_STRLEN)" in msg and "YAML cell body" in msg
     assert _ids() == before  # nothing registered, nothing left
     with pytest.raises(PlanError, match="the override crash_message=... is 1,048,590 bytes long"):
         tune_magic.launch(toy_args("steps=1", nproc=None).split() + [f"crash_message={big}"], dry_run=True)
@@ -46,7 +46,7 @@ def test_a_command_over_arg_max_is_refused(monkeypatch):
     monkeypatch.setattr(os, "sysconf", lambda name: 64 * 1024 if name == "SC_ARG_MAX" else os.sysconf(name))
     many = [f"+tag{i}={'v' * 1000}" for i in range(100)]  # each fine alone, 100 KB together
     with pytest.raises(PlanError, match=r"command and environment take [\d,]+ bytes, more than Linux passes .*ARG_MAX"):
-        launcher.check_command_size(tune_magic.build_plan(toy_args("steps=1", *many, nproc=None)), {})
+        argsize.check_command_size(tune_magic.build_plan(toy_args("steps=1", *many, nproc=None)), {})
 
 
 def test_a_fifo_given_as_the_config_says_it_is_a_fifo(tmp_path):

@@ -1,0 +1,43 @@
+"""What a job's own files say about its end (tune_magic.logs.ending): here, the failed-resume line of a
+resumed run, found in a log of any size from the current attempt on."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tune_magic.logs import ending
+from tune_magic.registry.store import JobRecord
+
+LINE = ("[rank0]:WARNING:torchtune.utils._logging:Failed to load distributed checkpoint: shape mismatch. "
+        "Training will start from the base checkpoint.")
+
+
+def record(log, *argv, attempts=()):
+    return JobRecord(id="j", name="n", argv=["python", "r.py", "--config", "c.yaml", *argv], env={}, cwd="/",
+                     log_path=str(log), started_at=time.time(), attempts=list(attempts))
+
+
+@pytest.mark.parametrize("chunk", [4 << 20, 7, 64])
+def test_the_line_is_found_whole_wherever_the_chunks_cut_it(tmp_path, monkeypatch, chunk):
+    monkeypatch.setattr(ending, "_SCAN_BYTES", chunk)
+    log = tmp_path / "output.log"
+    bar = "1|3|Loss: 2.5:  50%|█████     | 1/2 [00:01<00:01,  2.00it/s]"
+    log.write_text("x" * 5000 + "\n" + f"\r{bar}\r{bar}\n" + LINE + "\n" + "y" * 300 + "\n")
+    assert ending.failed_resume_line(log) == LINE
+    assert ending.failed_resume_line(log, since=log.stat().st_size - 100) is None  # before this attempt
+    assert ending.failed_resume_line(tmp_path / "missing.log") is None
+
+
+def test_only_a_resumed_run_that_exited_0_is_searched_and_the_attempts_log_offset_counts(tmp_path):
+    log = tmp_path / "output.log"
+    log.write_text(LINE + "\n" + "z" * 50 + "\n")
+    resumed = record(log, "resume_from_checkpoint=True")
+    ev, _ = ending.evidence(tmp_path, resumed, 0, nothing_runs=True)
+    assert ev.failed_resume == LINE
+    assert ending.evidence(tmp_path, record(log), 0, nothing_runs=True)[0].failed_resume is None  # not a resume
+    later = record(log, "resume_from_checkpoint=true", attempts=[
+        {"number": 1, "started_at": 1.0, "ended_at": 2.0}, {"number": 2, "started_at": 3.0, "log_offset": len(LINE) + 1}])
+    assert ending.evidence(tmp_path, later, 0, nothing_runs=True)[0].failed_resume is None  # attempt 1's line
+    assert ending.is_resume(later) and not ending.is_resume(record(log, "resume_from_checkpoint=False"))

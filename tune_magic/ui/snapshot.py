@@ -1,0 +1,214 @@
+"""What a view shows of a job at one moment (:class:`JobSnapshot`), and the short form of
+torchtune's progress line (:func:`progress_summary`). Pure: built by
+:class:`tune_magic.ui.watch.JobWatcher` from what it read; views only read it.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+from tune_magic.logs.progress import SAVED, SAVING, RunProgress, fmt_duration, fmt_rate
+from tune_magic.registry.status import Status
+from tune_magic.schedulers.local.gpus import gpus_label
+from tune_magic.ui.cardlines import engine_id_text, overrides_text
+
+#: Metric plotted by the views.
+LOSS = "loss"
+#: Metric shown as throughput when the recipe logs it (torchtune 0.6.1 recipes: tokens per second per GPU).
+THROUGHPUT = "tokens_per_second_per_gpu"
+#: Log lines read per shown line: repeated warnings and bar redraws are collapsed from these.
+READ_PER_SHOWN = 4
+
+# tqdm's bar after torchtune's description: "40%|####      | 2/5 [00:00<00:01,  3.87it/s]"
+_BAR = re.compile(r"(\d+%)\|[^|]*\|\s*(\d+/\d+)\s*(\[[^\]]*\])?")
+
+
+def progress_summary(text: str | None) -> str:
+    """Shorten a torchtune progress line to tqdm's counters: ``"2/5 40% [00:00<00:01, 3.87it/s]"``.
+
+    The description (``epoch|step|Loss: ...``) is dropped because views show step and loss from the
+    metric file, and whatever a later log write appended to the same line is cut off. Text that is
+    not a tqdm bar is returned as is, at most 200 characters.
+    """
+    if not text:
+        return ""
+    m = _BAR.search(text)
+    if m is None:
+        return text[:200]
+    return " ".join(part for part in (m[2], m[1], m[3]) if part)
+
+
+@dataclass(frozen=True)
+class JobSnapshot:
+    """What a view shows of a job at one moment.
+
+    Attributes:
+        job_id, name: the job's id and name.
+        status: a :class:`~tune_magic.Status` value (``pending``, ``running``, ``unknown``,
+            ``succeeded``, ``failed``, ``stopped``); :attr:`label` is what to show.
+        elapsed_s: seconds since launch (the whole run once ended).
+        gpus: GPU ids as typed (relative to the kernel's CUDA_VISIBLE_DEVICES) or ``None``.
+        physical_gpus: the same GPUs as nvidia-smi indices (MIG ids as strings), or ``None``.
+        endpoint: real rendezvous ``host:port`` once known.
+        output_dir: the job's output directory.
+        progress: the latest progress-bar line (``1|12|Loss: 2.31: 60%|...| 12/20 [00:10<00:06, ...]``).
+        tail: the last lines of the log as a card shows them (:func:`tune_magic.logs.tailview.display_tail`:
+            bar redraws and repeated warnings collapsed; at most the watcher's ``tail_lines``, plus as
+            many of each per-rank file, prefixed ``[rank N stream] ``, for jobs run with
+            ``--redirects``/``--tee``). The log on disk keeps every line.
+        steps, losses: the loss curve (possibly thinned to ``max_points`` for charts).
+        step, loss: the latest step with a loss, and that loss.
+        error: the failing rank and message for a failed job (the record's ``error``).
+        returncode: exit code once ended.
+        run: where the whole run is (:class:`tune_magic.logs.progress.RunProgress`: epoch of epochs,
+            steps, ETA, throughput, checkpoint saving).
+        run_at_s: :attr:`elapsed_s` when :attr:`run` was last read (its ETA counts down from there).
+        traceback: a failed job's whole traceback (:meth:`Job.failure`), or ``None``.
+        pending_reason: why a pending job waits (SLURM's reason), or ``None``.
+        nodes: host names the job runs on, for jobs on several nodes or on a SLURM allocation
+            (``()`` otherwise, and while pending).
+        num_nodes: nodes the job asked for.
+        warnings: the record's launch warnings (e.g. SLURM's "no --cpus-per-node: ...").
+        log_lost_at: unix seconds since which the log is kept, when the job's directory was
+            deleted while it ran (the log before is gone), else ``None``.
+        earlier_steps, earlier_losses: the loss curve of the jobs this one resumed (its lineage,
+            :mod:`tune_magic.lineage`: steps continuing into this job's), drawn dimmed.
+        resumed_at: global steps where a run of the lineage, or an attempt of this job, resumed
+            (the chart's markers).
+        lineage_notes: where this job resumed from, its attempts, the job that resumed it
+            (:func:`tune_magic.lineage.notes`).
+        overrides: the overrides the job ran with, as the card shows them
+            (:func:`tune_magic.ui.cardlines.shown_overrides`).
+        engine_id, engine_id_label: the engine's own id of the job (SLURM's job id) and what it is
+            called (``"SLURM ID"``), or ``None``.
+        engine_note: the scheduler's note on how sure the status is (``Job.engine_note``, e.g.
+            "SLURM not answering since 14:05": the status shown is the last known one), or ``None``.
+    """
+
+    job_id: str
+    name: str
+    status: str
+    elapsed_s: float
+    gpus: tuple[int, ...] | None
+    physical_gpus: tuple[int | str, ...] | None
+    endpoint: str | None
+    output_dir: str | None
+    progress: str | None
+    tail: tuple[str, ...]
+    steps: tuple[int, ...]
+    losses: tuple[float, ...]
+    step: int | None
+    loss: float | None
+    error: str | None
+    returncode: int | None
+    run: RunProgress = RunProgress()
+    run_at_s: float = 0.0
+    traceback: str | None = None
+    pending_reason: str | None = None
+    nodes: tuple[str, ...] = ()
+    num_nodes: int = 1
+    warnings: tuple[str, ...] = ()
+    log_lost_at: float | None = None
+    earlier_steps: tuple[int, ...] = ()
+    earlier_losses: tuple[float, ...] = ()
+    resumed_at: tuple[int, ...] = ()
+    lineage_notes: tuple[str, ...] = ()
+    overrides: tuple[str, ...] = ()
+    engine_id: str | None = None
+    engine_id_label: str | None = None
+    engine_note: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The status as listings show it (``unknown`` -> ``"outcome unknown"``)."""
+        try:
+            return Status(self.status).label
+        except ValueError:
+            return str(self.status)
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds left (:attr:`RunProgress.eta_s` counted down since it was read), or ``None``."""
+        if self.run.eta_s is None:
+            return None
+        return max(self.run.eta_s - max(self.elapsed_s - self.run_at_s, 0.0), 0.0)
+
+    def progress_parts(self) -> list[tuple[str, str, str]]:
+        """The progress line as ``(css class, text, suffix)`` parts, in order; views join them
+        with `` · `` (the HTML card puts ``text`` in a span of that class, ``suffix`` after it)."""
+        parts: list[tuple[str, str, str]] = []
+        state = Status(self.status) if self.status in Status._value2member_map_ else None
+        live = state is not None and state.is_live
+        run = self.run
+        if state is Status.PENDING:
+            reason = f": {self.pending_reason}" if self.pending_reason else ""
+            parts.append(("tm-pending", f"waiting in the queue{reason}", ""))
+        elif live and run.checkpoint == SAVING:
+            parts.append(("tm-saving", "saving checkpoint…", ""))
+        elif live and run.checkpoint == SAVED:
+            parts.append(("tm-saving", "checkpoint saved", ""))
+        elif state is Status.RUNNING and self.step is None and run.step is None:
+            parts.append(("tm-waiting", "waiting for the first step", ""))
+        if run.epoch is not None:
+            parts.append(("tm-epoch", f"epoch {run.epoch}", f"/{run.epochs}" if run.epochs else ""))
+        if self.step is not None:
+            parts.append(("tm-step", f"step {self.step}", f"/{run.total_steps}" if run.total_steps else ""))
+            parts.append(("tm-loss", f"loss {self.loss:.5g}", ""))
+        elif run.step is not None:
+            parts.append(("tm-step", f"step {run.step}", f"/{run.total_steps}" if run.total_steps else ""))
+        if run.epoch_step is not None and run.epoch_steps:
+            parts.append(("tm-epoch-steps", f"{run.epoch_step}/{run.epoch_steps} this epoch", ""))
+        elif run.epoch is None and self.progress:
+            bar = progress_summary(self.progress)  # some other bar (not torchtune's): its counters
+            if bar:
+                parts.append(("tm-bar", bar, ""))
+        elapsed = fmt_duration(self.elapsed_s)
+        parts.append(("tm-elapsed", f"{elapsed} elapsed" if live or state is Status.UNKNOWN else f"took {elapsed}", ""))
+        eta = self.eta_s
+        if state is Status.RUNNING and eta is not None and run.checkpoint is None:
+            parts.append(("tm-eta", f"ETA {fmt_duration(eta)}" if run.eta_is_run else f"epoch ends in {fmt_duration(eta)}",
+                          ""))
+        if run.throughput is not None:
+            parts.append(("tm-throughput", f"{fmt_rate(run.throughput)} tokens/s/GPU", ""))
+        return parts
+
+    def progress_text(self) -> str:
+        """The progress line as plain text."""
+        return " · ".join(text + suffix for _, text, suffix in self.progress_parts())
+
+    def placement(self) -> list[str]:
+        """Where the job runs, for plain text: one line with the engine's id of it, its GPUs,
+        rendezvous endpoint and output_dir (those known), or no line when none is."""
+        details = [engine_id_text(self.engine_id_label, self.engine_id) or None,
+                   gpus_label(self.gpus, self.physical_gpus) or None,
+                   f"rendezvous {self.endpoint}" if self.endpoint else None,
+                   f"output_dir {self.output_dir}" if self.output_dir else None]
+        return ["  ".join(d for d in details if d)] if any(details) else []
+
+    def notes(self) -> list[str]:
+        """Small notes about the job: the engine's note (it does not answer), where it runs
+        (several nodes), launch warnings, a lost log."""
+        out = [self.engine_note] if self.engine_note else []
+        if self.nodes:
+            out.append(("nodes " if len(self.nodes) > 1 else "node ") + ", ".join(self.nodes))
+        if self.log_lost_at is not None:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.log_lost_at))
+            out.append(f"the job's directory was deleted while it ran and recreated at {when}: "
+                       "the log before that time is gone")
+        out += list(self.lineage_notes)
+        out += [f"warning: {w}" for w in self.warnings]
+        return out
+
+    def summary(self) -> str:
+        """A plain-text rendering (terminals, nbconvert, ``--wait``)."""
+        lines = [f"job {self.job_id} ({self.name}): {self.label}, {self.elapsed_s:.0f} s"]
+        if self.error:
+            lines.append(f"error: {self.error}")
+        lines += self.placement()
+        lines += [overrides_text(self.overrides)] if self.overrides else []
+        lines += self.notes()
+        if self.step is not None:
+            lines.append(f"step {self.step} loss {self.loss:.6g}  {progress_summary(self.progress)}".rstrip())
+        return "\n".join(lines)
