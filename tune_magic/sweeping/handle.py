@@ -23,6 +23,7 @@ from tune_magic.logs.notify import get_notifier
 from tune_magic.registry import store as jobstore
 from tune_magic.registry import sweepstore
 from tune_magic.registry.files import check_job_dir
+from tune_magic.stopping import stop_jobs
 from tune_magic.registry.sweeprecord import NOT_STARTED, QUEUED, STARTED, SweepRecord
 from tune_magic.sweeping import process
 
@@ -232,12 +233,8 @@ class Sweep:
             if hit is not None and hit[0] == self.id:
                 ids.add(r.id)
         live = [job for job in (self.job_of(i) for i in sorted(ids)) if job is not None and job.status.is_live]
-        threads = [threading.Thread(target=job.stop, args=(float(grace_s),), name=f"tune_magic-stop-{job.id}",
-                                    daemon=True) for job in live]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        # together, as stop --all does (a stop that fails leaves that trial to the engine's own end)
+        stop_jobs(live, float(grace_s), errors=[])
         sweepstore.mark_done(self.dir)
         return self.counts()
 
