@@ -1,0 +1,98 @@
+"""Issue 21 on the test cluster: a job launched with ``--requeue`` that SLURM requeues
+(``scontrol requeue``) mid-epoch-2 continues from epoch 1's checkpoint in its next attempt (the
+batch script runs the resume pre-flight itself) and ends ``succeeded`` with the losses of an
+uninterrupted run; ``--resume-on-timeout 1`` requeues a job itself before its time limit.
+
+The stand-in recipe (tests/recipes/toy_recipe.py) checkpoints like torchtune's full fine-tunes and
+logs loss = 10 / global step, so an uninterrupted run's losses are known: steps 1..12 of 3 epochs
+x 4 steps, the last 10/12. SLURM 22.05 holds a requeued job back (``BeginTime``, about two
+minutes); the tests release it at once (``scontrol update StartTime=now``), as measured in
+/work/shared/notes/slurm-and-multinode.md.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import tune_magic
+from tune_magic.lineage import notes
+from tune_magic.registry import attempts as A
+from tune_magic.schedulers import slurm as slurm_sched
+
+from jobhelpers import toy_args
+from resumehelpers import series
+from waiting import wait_for
+
+pytestmark = pytest.mark.slurm
+TIMEOUT = 300
+EPOCHS, STEPS = 3, 4
+UNINTERRUPTED = {s: 10.0 / s for s in range(1, EPOCHS * STEPS + 1)}
+
+
+def _fresh(job):
+    job._checked = 0.0
+    return job.refresh()
+
+
+def _release(cluster, job):
+    """Start a requeued job now instead of after 22.05's two-minute BeginTime."""
+    wait_for(lambda: _fresh(job).status == "pending", timeout=90, interval=0.3, what="pending after the requeue",
+             describe=lambda: (job.status, job.tail(10)))
+    cluster.client(["scontrol", "update", f"jobid={job.engine_id}", "StartTime=now"])
+
+
+def test_a_requeued_job_resumes_from_epoch_1s_checkpoint_and_ends_as_an_uninterrupted_run(cluster):
+    job = tune_magic.launch(toy_args(f"epochs={EPOCHS}", f"steps={STEPS}", "step_s=1.0", "save_checkpoints=true",
+                                     nproc=1), scheduler="slurm", nodes=1, cpus_per_node=1, requeue=True)
+    cluster.started.append(job)
+    assert "#SBATCH --requeue" in job.dir.joinpath("job.sbatch").read_text()
+    # mid-epoch 2 (steps 5-8): epoch 1's checkpoint (epoch_0/) is written
+    wait_for(lambda: (_fresh(job).summary().step or 0) >= STEPS + 2, timeout=TIMEOUT, interval=0.3,
+             what="a step of epoch 2", describe=lambda: (job.status, job.tail(15)))
+    reached = job.summary().step
+    cluster.client(["scontrol", "requeue", job.engine_id])
+    slurm_sched.WATCHER.forget()
+    _release(cluster, job)
+    assert job.wait(TIMEOUT) == "succeeded", job.tail(40)
+
+    assert series(job) == UNINTERRUPTED and job.summary().step == EPOCHS * STEPS
+    one, two = A.parse(job.record.attempts)
+    assert one.reason == "requeued (scontrol requeue)" and STEPS + 2 <= one.step <= STEPS + 3, (one, reached)
+    assert two.resumed_from == {"checkpoint": "epoch_0/", "epoch": 0, "step": STEPS}
+    assert (two.reason, two.step, two.returncode) == (None, EPOCHS * STEPS, 0)
+    assert one.started_at == job.started_at <= one.ended_at <= two.started_at < two.ended_at == job.ended_at
+    assert job.record.backend["restarts"] == 1 and "resume_from_checkpoint=True" in job.argv
+    # each attempt its own exit file: the first attempt (killed by the requeue) left none that ended the job
+    assert (job.dir / "exit_code.attempt-2").is_file()
+    assert f"attempt 2: resumed from epoch_0/ at step {STEPS} after requeued (scontrol requeue) " \
+           f"(attempt 1 reached step {one.step})" in notes(job.record)
+    assert "; attempt 2 resumes from epoch_0/ at step 4: resume_from_checkpoint=True" in "\n".join(job.tail(400))
+
+
+def test_resume_on_timeout_requeues_the_job_before_its_limit_and_it_resumes(cluster):
+    # 1 minute limit, USR1 45 s before it; 12 steps of 2 s do not fit in one attempt
+    job = tune_magic.launch(toy_args(f"epochs={EPOCHS}", f"steps={STEPS}", "step_s=2.0", "save_checkpoints=true",
+                                     nproc=1), scheduler="slurm", nodes=1, cpus_per_node=1, time_limit="1",
+                            resume_on_timeout=1)
+    cluster.started.append(job)
+    script = job.dir.joinpath("job.sbatch").read_text()
+    assert "#SBATCH --requeue" in script and "#SBATCH --signal=B:USR1@45" in script
+    wait_for(lambda: (job.dir / "requeued-on-timeout.attempt-1").exists(), timeout=TIMEOUT, interval=0.5,
+             what="the time-limit trap", describe=lambda: (_fresh(job).status, job.tail(15)))
+    slurm_sched.WATCHER.forget()
+    _release(cluster, job)
+    wait_for(lambda: len(_fresh(job).record.attempts) == 2 or job.state.is_terminal, timeout=TIMEOUT,
+             interval=0.5, what="attempt 2", describe=lambda: (job.status, job.tail(15)))
+    one = A.parse(job.record.attempts)[0]
+    assert one.reason == "requeued (time limit near; --resume-on-timeout 1)", one
+    # the second attempt has no resume left: it runs to its own limit, and SLURM ends it there
+    t0 = time.monotonic()
+    end = job.wait(TIMEOUT)
+    assert end in ("succeeded", "failed"), (end, job.tail(30))
+    if end == "failed":  # at its time limit: its trap said so instead of requeueing again
+        assert "time limit" in job.error, job.error
+        assert "--resume-on-timeout 1 is used up" in "\n".join(job.tail(400))
+        assert not (job.dir / "requeued-on-timeout.attempt-2").exists()
+    assert time.monotonic() - t0 < TIMEOUT
