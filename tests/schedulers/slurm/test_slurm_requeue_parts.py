@@ -236,3 +236,37 @@ def test_the_current_attempts_exit_file_ends_the_job_with_its_attempts_settled(t
     assert changes["status"] == "succeeded" and changes["returncode"] == 0
     last = changes["attempts"][-1]
     assert (last["number"], last["returncode"], last["step"]) == (2, 0, 3) and last["ended_at"] is not None
+
+
+@pytest.mark.parametrize("line, reason", [
+    ("slurmstepd: error: *** JOB 42 ON n1 CANCELLED AT 2026-12-01T10:00:00 DUE TO PREEMPTION ***",
+     "requeued (preempted)"),
+    ("slurmstepd: error: *** JOB 42 ON n1 CANCELLED AT 2026-12-01T10:00:00 DUE TO NODE FAILURE ***",
+     "requeued (node failure)"),
+    ("", "requeued by SLURM"),
+])
+def test_the_requeue_helper_records_the_attempts_and_starts_over_without_a_checkpoint(tmp_path, line, reason):
+    from jobhelpers import TOY_CONFIG, TOY_RECIPE
+
+    out = tmp_path / "out"
+    out.mkdir()
+    overrides = ["steps=3", f"output_dir={out}"]
+    d, rec = _record(tmp_path, requeue=True)
+    with open(rec.log_path, "a") as f:
+        f.write(line + "\n")
+    rec.argv = ["python", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", str(TOY_RECIPE),
+                "--config", str(TOY_CONFIG), *overrides]
+    rec.recipe, rec.config, rec.overrides, rec.output_dir = str(TOY_RECIPE), str(TOY_CONFIG), overrides, str(out)
+    jobstore.write_record(d, rec)
+    r = subprocess.run([os.sys.executable, "-m", "tune_magic.schedulers.slurm.requeue", str(d), "2"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\0")[:-1] == overrides  # nothing saved yet: the same command, from the start
+    assert f"[tune_magic] attempt 1 {reason} at step 3; attempt 2 starts over from the beginning" in r.stderr
+    one, two = jobstore.read(d).attempts
+    assert (one["number"], one["reason"], one["step"], two["number"], two["resumed_from"]) == (
+        1, reason, 3, 2, None)
+    assert two["log_offset"] == os.path.getsize(rec.log_path) and one["started_at"] == rec.started_at
+    bad = subprocess.run([os.sys.executable, "-m", "tune_magic.schedulers.slurm.requeue", str(d), "1"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "ATTEMPT >= 2" in bad.stderr

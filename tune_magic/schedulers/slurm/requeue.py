@@ -95,14 +95,52 @@ class ScriptParts:
             (0: none; the command runs as planned on every attempt).
         background: ``srun`` runs in the background and ``wait_srun`` waits for it (bash runs a
             trap only between commands: a foreground ``srun`` would hold the ``USR1`` trap back).
+        exit_path: where the script's last lines write the attempt's exit code (bash words).
     """
 
     prelude: str
     overrides: int = 0
     background: bool = False
+    exit_path: str = '"$exit_file"'
 
-    #: Where the script's last lines write the current attempt's exit code.
-    exit_path = '"$exit_file"'
+    @property
+    def run_end(self) -> str:
+        """What follows the ``srun`` line: ``&`` and ``wait_srun`` when it runs in the background."""
+        return " &\nwait_srun $!" if self.background else ""
+
+
+#: A job SLURM never runs again: the script as before requeue existed (one exit file, ``exit_code``).
+NOT_REQUEUED = ScriptParts("", exit_path='"$job_dir/exit_code"')
+
+
+def _timeout_trap(n: int, margin_s: int) -> list[str]:
+    """Bash lines of ``--resume-on-timeout n``: the ``USR1`` trap (requeue the job itself while
+    fewer than ``n`` markers say it did) and ``wait_srun``."""
+    marker = shlex.quote(TIMEOUT_MARKER)
+    return [
+        f"# --resume-on-timeout {n}: SLURM sends this script USR1 {margin_s} s before the time limit; it requeues",
+        f"# itself (at most {n} times in all) and the next attempt resumes from the last checkpoint",
+        "on_time_limit() {",
+        "    trapped=1",
+        "    local used=0 f",
+        f'    for f in "$job_dir"/{marker}*; do if [ -e "$f" ]; then used=$((used + 1)); fi; done',
+        f'    if [ "$used" -ge {n} ]; then',
+        f'        echo "[tune_magic] the time limit is near and --resume-on-timeout {n} is used up: the job ends at '
+        'its limit" >&2',
+        "        return",
+        "    fi",
+        f'    : > "$job_dir/"{marker}"$attempt"',
+        f'    echo "[tune_magic] the time limit is near: requeueing job $SLURM_JOB_ID (resume $((used + 1)) of {n})" >&2',
+        '    if scontrol requeue "$SLURM_JOB_ID"; then exit 0; fi',
+        f'    rm -f "$job_dir/"{marker}"$attempt"',
+        '    echo "[tune_magic] scontrol requeue failed: the job ends at its time limit" >&2',
+        "}",
+        "trap on_time_limit USR1",
+        "wait_srun() {  # a trapped signal ends `wait` early: wait again until srun itself ended",
+        "    local code",
+        '    while :; do trapped=0; wait "$1"; code=$?; if [ "$trapped" != 1 ]; then return "$code"; fi; done',
+        "}",
+    ]
 
 
 def script_parts(*, overrides: Sequence[str], python: str, resume: bool, resume_on_timeout: int | None,
@@ -142,32 +180,27 @@ def script_parts(*, overrides: Sequence[str], python: str, resume: bool, resume_
             "fi",
         ]
     if resume_on_timeout:
-        n, marker = int(resume_on_timeout), shlex.quote(TIMEOUT_MARKER)
-        lines += [
-            f"# --resume-on-timeout {n}: SLURM sends this script USR1 {margin_s} s before the time limit; it requeues",
-            f"# itself (at most {n} times in all) and the next attempt resumes from the last checkpoint",
-            "on_time_limit() {",
-            "    trapped=1",
-            "    local used=0 f",
-            f'    for f in "$job_dir"/{marker}*; do if [ -e "$f" ]; then used=$((used + 1)); fi; done',
-            f'    if [ "$used" -ge {n} ]; then',
-            f'        echo "[tune_magic] the time limit is near and --resume-on-timeout {n} is used up: the job ends at '
-            'its limit" >&2',
-            "        return",
-            "    fi",
-            f'    : > "$job_dir/"{marker}"$attempt"',
-            f'    echo "[tune_magic] the time limit is near: requeueing job $SLURM_JOB_ID (resume $((used + 1)) of {n})" >&2',
-            '    if scontrol requeue "$SLURM_JOB_ID"; then exit 0; fi',
-            f'    rm -f "$job_dir/"{marker}"$attempt"',
-            '    echo "[tune_magic] scontrol requeue failed: the job ends at its time limit" >&2',
-            "}",
-            "trap on_time_limit USR1",
-            "wait_srun() {  # a trapped signal ends `wait` early: wait again until srun itself ended",
-            "    local code",
-            '    while :; do trapped=0; wait "$1"; code=$?; if [ "$trapped" != 1 ]; then return "$code"; fi; done',
-            "}",
-        ]
+        lines += _timeout_trap(int(resume_on_timeout), margin_s)
     return ScriptParts("\n".join(lines) + "\n", len(overrides) if resume else 0, bool(resume_on_timeout))
+
+
+def command_words(plan, parts: ScriptParts | None) -> tuple[list[str], int | None]:
+    """The per-node command's words for the script's ``srun`` line, and the index of the one word
+    that stands for the ``overrides`` array (``None``: the command as planned): ``plan.argv`` with
+    its trailing overrides replaced by that word when ``parts`` resume a requeued attempt.
+
+    Raises:
+        PlanError: the command does not end with the plan's overrides (it could not be resumed).
+    """
+    from tune_magic.errors import PlanError
+
+    n = parts.overrides if parts is not None else 0
+    if not n:
+        return list(plan.argv), None
+    if list(plan.argv[len(plan.argv) - n:]) != list(plan.overrides):
+        raise PlanError("the job's command does not end with its overrides, so a requeued attempt could not resume "
+                        "it; launch it without --requeue")
+    return [*plan.argv[:len(plan.argv) - n], "overrides"], len(plan.argv) - n
 
 
 def prepare(plan, options, extra, *, python: str) -> tuple[list[str], ScriptParts | None]:

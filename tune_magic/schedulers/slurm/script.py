@@ -26,7 +26,7 @@ from tune_magic.errors import PlanError
 from tune_magic.plan.model import LaunchPlan
 from tune_magic.schedulers.slurm.array import escape_filename
 from tune_magic.schedulers.slurm.plan import placeholder_positions
-from tune_magic.schedulers.slurm.requeue import ScriptParts
+from tune_magic.schedulers.slurm.requeue import NOT_REQUEUED, ScriptParts, command_words
 
 def shell_word(token: str) -> str:
     """Quote ``token`` for bash so that it reaches the program exactly as written (``$``, `````,
@@ -73,8 +73,7 @@ def batch_script(plan: LaunchPlan, *, job_id: str, job_dir: str, cwd: str, pytho
             picked, no ``is_host``).
         sbatch_lines: the ``#SBATCH`` lines (:func:`directives`), placed right after the first line
             (sbatch reads directives only before the first command).
-        requeue: a requeueable job's own lines (:func:`.requeue.script_parts`: per-attempt exit
-            files, the resume of a requeued attempt, the time-limit trap), or ``None``.
+        requeue: a requeueable job's own lines (:func:`.requeue.script_parts`), or ``None``.
     """
     env_lines = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in plan.env.items())
     srun = ["srun", f"--nodes={nodes}", "--ntasks-per-node=1"]
@@ -85,18 +84,13 @@ def batch_script(plan: LaunchPlan, *, job_id: str, job_dir: str, cwd: str, pytho
         srun.append("--user-endpoint")
     srun += ["--"]
     expand = {len(srun) + i: var for i, var in placeholder_positions(plan).items()}
-    n = requeue.overrides if requeue is not None else 0
-    if n and list(plan.argv[len(plan.argv) - n:]) != list(plan.overrides):
-        raise PlanError("the job's command does not end with its overrides, so a requeued attempt could not resume "
-                        "it; launch it without --requeue")
-    srun += plan.argv[:len(plan.argv) - n] if n else plan.argv
-    if n:  # a requeued attempt's overrides come from the resume pre-flight: the script's array
-        expand[len(srun)] = "overrides[@]"
-        srun.append("overrides")
+    words, array_at = command_words(plan, requeue)
+    if array_at is not None:  # a requeued attempt's overrides come from the resume pre-flight: the script's array
+        expand[len(srun) + array_at] = "overrides[@]"
+    srun += words
     conf = f"export TUNE_MAGIC_RDZV_CONF={shlex.quote(rdzv_conf)}\n" if rdzv_conf else ""
     head = "".join(f"{line}\n" for line in sbatch_lines)
-    run_end = " &\nwait_srun $!" if requeue is not None and requeue.background else ""
-    exit_path = requeue.exit_path if requeue is not None else '"$job_dir/exit_code"'
+    parts = requeue or NOT_REQUEUED
     return f"""#!/bin/bash
 {head}# tune_magic job {job_id}: one torchrun agent per node on {nodes} node(s).
 # Written by tune_magic (the SLURM scheduler); sbatch this file to run the job again.
@@ -104,17 +98,17 @@ set -u
 cd {shlex.quote(cwd)} || exit 1
 {env_lines}
 job_dir={shlex.quote(job_dir)}
-{requeue.prelude if requeue is not None else ""}# the head is this batch host: its address (never a loopback one) and a port free on it now
+{parts.prelude}# the head is this batch host: its address (never a loopback one) and a port free on it now
 read -r head_host head_addr rdzv_port < <({shlex.quote(python)} -m tune_magic.schedulers.slurm.node head)
 if [ -z "${{rdzv_port:-}}" ]; then echo "tune_magic: could not find the head node's address" >&2; exit 1; fi
 export TUNE_MAGIC_HEAD_HOST="$head_host" TUNE_MAGIC_HEAD_ADDR="$head_addr"
 export TUNE_MAGIC_RDZV_ENDPOINT="$head_addr:$rdzv_port"
 {conf}echo "rendezvous $TUNE_MAGIC_RDZV_ENDPOINT"
-{shell_line(srun, expand=expand)}{run_end}
+{shell_line(srun, expand=expand)}{parts.run_end}
 rc=$?
 # the job's own exit code, in the job directory: the outcome never depends on accounting
 printf '{{"returncode": %d, "ended_at": %s}}\\n' "$rc" "$(date +%s.%N)" > "$job_dir/.exit_code.$$" \\
-    && mv -f "$job_dir/.exit_code.$$" {exit_path}
+    && mv -f "$job_dir/.exit_code.$$" {parts.exit_path}
 exit "$rc"
 """
 
