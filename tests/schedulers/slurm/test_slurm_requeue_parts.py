@@ -270,3 +270,12 @@ def test_the_requeue_helper_records_the_attempts_and_starts_over_without_a_check
     bad = subprocess.run([os.sys.executable, "-m", "tune_magic.schedulers.slurm.requeue", str(d), "1"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "ATTEMPT >= 2" in bad.stderr
+
+
+def test_a_requeue_shown_without_a_restart_count_also_outvotes_the_earlier_attempts_file():
+    # squeue's plain format (no JSON) has no restart count: a job queued again after its script ended was requeued
+    pending = sq.parse_squeue_format("42|PENDING|BeginTime|1|(null)|10:00|tune_magic-j1")["42"]
+    done = sq.parse_squeue_format("42|COMPLETED|None|1|n1|10:00|tune_magic-j1")["42"]
+    assert R.requeued_since(pending, 1) and not R.requeued_since(done, 1) and not R.requeued_since(None, 1)
+    assert R.requeued_since(sq.SlurmJob("42", "n", "RUNNING", restart_count=1), 1)
+    assert not R.requeued_since(sq.SlurmJob("42", "n", "COMPLETED", restart_count=1), 2)

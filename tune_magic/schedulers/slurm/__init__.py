@@ -255,7 +255,7 @@ class SlurmScheduler(Scheduler):
         if exit_info is not None:
             fresh = self._fresh_answer(record)
             # a requeue SLURM made after this attempt's script ended: the job goes on (its answer below)
-            if not (requeue.requeueable(record) and fresh is not None and fresh.job.restart_count >= attempt):
+            if not (requeue.requeueable(record) and requeue.requeued_since(fresh.job if fresh else None, attempt)):
                 ended = follow.from_exit_file(job_dir, record, exit_info, self._failure_verdict(record, fresh))
                 return {**changes, **requeue.last_attempt_ended(job_dir, record, ended)}
         env = _client_env(None, record)

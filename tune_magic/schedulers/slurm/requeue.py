@@ -244,6 +244,19 @@ def requeueable(record: JobRecord) -> bool:
         return False
 
 
+def requeued_since(job, attempt: int) -> bool:
+    """Whether the controller's fresh word on the job (a :class:`.squeue.SlurmJob`, or ``None``:
+    no answer) shows a requeue after attempt ``attempt`` ended: a restart count that reached it
+    (squeue's JSON), or the job queued again (a requeued flag or ``PENDING``: the plain format has
+    no restart count)."""
+    from tune_magic.registry.status import Status
+    from tune_magic.schedulers.slurm import squeue as sq
+
+    if job is None:
+        return False
+    return job.restart_count >= attempt or sq.job_outcome(job).status is Status.PENDING
+
+
 def current_attempt(job_dir: Path, record: JobRecord) -> int:
     """The job's latest attempt (1-based) as far as anything shows: SLURM's restart count the
     record keeps, the attempts the batch script recorded, and the exit files written."""
