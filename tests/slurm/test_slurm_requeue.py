@@ -90,3 +90,35 @@ def test_resume_on_timeout_requeues_the_job_once_before_its_limit_then_it_ends_a
     one, two = A.parse(job.record.attempts)
     assert one.reason == "requeued (time limit near; --resume-on-timeout 1)", one
     assert two.number == 2 and two.ended_at == job.ended_at
+
+
+def test_tune_magics_full_finetune_requeued_mid_epoch_2_ends_with_the_uninterrupted_runs_losses(cluster, tiny_assets,
+                                                                                               tmp_path):
+    import os
+
+    from resumehelpers import OFFLINE, assert_same
+
+    def launch(out, env=None, **kw):
+        words = f"output_dir={out} epochs={EPOCHS} seed=0 max_steps_per_epoch={STEPS}"
+        job = tune_magic.launch(f"--nproc_per_node 1 full_finetune --config tiny/full {words}", scheduler="slurm",
+                                nodes=1, cpus_per_node=1, env={**os.environ, **OFFLINE, **(env or {})}, **kw)
+        cluster.started.append(job)
+        return job
+
+    reference = launch(tmp_path / "ref")
+    assert reference.wait(TIMEOUT) == "succeeded", reference.tail(30)
+    paused = tmp_path / "paused"  # the recipe holds after step 6 (mid-epoch 2), once
+    job = launch(tmp_path / "out", {"TUNE_MAGIC_TEST_PAUSE_AFTER_STEP": str(STEPS + 2),
+                                    "TUNE_MAGIC_TEST_PAUSE_FILE": str(paused)}, requeue=True)
+    wait_for(paused.exists, timeout=TIMEOUT, interval=0.5, what="step 6", describe=lambda: job.tail(15))
+    assert (tmp_path / "out" / "epoch_0").is_dir() and not (tmp_path / "out" / "epoch_1").exists()
+    cluster.client(["scontrol", "requeue", job.engine_id])
+    slurm_sched.WATCHER.forget()
+    _release(cluster, job)
+    assert job.wait(TIMEOUT) == "succeeded", job.tail(40)
+    ref = series(reference)
+    assert sorted(ref) == list(range(1, EPOCHS * STEPS + 1))
+    assert_same(series(job), ref, range(1, EPOCHS * STEPS + 1))  # the final loss (step 12) included
+    one, two = A.parse(job.record.attempts)
+    assert (one.reason, one.step) == ("requeued (scontrol requeue)", STEPS + 2)
+    assert two.resumed_from == {"checkpoint": "epoch_0/", "epoch": 0, "step": STEPS}

@@ -24,9 +24,9 @@ attempt (``attempt = SLURM_RESTART_COUNT + 1``).
   all (it counts the markers): SLURM never requeues a job that hit its time limit itself.
 
 Why an attempt ended (the reason in ``attempts``) comes from that marker, else from the line
-slurmstepd writes into the job's output when it kills a job (``*** JOB 7 ON n1 CANCELLED AT ...
-DUE TO PREEMPTION ***``; ``JOB REQUEUE``, ``NODE FAILURE``: ``_send_signal`` texts of
-src/slurmd/slurmstepd/req.c, 22.05).
+slurmstepd writes into the job's output when it kills a job (``slurmstepd-n1: error: *** JOB 7 ON
+n1 CANCELLED AT 2026-12-01T23:23:23 DUE TO JOB REQUEUE ***``, as on the test cluster, SLURM 22.05;
+``PREEMPTION``, ``NODE FAILURE``, ``TIME LIMIT`` in the same place).
 """
 
 from __future__ import annotations
