@@ -279,3 +279,16 @@ def test_a_requeue_shown_without_a_restart_count_also_outvotes_the_earlier_attem
     assert R.requeued_since(pending, 1) and not R.requeued_since(done, 1) and not R.requeued_since(None, 1)
     assert R.requeued_since(sq.SlurmJob("42", "n", "RUNNING", restart_count=1), 1)
     assert not R.requeued_since(sq.SlurmJob("42", "n", "COMPLETED", restart_count=1), 2)
+
+
+def test_requeue_of_a_recipe_the_preflight_does_not_know_is_refused_before_submitting(fake_bin, tmp_path):
+    recipe = tmp_path / "my_recipe.py"  # a recipe file without TUNE_MAGIC_RESUME: its checkpoints are unknown
+    recipe.write_text("print('hi')\n")
+    from jobhelpers import TOY_CONFIG
+
+    args = f"--nproc_per_node 1 {recipe} --config {TOY_CONFIG} steps=2"
+    with pytest.raises(PlanError, match=r"--requeue resumes each requeued attempt .* cannot resume recipe .*"
+                                        r"--sbatch=--requeue instead"):
+        tune_magic.launch(args, scheduler="slurm", dry_run=True, requeue=True)
+    plan = tune_magic.launch(args, scheduler="slurm", dry_run=True, sbatch=["--requeue"])  # SLURM's plain rerun
+    assert "#SBATCH --requeue" in plan.batch_script

@@ -210,10 +210,12 @@ def prepare(plan, options, extra, *, python: str) -> tuple[list[str], ScriptPart
     files, and resumes only with tune_magic's options). ``([], None)`` for a job never requeued.
 
     Raises:
-        PlanError: ``--resume-on-timeout`` with the user's own ``--sbatch=--signal``, or a
-            ``--sbatch=--no-requeue`` that contradicts them.
+        PlanError: ``--resume-on-timeout`` with the user's own ``--sbatch=--signal``, a
+            ``--sbatch=--no-requeue`` that contradicts them, or a recipe the resume pre-flight
+            does not know (a requeued attempt could not continue it).
     """
     from tune_magic.errors import PlanError
+    from tune_magic.plan.resumerecipes import recipe_support
 
     resume, timeout_n = bool(options.get("requeue")), options.get("resume_on_timeout")
     if timeout_n and "signal" in extra.long_names:
@@ -224,6 +226,13 @@ def prepare(plan, options, extra, *, python: str) -> tuple[list[str], ScriptPart
         raise PlanError(f"{flag} needs a requeueable job; drop --sbatch=--no-requeue, or drop {flag}")
     if not (resume or timeout_n or extra.requeue):
         return [], None
+    if resume or timeout_n:
+        try:
+            recipe_support(plan.recipe, plan.recipe_name)
+        except PlanError as exc:
+            flag = "--requeue" if resume else "--resume-on-timeout"
+            raise PlanError(f"{flag} resumes each requeued attempt from the last checkpoint, but {exc}; or give "
+                            "--sbatch=--requeue instead (SLURM then runs the job again from the start)") from None
     time_limit = options.get("time_limit")
     parts = script_parts(overrides=list(plan.overrides), python=python, resume=resume or bool(timeout_n),
                          resume_on_timeout=timeout_n, margin_s=signal_margin_s(time_limit))
