@@ -67,6 +67,12 @@ def test_a_requeued_job_resumes_from_epoch_1s_checkpoint_and_ends_as_an_uninterr
     assert f"attempt 2: resumed from epoch_0/ at step {STEPS} after requeued (scontrol requeue) " \
            f"(attempt 1 reached step {one.step})" in notes(job.record)
     assert "; attempt 2 resumes from epoch_0/ at step 4: resume_from_checkpoint=True" in "\n".join(job.tail(400))
+    from tune_magic.ui.views import JobCard
+
+    card = JobCard(job, watch=False)
+    card.watcher.poll_once()
+    assert f"attempt 2: resumed from epoch_0/ at step {STEPS} after requeued (scontrol requeue)" in card.text()
+    assert card.snapshot.resumed_at == (STEPS,)  # the chart's marker where attempt 2 resumed
 
 
 def test_resume_on_timeout_requeues_the_job_once_before_its_limit_then_it_ends_at_its_limit(cluster):
