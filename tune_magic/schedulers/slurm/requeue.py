@@ -242,6 +242,7 @@ def prepare(plan, options, extra, *, python: str) -> tuple[list[str], ScriptPart
 def requeueable(record: JobRecord) -> bool:
     """Whether SLURM may run the job again (submitted with ``--requeue``: tune_magic's option,
     ``--resume-on-timeout``, or the user's ``--sbatch=--requeue``)."""
+    from tune_magic.errors import PlanError
     from tune_magic.schedulers.slurm.options import check_sbatch_options
 
     opts = record.scheduler_options
@@ -249,7 +250,7 @@ def requeueable(record: JobRecord) -> bool:
         return True
     try:
         return check_sbatch_options(list(opts.get("sbatch") or ())).requeue
-    except Exception:  # a record another release wrote: its words as they are  # noqa: BLE001
+    except (PlanError, TypeError):  # words another release took (or a hand-edited record): SLURM's own default
         return False
 
 
