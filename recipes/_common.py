@@ -23,7 +23,8 @@ it only when ``max_steps_per_epoch`` truncates an epoch), and each rank's RNG st
 Test-only knob (environment, read by every rank): ``TUNE_MAGIC_TEST_PAUSE_AFTER_STEP=N`` with
 ``TUNE_MAGIC_TEST_PAUSE_FILE=PATH`` makes the run stop moving right after global step N is logged:
 rank 0 writes PATH, then every rank sleeps (up to 600 s), so a test can interrupt a tiny run at a
-chosen point with a real signal.
+chosen point with a real signal. A run that starts while PATH exists does not pause (the same job
+started again, e.g. requeued by its engine, goes on).
 """
 
 from __future__ import annotations
@@ -292,6 +293,8 @@ class DistributedRecipeBase(FTRecipeInterface):
         if resuming:
             self._restore_rng(checkpoint_dict.get(training.RNG_KEY))
         self._pause_after_step = int(os.environ.get(PAUSE_STEP_ENV, "0") or 0)
+        if os.path.exists(os.environ.get(PAUSE_FILE_ENV, "")):  # paused once already: a requeued run goes on
+            self._pause_after_step = 0
 
     def _rng_state(self) -> dict[str, Any]:
         state = {"cpu": torch.get_rng_state()}

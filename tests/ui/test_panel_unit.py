@@ -259,7 +259,8 @@ def test_FAKE_sbatch_slurm_fields_preview_sbatch_line_and_script(tmp_path, fake_
     assert panel.scheduler_note in row.children and panel.scheduler_note.value == ""  # sinfo answered: no note
     fields = panel.scheduler_fields["slurm"]
     # one field per option the SLURM scheduler declares, in its order
-    assert list(fields) == ["nodes", "gpus_per_node", "cpus_per_node", "partition", "time_limit", "account", "sbatch"]
+    assert list(fields) == ["nodes", "gpus_per_node", "cpus_per_node", "partition", "time_limit", "account", "requeue",
+                            "resume_on_timeout", "sbatch"]
     box = next(c for c in panel.children[0].children if "tm-slurm-fields" in c._dom_classes)
     assert box.layout.display == "none" and panel.script_preview.layout.display == "none"
     panel.recipe.value = "lora_finetune"
@@ -278,6 +279,11 @@ def test_FAKE_sbatch_slurm_fields_preview_sbatch_line_and_script(tmp_path, fake_
     assert panel.scheduler_options() == {"scheduler": "slurm", "nodes": 2, "cpus_per_node": 4,
                                          "partition": "my-part", "time_limit": "2:00:00", "account": "proj1",
                                          "sbatch": ["--qos=high", "--exclusive"]}
+    fields["requeue"].value = True  # issue 21's options come from the same rows
+    fields["resume_on_timeout"].value = 2
+    assert panel.scheduler_options()["requeue"] is True and panel.scheduler_options()["resume_on_timeout"] == 2
+    fields["requeue"].value = False
+    fields["resume_on_timeout"].value = 0
     assert not panel.launch_button.disabled, panel.error.value
     plan = tune_magic.launch(["lora_finetune", "--config", "tiny/lora", "max_steps_per_epoch=4",
                               "metric_logger.name=my run"], cwd=tmp_path, dry_run=True, **panel.scheduler_options())

@@ -341,14 +341,15 @@ class ExitInfo:
     ended_at: float
 
 
-def read_exit_code(d: Path) -> ExitInfo | None:
+def read_exit_code(d: Path, name: str = EXIT_CODE) -> ExitInfo | None:
     """Return the job's recorded exit, or ``None`` while none is written (or it is damaged).
 
     Format (this module's, written by ``tune_magic/schedulers/local/exitwrap.py``): a JSON object
     ``{"returncode": int, "ended_at": float}`` padded with spaces; all spaces means "not yet".
+    ``name``: the file in ``d`` (an engine that runs a job several times keeps one per attempt).
     """
     try:
-        data = read_json(d / EXIT_CODE, 4096)
+        data = read_json(d / name, 4096)
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict):
@@ -357,7 +358,7 @@ def read_exit_code(d: Path) -> ExitInfo | None:
     if not isinstance(code, int) or isinstance(code, bool) or not -256 < code < 1 << 16:
         return None
     if not isinstance(ended, (int, float)) or isinstance(ended, bool) or not finite_number(ended):
-        ended = os.stat(d / EXIT_CODE).st_mtime if os.path.exists(d / EXIT_CODE) else time.time()
+        ended = os.stat(d / name).st_mtime if os.path.exists(d / name) else time.time()
     return ExitInfo(code, float(ended))
 
 

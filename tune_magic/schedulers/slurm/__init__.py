@@ -35,7 +35,7 @@ from tune_magic.registry.store import PENDING, RUNNING, UNKNOWN, JobRecord
 from tune_magic.registry.status import Status
 from tune_magic.schedulers.base import Scheduler, SchedulerOptions
 from tune_magic.schedulers.slurm.plan import place
-from tune_magic.schedulers.slurm import follow, queue
+from tune_magic.schedulers.slurm import follow, queue, requeue
 from tune_magic.schedulers.slurm import options as sopts
 from tune_magic.schedulers.slurm import squeue as sq
 from tune_magic.schedulers.slurm.script import batch_script, directives, sbatch_argv
@@ -193,13 +193,15 @@ class SlurmScheduler(Scheduler):
         if shutil.which("sbatch", path=env.get("PATH")) is None:  # a dry run still shows the script
             warnings.append("sbatch is not on PATH here: " + _CLIENTS_MISSING.split(" on PATH: ", 1)[1])
         warnings += node_local_warnings(plan, env, home=str(home(env)), python=sys.executable)
+        own, parts = requeue.prepare(plan, options, extra, python=sys.executable)
         lines = directives(job_id=plan.job_id, job_dir=str(job_dir), cwd=plan.cwd or os.getcwd(), nodes=nodes,
                            gpus_per_node=options.get("gpus_per_node"), cpus_per_node=options.get("cpus_per_node"),
                            partition=options.get("partition"), time_limit=time_limit, account=options.get("account"),
-                           user_options=extra.groups, requeue=extra.requeue, exports=extra.exports)
+                           user_options=extra.groups, requeue=extra.requeue, exports=extra.exports, own_options=own)
         script = batch_script(plan, job_id=plan.job_id, job_dir=str(job_dir), cwd=plan.cwd or os.getcwd(),
                               python=sys.executable, nodes=nodes, cpus_per_node=options.get("cpus_per_node"),
-                              rdzv_conf=plan.rdzv_conf, user_endpoint=plan.rendezvous == "user", sbatch_lines=lines)
+                              rdzv_conf=plan.rdzv_conf, user_endpoint=plan.rendezvous == "user", sbatch_lines=lines,
+                              requeue=parts)
         argv = sbatch_argv(str(job_dir / SCRIPT))
         return {"batch_script": script, "submit_argv": argv, "warnings": warnings}
 
@@ -249,9 +251,13 @@ class SlurmScheduler(Scheduler):
         if state.is_terminal:
             return {}
         changes, started = self._from_log(job_dir, record)
-        exit_info = jobstore.read_exit_code(job_dir)
+        exit_info, attempt = requeue.current_exit(job_dir, record)
         if exit_info is not None:
-            return {**changes, **follow.from_exit_file(job_dir, record, exit_info, self._failure_verdict(record))}
+            fresh = self._fresh_answer(record)
+            # a requeue SLURM made after this attempt's script ended: the job goes on (its answer below)
+            if not (requeue.requeueable(record) and requeue.requeued_since(fresh.job if fresh else None, attempt)):
+                ended = follow.from_exit_file(job_dir, record, exit_info, self._failure_verdict(record, fresh))
+                return {**changes, **requeue.last_attempt_ended(job_dir, record, ended)}
         env = _client_env(None, record)
         slurm_id = self.engine_id(record)
         if slurm_id is None:
@@ -288,16 +294,21 @@ class SlurmScheduler(Scheduler):
         """Seconds the job waited in SLURM's queue again after a requeue (not run time)."""
         return follow.queued_s(record)
 
-    def _failure_verdict(self, record: JobRecord) -> tuple[str | None, str | None]:
-        """SLURM's own failure verdict on a job that left an exit file (a time limit, a node failure,
-        out of memory: the exit file alone can say 0 then), from a fresh answer; ``(None, None)``
-        when the controller has none or does not answer."""
+    def _fresh_answer(self, record: JobRecord) -> queue.Answer | None:
+        """A fresh answer of the controller on the job (asked once per job's end: an answer from
+        before the exit file may predate the failure or a requeue); ``None`` when it does not list it."""
         slurm_id = self.engine_id(record)
         if not slurm_id:
-            return None, None
-        WATCHER.forget()  # once per job's end: an answer from before the exit file may predate the failure
+            return None
+        WATCHER.forget()
         answer = WATCHER.get(slurm_id, _client_env(None, record))
-        if answer.kind != queue.LISTED:
+        return answer if answer.kind == queue.LISTED else None
+
+    def _failure_verdict(self, record: JobRecord, answer: queue.Answer | None) -> tuple[str | None, str | None]:
+        """SLURM's own failure verdict on a job that left an exit file (a time limit, a node failure,
+        out of memory: the exit file alone can say 0 then), from a fresh ``answer``
+        (:meth:`_fresh_answer`); ``(None, None)`` when the controller has none or does not answer."""
+        if answer is None:
             return None, None
         said = sq.job_outcome(answer.job, time_limit=record.scheduler_options.get("time_limit"))
         if said.verdict in (outcome.TIMEOUT, outcome.NODE_FAIL, outcome.OUT_OF_MEMORY):
@@ -337,7 +348,7 @@ class SlurmScheduler(Scheduler):
         """
         env = _client_env(None, record)
         terminal = record is not None and record.state.is_terminal
-        if terminal and jobstore.read_exit_code(job_dir) is not None:
+        if terminal and requeue.current_exit(job_dir, record)[0] is not None:
             return  # its batch script ended: nothing of it runs
         if not terminal:
             jobstore.mark_stop_requested(job_dir)
@@ -405,7 +416,7 @@ class SlurmScheduler(Scheduler):
             return True
         if record is not None and record.state.is_live:
             return True
-        if jobstore.read_exit_code(job_dir) is not None:
+        if requeue.current_exit(job_dir, record)[0] is not None:
             return False
         env = _client_env(None, record)
         slurm_id = (self.engine_id(record) if record is not None else None) or find_by_name(job_dir.name, env)[0]

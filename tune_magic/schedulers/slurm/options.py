@@ -497,6 +497,11 @@ OPTIONS = (
     Option("--time", "time_limit", "text", "time limit in sbatch's forms (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, "
                                            "UNLIMITED)", example="2:00:00", check=_time_option),
     Option("--account", "account", "text", "account to charge (sbatch --account)", example="myproject"),
+    Option("--requeue", "requeue", "switch", "let SLURM requeue the job (preemption, scontrol requeue, a node "
+                                             "failure); each new attempt resumes from the last checkpoint"),
+    Option("--resume-on-timeout", "resume_on_timeout", "count", "requeue the job itself shortly before its time "
+                                                                "limit, at most N times; each resumes from the last "
+                                                                "checkpoint", example="2"),
     Option("--sbatch", "sbatch", "words", "one more sbatch option as written, e.g. --sbatch=--qos=high "
                                           "(repeatable; = form)", example="--qos=high"),
 )

@@ -26,6 +26,7 @@ from tune_magic.errors import PlanError
 from tune_magic.plan.model import LaunchPlan
 from tune_magic.schedulers.slurm.array import escape_filename
 from tune_magic.schedulers.slurm.plan import placeholder_positions
+from tune_magic.schedulers.slurm.requeue import NOT_REQUEUED, ScriptParts, command_words
 
 def shell_word(token: str) -> str:
     """Quote ``token`` for bash so that it reaches the program exactly as written (``$``, `````,
@@ -52,7 +53,7 @@ def shell_line(argv: Sequence[str], indent: str = "    ", width: int = 100,
 
 def batch_script(plan: LaunchPlan, *, job_id: str, job_dir: str, cwd: str, python: str, nodes: int,
                  cpus_per_node: int | None, rdzv_conf: str | None, user_endpoint: bool,
-                 sbatch_lines: Sequence[str] = ()) -> str:
+                 sbatch_lines: Sequence[str] = (), requeue: ScriptParts | None = None) -> str:
     """The batch script text (bash).
 
     Args:
@@ -72,6 +73,7 @@ def batch_script(plan: LaunchPlan, *, job_id: str, job_dir: str, cwd: str, pytho
             picked, no ``is_host``).
         sbatch_lines: the ``#SBATCH`` lines (:func:`directives`), placed right after the first line
             (sbatch reads directives only before the first command).
+        requeue: a requeueable job's own lines (:func:`.requeue.script_parts`), or ``None``.
     """
     env_lines = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in plan.env.items())
     srun = ["srun", f"--nodes={nodes}", "--ntasks-per-node=1"]
@@ -82,9 +84,13 @@ def batch_script(plan: LaunchPlan, *, job_id: str, job_dir: str, cwd: str, pytho
         srun.append("--user-endpoint")
     srun += ["--"]
     expand = {len(srun) + i: var for i, var in placeholder_positions(plan).items()}
-    srun += plan.argv
+    words, array_at = command_words(plan, requeue)
+    if array_at is not None:  # a requeued attempt's overrides come from the resume pre-flight: the script's array
+        expand[len(srun) + array_at] = "overrides[@]"
+    srun += words
     conf = f"export TUNE_MAGIC_RDZV_CONF={shlex.quote(rdzv_conf)}\n" if rdzv_conf else ""
     head = "".join(f"{line}\n" for line in sbatch_lines)
+    parts = requeue or NOT_REQUEUED
     return f"""#!/bin/bash
 {head}# tune_magic job {job_id}: one torchrun agent per node on {nodes} node(s).
 # Written by tune_magic (the SLURM scheduler); sbatch this file to run the job again.
@@ -92,17 +98,17 @@ set -u
 cd {shlex.quote(cwd)} || exit 1
 {env_lines}
 job_dir={shlex.quote(job_dir)}
-# the head is this batch host: its address (never a loopback one) and a port free on it now
+{parts.prelude}# the head is this batch host: its address (never a loopback one) and a port free on it now
 read -r head_host head_addr rdzv_port < <({shlex.quote(python)} -m tune_magic.schedulers.slurm.node head)
 if [ -z "${{rdzv_port:-}}" ]; then echo "tune_magic: could not find the head node's address" >&2; exit 1; fi
 export TUNE_MAGIC_HEAD_HOST="$head_host" TUNE_MAGIC_HEAD_ADDR="$head_addr"
 export TUNE_MAGIC_RDZV_ENDPOINT="$head_addr:$rdzv_port"
 {conf}echo "rendezvous $TUNE_MAGIC_RDZV_ENDPOINT"
-{shell_line(srun, expand=expand)}
+{shell_line(srun, expand=expand)}{parts.run_end}
 rc=$?
 # the job's own exit code, in the job directory: the outcome never depends on accounting
 printf '{{"returncode": %d, "ended_at": %s}}\\n' "$rc" "$(date +%s.%N)" > "$job_dir/.exit_code.$$" \\
-    && mv -f "$job_dir/.exit_code.$$" "$job_dir/exit_code"
+    && mv -f "$job_dir/.exit_code.$$" {parts.exit_path}
 exit "$rc"
 """
 
@@ -131,11 +137,14 @@ def output_pattern(path: str) -> str:
 
 def directives(*, job_id: str, job_dir: str, cwd: str, nodes: int, gpus_per_node: int | None,
                cpus_per_node: int | None, partition: str | None, time_limit: str | None, account: str | None,
-               user_options: Sequence[Sequence[str]], requeue: bool, exports: Sequence[str] = ()) -> list[str]:
+               user_options: Sequence[Sequence[str]], requeue: bool, exports: Sequence[str] = (),
+               own_options: Sequence[str] = ()) -> list[str]:
     """The batch script's ``#SBATCH`` lines: the scheduler's options, then the user's (one line
     per ``--sbatch=`` value, its words as given). The job's output file is the job's combined log
     (``output.log`` in its directory); the job gets the kernel's environment (``--export=ALL``, and
-    the variables the user named: ``exports``).
+    the variables the user named: ``exports``). ``own_options``: more of the scheduler's, before the
+    user's (``--requeue``, ``--signal=...``); without ``--requeue`` there or ``requeue`` (the user's
+    ``--requeue``) the job is submitted ``--no-requeue``.
 
     Raises:
         PlanError: the job directory holds a backslash (see :func:`output_pattern`).
@@ -147,7 +156,8 @@ def directives(*, job_id: str, job_dir: str, cwd: str, nodes: int, gpus_per_node
                         ("--partition", partition), ("--time", time_limit), ("--account", account)):
         if value:
             opts.append(f"{flag}={value}")
-    if not requeue:
+    opts += own_options  # the scheduler's own for --requeue / --resume-on-timeout (.requeue.directive_options)
+    if not requeue and "--requeue" not in own_options:
         opts.append("--no-requeue")
     lines = [f"#SBATCH {directive_word(o)}" for o in opts]
     lines += ["#SBATCH " + " ".join(directive_word(w) for w in words) for words in user_options if words]
