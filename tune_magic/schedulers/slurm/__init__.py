@@ -38,12 +38,13 @@ from tune_magic.schedulers.slurm.plan import place
 from tune_magic.schedulers.slurm import follow, queue
 from tune_magic.schedulers.slurm import options as sopts
 from tune_magic.schedulers.slurm import squeue as sq
-from tune_magic.schedulers.slurm.script import batch_script, directives, sbatch_argv
+from tune_magic.schedulers.slurm.script import batch_script, sbatch_argv
+from tune_magic.schedulers.slurm.sbatchcall import (CLIENT_TIMEOUT_S, parse_sbatch_id, run_sbatch as _run, sbatch_lines,
+                                                     submit_env, write_script)
+from tune_magic.schedulers.slurm import arraysweep
 from tune_magic.schedulers.slurm.nodelocal import node_local_warnings
 from tune_magic.schedulers.slurm.tail import TAIL_RULES
 
-#: Seconds to wait for sbatch (a submission is not repeated: it waits longer than a status query).
-CLIENT_TIMEOUT_S = 60.0
 #: Seconds to wait for scancel (a stop must reach the controller; it answers or fails within this).
 CANCEL_TIMEOUT_S = 30.0
 #: The batch script's file name in the job directory.
@@ -68,10 +69,6 @@ def _client_env(env: Mapping[str, str] | None, record: JobRecord | None = None) 
     return out
 
 
-def _run(argv: list[str], env: Mapping[str, str], timeout: float = CLIENT_TIMEOUT_S) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=timeout)
-
-
 def _live_ids(conf: str) -> list[str]:
     """SLURM ids of the registry's live SLURM jobs on the cluster of ``conf`` (one query asks for all)."""
     here = os.environ.get("SLURM_CONF", "")
@@ -89,19 +86,6 @@ def _live_ids(conf: str) -> list[str]:
 WATCHER = queue.QueueWatcher(_live_ids)
 
 
-def parse_sbatch_id(out: str) -> str | None:
-    """SLURM's job id from sbatch's answer: ``--parsable`` gives ``123`` or ``123;cluster``; a site
-    wrapper may still print ``Submitted batch job 123``. ``None`` when there is no id."""
-    for line in reversed(out.strip().splitlines()):
-        first = line.strip().split(";")[0].strip()
-        if re.fullmatch(r"\d+(_\d+)?", first):
-            return first
-        m = re.search(r"Submitted batch job (\d+)", line)
-        if m:
-            return m.group(1)
-    return None
-
-
 def find_by_name(job_id: str, env: Mapping[str, str]) -> tuple[str | None, bool]:
     """SLURM's id of the job submitted as ``tune_magic-<job_id>`` (a launcher killed between
     sbatch and recording the id leaves only the name), or ``None``; and whether squeue answered
@@ -112,20 +96,6 @@ def find_by_name(job_id: str, env: Mapping[str, str]) -> tuple[str | None, bool]
         return None, False
     ids = [line.strip() for line in r.stdout.splitlines() if line.strip().isdigit()]
     return (ids[0] if ids else None), True
-
-
-def _directive_names(script: str) -> set[str]:
-    """The long names of the sbatch options a batch script's ``#SBATCH`` lines set."""
-    names: set[str] = set()
-    for line in script.splitlines():
-        if not line.startswith("#SBATCH "):
-            continue
-        for word in shlex.split(line[len("#SBATCH "):], comments=True):
-            if word.startswith("--"):
-                names.add(word[2:].split("=", 1)[0])
-            elif word.startswith("-") and len(word) > 1:
-                names.update(sopts.short_names(word))
-    return names
 
 
 def _gpus_asked(options: SchedulerOptions, words: tuple[str, ...]) -> bool:
@@ -172,12 +142,31 @@ class SlurmScheduler(Scheduler):
                 record.scheduler_options.setdefault("time_limit", value)
 
     def engine_id(self, record: JobRecord) -> str | None:
-        """SLURM's job id, once sbatch answered."""
+        """SLURM's job id, once sbatch answered (an array task's: ``7_3``)."""
         return record.backend.get("job_id")
+
+    # -- sweeps: one job array ----------------------------------------------------------------
+    def submit_sweep(self, sweep) -> None:
+        """The whole sweep as ONE job array, each task one trial (:mod:`.arraysweep`).
+
+        Raises:
+            PlanError: an array larger than the cluster's ``MaxArraySize``, or sbatch refused it.
+            JobStartError: sbatch did not answer in time.
+        """
+        arraysweep.submit_array(sweep, script_name=SCRIPT, clients_missing=_CLIENTS_MISSING)
+
+    def cancel_sweep(self, sweep_dir: Path, record, grace_s: float) -> None:
+        """Cancel the array's pending tasks (they never start); each running trial is then
+        stopped as a job (:meth:`cancel`).
+
+        Raises:
+            ControllerUnreachable: scancel could not reach the controller.
+        """
+        WATCHER.forget()
+        arraysweep.cancel_array(record, self._scancel)
 
     # -- launching ----------------------------------------------------------------------------
     def prepare(self, plan, options: SchedulerOptions, env: Mapping[str, str], job_dir: Path) -> dict[str, Any]:
-        time_limit = options.get("time_limit")
         extra = sopts.check_sbatch_options(list(options.get("sbatch", ())))
         if plan.recipe_source == "torchtune" and (plan.recipe_name or "").endswith("_distributed") \
                 and not _gpus_asked(options, extra.argv):
@@ -193,10 +182,8 @@ class SlurmScheduler(Scheduler):
         if shutil.which("sbatch", path=env.get("PATH")) is None:  # a dry run still shows the script
             warnings.append("sbatch is not on PATH here: " + _CLIENTS_MISSING.split(" on PATH: ", 1)[1])
         warnings += node_local_warnings(plan, env, home=str(home(env)), python=sys.executable)
-        lines = directives(job_id=plan.job_id, job_dir=str(job_dir), cwd=plan.cwd or os.getcwd(), nodes=nodes,
-                           gpus_per_node=options.get("gpus_per_node"), cpus_per_node=options.get("cpus_per_node"),
-                           partition=options.get("partition"), time_limit=time_limit, account=options.get("account"),
-                           user_options=extra.groups, requeue=extra.requeue, exports=extra.exports)
+        lines = sbatch_lines(options, job_id=plan.job_id, job_dir=str(job_dir), cwd=plan.cwd or os.getcwd(),
+                             nodes=nodes)
         script = batch_script(plan, job_id=plan.job_id, job_dir=str(job_dir), cwd=plan.cwd or os.getcwd(),
                               python=sys.executable, nodes=nodes, cpus_per_node=options.get("cpus_per_node"),
                               rdzv_conf=plan.rdzv_conf, user_endpoint=plan.rendezvous == "user", sbatch_lines=lines)
@@ -207,16 +194,8 @@ class SlurmScheduler(Scheduler):
                lock_fd: int | None) -> None:
         if shutil.which("sbatch", path=env.get("PATH")) is None:
             raise PlanError(_CLIENTS_MISSING)
-        script = job_dir / SCRIPT
-        fd = jobstore.open_nofollow(script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
-        with os.fdopen(fd, "w") as f:
-            f.write(plan.batch_script)
-        # the surrounding allocation's SLURM_*/SRUN_* stay out, unless the user named them (--export=NAME)
-        named = sopts.check_sbatch_options(list(options.get("sbatch", ()))).exported_names()
-        client_env, _ = sopts.sbatch_env(env, keep=named)
-        client_env.pop("CUDA_VISIBLE_DEVICES", None)  # the kernel's GPUs are not the job's: SLURM allocates them
-        for name in sopts.env_variables_of(_directive_names(plan.batch_script)):
-            client_env.pop(name, None)  # sbatch would let it win over the script's #SBATCH line
+        write_script(job_dir / SCRIPT, plan.batch_script)
+        client_env = submit_env(options, env, plan.batch_script)
         try:
             r = _run(list(plan.submit_argv), client_env)
         except subprocess.TimeoutExpired:
@@ -257,7 +236,10 @@ class SlurmScheduler(Scheduler):
         if slurm_id is None:
             if jobstore.lock_is_held(job_dir / jobstore.SUPERVISOR_LOCK):
                 return changes  # the launcher is submitting it right now
-            slurm_id, answered = find_by_name(record.id, env)
+            if "array_of" in record.backend:  # a trial of an array whose submitter did not record the id
+                slurm_id, answered = arraysweep.find_task(record.backend, env)
+            else:
+                slurm_id, answered = find_by_name(record.id, env)
             if slurm_id is None:
                 if answered and time.time() - record.started_at > queue.missing_grace_s():
                     gone = f"the submission did not complete: squeue lists no job tune_magic-{record.id}"
