@@ -47,6 +47,10 @@ from tune_magic.schedulers.slurm.tail import TAIL_RULES
 
 #: Seconds to wait for scancel (a stop must reach the controller; it answers or fails within this).
 CANCEL_TIMEOUT_S = 30.0
+#: scancel's exit code, without a word, when a signal reached an array task that then ended while
+#: scancel retried ("Job is in transitional state"): SLURM's ESLURM_ALREADY_DONE (2021, "Job/step
+#: already completing or completed") modulo 256 (measured, SLURM 22.05.8, ``scancel --signal=TERM 7_3``).
+ALREADY_DONE_EXIT = 2021 % 256
 #: The batch script's file name in the job directory.
 SCRIPT = "job.sbatch"
 
@@ -355,7 +359,8 @@ class SlurmScheduler(Scheduler):
         """
         r = queue.run_bounded(["scancel", *args], env, CANCEL_TIMEOUT_S)
         text = " ".join(((r.stderr or r.stdout) if r is not None else "").split())
-        if r is None or (r.returncode != 0 and "Invalid job id" not in text and "already" not in text):
+        done = r is not None and r.returncode == ALREADY_DONE_EXIT
+        if r is None or (r.returncode != 0 and not done and "Invalid job id" not in text and "already" not in text):
             why = text or f"no answer within {CANCEL_TIMEOUT_S:.0f} s"
             raise ControllerUnreachable(f"SLURM did not take the cancel of job {args[-1]} ({why}); the stop is "
                                         f"recorded: run the stop again once SLURM answers (squeue works again)")
