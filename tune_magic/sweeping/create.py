@@ -121,7 +121,8 @@ def sweep(args: "str | Sequence[str | Word]", *, name: str | None = None, gpus: 
         gpus: the pool of GPU ids the trials share (``"0-7"``, ``"0,1,2,3"``, ``[0, 1]``); default
             every GPU this process may use (none on a CPU machine).
         gpus_per_trial: GPUs each trial gets (default its processes per node).
-        max_parallel: most trials at once (default every group of the pool; 1 without GPUs).
+        max_parallel: most trials at once (default every group of the pool; 1 without GPUs; with a
+            scheduler of its own, which queues the trials itself, e.g. a job array: no cap).
         max_trials: the cap on the number of trials (default 1,000).
         cwd, force, env, config_overlay, scheduler, options: as :func:`tune_magic.launch`; a
             YAML ``config_overlay`` may hold a ``sweep:`` mapping of keys to lists of values (more axes).
@@ -256,6 +257,8 @@ def _slots(n_trials: int, nproc, *, gpus, gpus_per_trial, max_parallel, env, loc
             pool = pool[:len(pool) - len(pool) % per] or pool
     else:
         pool = parse_gpu_spec(gpus) or []
+    if not local and max_parallel is None and not pool:
+        max_parallel = n_trials  # the engine's queue decides how many run at once
     slots = plan_slots(n_trials=n_trials, pool=pool or None, gpus_per_trial=gpus_per_trial,
                        max_parallel=max_parallel, nproc_per_node=nproc)
     if pool and not implicit and checking and local:

@@ -74,3 +74,17 @@ def test_the_arrays_sbatch_lines_come_before_any_command_and_ask_one_task_per_tr
 def test_an_array_with_a_backslash_in_its_log_folder_is_refused():
     with pytest.raises(PlanError, match="backslash"):
         task_output_pattern("/home/u/a\\b/logs/")
+
+
+def test_a_slurm_sweep_is_capped_only_when_asked(tmp_path, monkeypatch):
+    """The array is the queue: without --max-parallel no %K (the cluster decides); with it, %K."""
+    import tune_magic
+    from jobhelpers import toy_args
+
+    monkeypatch.delenv("TUNE_MAGIC_SCHEDULER", raising=False)
+    args = toy_args("start_loss=1,2,3", "steps=1", nproc=1)
+    free = tune_magic.sweep(args, scheduler="slurm", dry_run=True, cwd=tmp_path)
+    capped = tune_magic.sweep(args, scheduler="slurm", dry_run=True, cwd=tmp_path, max_parallel=2)
+    local = tune_magic.sweep(args, dry_run=True, cwd=tmp_path)
+    assert (free.slots.max_parallel, capped.slots.max_parallel, local.slots.max_parallel) == (3, 2, 1)
+    assert [array_option(3, d.slots.max_parallel) for d in (free, capped)] == ["--array=0-2", "--array=0-2%2"]
