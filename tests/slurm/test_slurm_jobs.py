@@ -229,8 +229,8 @@ def test_cluster_notebook_runs_the_two_node_job_an_array_sweep_and_the_70b_dry_r
     assert swept[0] == "{'succeeded': 3}", swept
     array_ids = swept[1].split()[2:]  # one array: <id>_0 <id>_1 <id>_2
     assert len({i.split("_")[0] for i in array_ids}) == 1 and [i.split("_")[1] for i in array_ids] == ["0", "1", "2"]
-    assert [line.split()[2] for line in swept[3:]] == ["succeeded"] * 3 and all(line.split()[3] == "3"
-                                                                              for line in swept[3:])
+    rows = [line.split() for line in swept[-3:]]  # trial, lr, status, steps, final loss
+    assert [r[0] for r in rows] == ["0", "1", "2"] and [r[2:4] for r in rows] == [["succeeded", "3"]] * 3
     dry = text("dry-run")
     assert dry.startswith("sbatch --parsable") and "#SBATCH --gpus-per-node=8" in dry and "#SBATCH --partition=gpu" in dry
     assert "#SBATCH --time=2:00:00" in dry and "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=64" in dry
