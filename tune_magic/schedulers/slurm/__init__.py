@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
-import shlex
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,7 +36,7 @@ from tune_magic.schedulers.slurm import follow, queue
 from tune_magic.schedulers.slurm import options as sopts
 from tune_magic.schedulers.slurm import squeue as sq
 from tune_magic.schedulers.slurm.script import batch_script, sbatch_argv
-from tune_magic.schedulers.slurm.sbatchcall import (CLIENT_TIMEOUT_S, parse_sbatch_id, run_sbatch as _run, sbatch_lines,
+from tune_magic.schedulers.slurm.sbatchcall import (CLIENT_TIMEOUT_S, call_sbatch, parse_sbatch_id, sbatch_lines,
                                                      submit_env, write_script)
 from tune_magic.schedulers.slurm import arraysweep
 from tune_magic.schedulers.slurm.nodelocal import node_local_warnings
@@ -200,23 +197,16 @@ class SlurmScheduler(Scheduler):
             raise PlanError(_CLIENTS_MISSING)
         write_script(job_dir / SCRIPT, plan.batch_script)
         client_env = submit_env(options, env, plan.batch_script)
-        try:
-            r = _run(list(plan.submit_argv), client_env)
-        except subprocess.TimeoutExpired:
-            # it may still have queued the job: keep the record; the next look finds it by name
-            raise JobStartError(f"sbatch did not answer within {CLIENT_TIMEOUT_S:.0f} s; job {record.id} stays listed "
-                                f"and is found in squeue as tune_magic-{record.id} if SLURM took it (else it is marked "
-                                f"failed after {queue.missing_grace_s():.0f} s)") from None
-        except OSError as exc:
-            raise PlanError(f"sbatch could not run ({exc}); nothing was submitted") from None
-        if r.returncode != 0:
-            message = " ".join((r.stderr or r.stdout).split()) or f"exit code {r.returncode}"
-            raise PlanError(f"sbatch refused the job: {message}")
-        slurm_id = parse_sbatch_id(r.stdout)
+        # on a timeout it may still have queued the job: the record stays; the next look finds it by name
+        out = call_sbatch(list(plan.submit_argv), client_env, refused="sbatch refused the job",
+                          timed_out=f"sbatch did not answer within {CLIENT_TIMEOUT_S:.0f} s; job {record.id} stays "
+                          f"listed and is found in squeue as tune_magic-{record.id} if SLURM took it (else it is "
+                          f"marked failed after {queue.missing_grace_s():.0f} s)")
+        slurm_id = parse_sbatch_id(out)
         if slurm_id is None:
             slurm_id = find_by_name(record.id, client_env)[0]
         if slurm_id is None:
-            raise JobStartError(f"sbatch answered {r.stdout.strip()[:200]!r}, not a job id, and squeue lists no "
+            raise JobStartError(f"sbatch answered {out.strip()[:200]!r}, not a job id, and squeue lists no "
                                 f"tune_magic-{record.id}; see {job_dir}")
         faultpoints.reached("sbatch-returned")  # fault tests: the launcher dies before it records SLURM's id
         backend = {"job_id": slurm_id}

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -37,7 +36,7 @@ from tune_magic.schedulers.slurm import queue
 from tune_magic.schedulers.slurm.array import (ArrayLimits, array_option, check_array_size, expand_filename,
                                                parse_array_limits, task_output_pattern)
 from tune_magic.schedulers.slurm.parseerror import SqueueParseError
-from tune_magic.schedulers.slurm.sbatchcall import (CLIENT_TIMEOUT_S, parse_sbatch_id, run_sbatch, sbatch_lines,
+from tune_magic.schedulers.slurm.sbatchcall import (CLIENT_TIMEOUT_S, call_sbatch, parse_sbatch_id, sbatch_lines,
                                                     submit_env, write_script)
 from tune_magic.schedulers.slurm.script import array_script, sbatch_argv
 
@@ -148,19 +147,12 @@ def _sbatch(sweep: SweepSubmission, job_dirs: list[Path], first_plan, script_nam
     path = sweep.sweep_dir / ARRAY_SCRIPT
     write_script(path, text)
     env = submit_env(sweep.options, sweep.env, text)
-    try:
-        r = run_sbatch(sbatch_argv(str(path)), env)
-    except subprocess.TimeoutExpired:
-        raise JobStartError(f"sbatch did not answer within {CLIENT_TIMEOUT_S:.0f} s; sweep {record.id}'s trials stay "
-                            f"listed and are found in squeue as tune_magic-{record.id} if SLURM took the array") from None
-    except OSError as exc:
-        raise PlanError(f"sbatch could not run ({exc}); nothing was submitted") from None
-    if r.returncode != 0:
-        message = " ".join((r.stderr or r.stdout).split()) or f"exit code {r.returncode}"
-        raise PlanError(f"sbatch refused the sweep's job array: {message}")
-    array_id = parse_sbatch_id(r.stdout) or find_array(record.id, env)[0]
+    out = call_sbatch(sbatch_argv(str(path)), env, refused="sbatch refused the sweep's job array",
+                      timed_out=f"sbatch did not answer within {CLIENT_TIMEOUT_S:.0f} s; sweep {record.id}'s trials "
+                      f"stay listed and are found in squeue as tune_magic-{record.id} if SLURM took the array")
+    array_id = parse_sbatch_id(out) or find_array(record.id, env)[0]
     if array_id is None:
-        raise JobStartError(f"sbatch answered {r.stdout.strip()[:200]!r}, not a job id, and squeue lists no "
+        raise JobStartError(f"sbatch answered {out.strip()[:200]!r}, not a job id, and squeue lists no "
                             f"tune_magic-{record.id}; see {sweep.sweep_dir}")
     return array_id, pattern, env
 

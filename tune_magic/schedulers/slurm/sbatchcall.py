@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Mapping
 
+from tune_magic.errors import JobStartError, PlanError
 from tune_magic.registry import store as jobstore
 from tune_magic.schedulers.base import SchedulerOptions
 from tune_magic.schedulers.slurm import options as sopts
@@ -27,6 +28,29 @@ def run_sbatch(argv: list[str], env: Mapping[str, str], timeout: float = CLIENT_
         OSError: it could not run.
     """
     return subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=timeout)
+
+
+def call_sbatch(argv: list[str], env: Mapping[str, str], *, refused: str, timed_out: str) -> str:
+    """Run sbatch (``argv``) and return what it printed on stdout.
+
+    Args:
+        refused: the start of the message when sbatch refuses (``"sbatch refused the job"``).
+        timed_out: the message when it does not answer in time (it may still have queued the job).
+
+    Raises:
+        JobStartError: no answer within :data:`CLIENT_TIMEOUT_S` (``timed_out``).
+        PlanError: sbatch could not run, or refused (``refused: <its words>``); nothing was submitted.
+    """
+    try:
+        r = run_sbatch(argv, env)
+    except subprocess.TimeoutExpired:
+        raise JobStartError(timed_out) from None
+    except OSError as exc:
+        raise PlanError(f"sbatch could not run ({exc}); nothing was submitted") from None
+    if r.returncode != 0:
+        message = " ".join((r.stderr or r.stdout).split()) or f"exit code {r.returncode}"
+        raise PlanError(f"{refused}: {message}")
+    return r.stdout
 
 
 def parse_sbatch_id(out: str) -> str | None:
