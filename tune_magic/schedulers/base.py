@@ -219,6 +219,18 @@ class Scheduler(ABC):
         """
         sweep.start_queue()
 
+    def sweep_dry_run(self, sweep_dir: Path, plans: "list[LaunchPlan]", max_parallel: int, options: SchedulerOptions,
+                      cwd: str, env: Mapping[str, str]) -> str | None:
+        """What a sweep's dry run shows of the one engine job this scheduler would submit for the
+        whole sweep (see :meth:`submit_sweep`; e.g. the job array's submit command and script), or
+        ``None``: each trial is submitted alone (the default). ``plans`` are the trials' plans in
+        order; ``sweep_dir`` is where the sweep's directory would be.
+
+        Raises:
+            PlanError: the sweep could not be submitted as described.
+        """
+        return None
+
     def cancel_sweep(self, sweep_dir: Path, record: "SweepRecord", grace_s: float) -> None:
         """End the engine job of a sweep this scheduler runs as one (see :meth:`submit_sweep`).
         Default: nothing (each trial's job is stopped on its own)."""

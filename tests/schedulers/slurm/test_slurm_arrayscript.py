@@ -88,3 +88,26 @@ def test_a_slurm_sweep_is_capped_only_when_asked(tmp_path, monkeypatch):
     local = tune_magic.sweep(args, dry_run=True, cwd=tmp_path)
     assert (free.slots.max_parallel, capped.slots.max_parallel, local.slots.max_parallel) == (3, 2, 1)
     assert [array_option(3, d.slots.max_parallel) for d in (free, capped)] == ["--array=0-2", "--array=0-2%2"]
+
+
+def test_a_slurm_sweeps_dry_run_shows_the_one_array_it_would_submit(tmp_path, monkeypatch):
+    import tune_magic
+    from tune_magic.registry import store as jobstore
+    from tune_magic.registry import sweepstore
+    from jobhelpers import toy_args
+
+    monkeypatch.delenv("TUNE_MAGIC_SCHEDULER", raising=False)
+    args = toy_args("start_loss=1,2,3", "steps=1", nproc=1)
+    dry = tune_magic.sweep(args, scheduler="slurm", dry_run=True, cwd=tmp_path, max_parallel=2, cpus_per_node=1)
+    sweep_dir = sweepstore.sweeps_root() / dry.id
+    command, _, script = dry.engine_job.partition("\n\n")
+    assert command == f"sbatch --parsable {sweep_dir}/array.sbatch"
+    assert "#SBATCH --array=0-2%2" in script and f"#SBATCH --output={sweep_dir}/logs/%A_%a.log" in script
+    assert f"#SBATCH --job-name=tune_magic-{dry.id}" in script
+    for i, plan in enumerate(dry.plans):
+        assert f"    {i}) job_dir={jobstore.jobs_root(create=False) / plan.job_id} ;;" in script
+    assert dry.text().endswith(dry.engine_job) and "submitted as one job" in dry.text()
+    path = tmp_path / "array.sbatch"
+    path.write_text(script)
+    assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
+    assert tune_magic.sweep(args, dry_run=True, cwd=tmp_path).engine_job is None  # local: each trial alone

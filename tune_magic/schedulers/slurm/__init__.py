@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -155,6 +156,14 @@ class SlurmScheduler(Scheduler):
             JobStartError: sbatch did not answer in time.
         """
         arraysweep.submit_array(sweep, script_name=SCRIPT, clients_missing=_CLIENTS_MISSING)
+
+    def sweep_dry_run(self, sweep_dir: Path, plans, max_parallel: int, options: SchedulerOptions,
+                      cwd: str, env: Mapping[str, str]) -> str | None:
+        """The job array's sbatch command and script (:func:`.arraysweep.array_text`)."""
+        root = jobstore.jobs_root(env, create=False)
+        script = arraysweep.array_text(sweep_dir, [root / p.job_id for p in plans], plans[0], max_parallel, options,
+                                       cwd, SCRIPT)
+        return f"{shlex.join(sbatch_argv(str(sweep_dir / arraysweep.ARRAY_SCRIPT)))}\n\n{script}"
 
     def cancel_sweep(self, sweep_dir: Path, record, grace_s: float) -> None:
         """Cancel the array's pending tasks (they never start); each running trial is then

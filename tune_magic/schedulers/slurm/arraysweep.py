@@ -136,14 +136,9 @@ def _sbatch(sweep: SweepSubmission, job_dirs: list[Path], first_plan, script_nam
         JobStartError: no answer in time, or an answer without an id.
     """
     record = sweep.record
-    logs = sweep.sweep_dir / TASK_LOGS
-    logs.mkdir(mode=0o700, exist_ok=True)  # SLURM creates no folder for an output file
-    pattern = task_output_pattern(f"{logs}/")
-    lines = sbatch_lines(sweep.options, job_id=record.id, job_dir=str(sweep.sweep_dir), cwd=record.cwd,
-                         nodes=int(first_plan.nnodes or 1), output=pattern,
-                         array=array_option(len(job_dirs), record.max_parallel))
-    text = array_script(sweep_id=record.id, job_dirs=[str(d) for d in job_dirs], script_name=script_name,
-                        sbatch_lines=lines)
+    (sweep.sweep_dir / TASK_LOGS).mkdir(mode=0o700, exist_ok=True)  # SLURM creates no folder for an output file
+    text = array_text(sweep.sweep_dir, job_dirs, first_plan, record.max_parallel, sweep.options, record.cwd,
+                      script_name)
     path = sweep.sweep_dir / ARRAY_SCRIPT
     write_script(path, text)
     env = submit_env(sweep.options, sweep.env, text)
@@ -154,7 +149,32 @@ def _sbatch(sweep: SweepSubmission, job_dirs: list[Path], first_plan, script_nam
     if array_id is None:
         raise JobStartError(f"sbatch answered {out.strip()[:200]!r}, not a job id, and squeue lists no "
                             f"tune_magic-{record.id}; see {sweep.sweep_dir}")
-    return array_id, pattern, env
+    return array_id, output_pattern(sweep.sweep_dir), env
+
+
+def output_pattern(sweep_dir: Path) -> str:
+    """The tasks' ``--output`` pattern: ``<sweep dir>/logs/%A_%a.log`` (the sweep's directory escaped).
+
+    Raises:
+        PlanError: a backslash in the path (SLURM would drop it and expand nothing).
+    """
+    return task_output_pattern(f"{sweep_dir / TASK_LOGS}/")
+
+
+def array_text(sweep_dir: Path, job_dirs: list[Path], first_plan, max_parallel: int, options, cwd: str,
+               script_name: str) -> str:
+    """The array's batch script: ``#SBATCH`` lines with the launch's options, ``--array=0-(N-1)%K``
+    and the per-task output (:func:`output_pattern`), then task ``i`` running ``job_dirs[i]``'s
+    ``script_name`` (:func:`.script.array_script`).
+
+    Raises:
+        PlanError: an ``--sbatch`` option the scheduler owns, or a path SLURM would mangle.
+    """
+    lines = sbatch_lines(options, job_id=sweep_dir.name, job_dir=str(sweep_dir), cwd=cwd,
+                         nodes=int(first_plan.nnodes or 1), output=output_pattern(sweep_dir),
+                         array=array_option(len(job_dirs), max_parallel))
+    return array_script(sweep_id=sweep_dir.name, job_dirs=[str(d) for d in job_dirs], script_name=script_name,
+                        sbatch_lines=lines)
 
 
 def cancel_array(record, scancel: Callable[[list[str], Mapping[str, str]], None]) -> None:
