@@ -107,3 +107,35 @@ def test_an_array_larger_than_max_array_size_is_refused_before_sbatch(cluster, t
     assert cluster.client(["squeue", "--states=all", "--noheader", "--format=%i"]).stdout.split() == queued
     assert not [d for d in sweepstore.list_dirs() if sweepstore.read(d).trials and len(sweepstore.read(d).trials)
                 == limit + 1]
+
+
+SUBMITTER = """
+import sys
+import tune_magic
+tune_magic.sweep(sys.argv[1], scheduler="slurm", max_parallel=2, cpus_per_node=1, cwd=sys.argv[2])
+"""
+
+
+def test_a_submitter_killed_after_sbatch_leaves_trials_that_find_their_tasks_by_the_arrays_name(cluster, tmp_path):
+    import sys
+
+    from tune_magic import faultpoints
+    from tune_magic.sweeping.handle import Sweep
+
+    before = set(sweepstore.list_dirs())
+    p = subprocess.run([sys.executable, "-c", SUBMITTER, toy_args("start_loss=1,2,3", "steps=2", nproc=1), str(tmp_path)],
+                       env={**os.environ, faultpoints.KILL_ENV: "array-sbatch-returned"}, capture_output=True,
+                       timeout=120)
+    assert p.returncode == -9, p.stderr[-2000:]
+    (new,) = [d for d in sweepstore.list_dirs() if d not in before]
+    sweep = Sweep(new)
+    assert sweep.record.engine == {"array_job_id": None}  # the array's id never got written
+    on_disk = [jobstore.read(jobstore.jobs_root() / t.job_id) for t in sweep.record.trials]
+    assert [(r.backend.get("job_id"), r.backend.get("array_task")) for r in on_disk] == [(None, 0), (None, 1), (None, 2)]
+    cluster.started.extend(sweep.jobs)
+    assert sweep.wait(TIMEOUT) == {"succeeded": 3}
+    array_ids = {j.refresh().engine_id.split("_")[0] for j in sweep.jobs}
+    assert len(array_ids) == 1 and [j.engine_id for j in sweep.jobs] == [f"{min(array_ids)}_{i}" for i in range(3)]
+    for i, job in enumerate(sweep.jobs):  # each found its own log, %A_%a, and its own loss
+        assert job.log_path == str(new / "logs" / f"{job.engine_id}.log")
+        assert sorted((q.step, q.value) for q in job.metric_points() if q.name == "loss") == [(1, i + 1), (2, (i + 1) / 2)]

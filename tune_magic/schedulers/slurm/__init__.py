@@ -227,9 +227,19 @@ class SlurmScheduler(Scheduler):
     def describe(self, job_dir: Path, record: JobRecord) -> dict[str, Any]:
         """Settle from the exit file the batch script wrote, else from the controller's shared
         answer (:mod:`.queue`; no answer changes nothing), through the outcome rule (:mod:`.follow`)."""
-        state = record.state
-        if state.is_terminal:
+        if record.state.is_terminal:
             return {}
+        adopted: dict[str, Any] = {}
+        if "array_of" in record.backend and not record.backend.get("job_id") \
+                and not jobstore.lock_is_held(job_dir / jobstore.SUPERVISOR_LOCK):
+            # a trial of an array whose submitter died before it recorded the array's id
+            adopted = arraysweep.adopt_task(job_dir, record, _client_env(None, record))
+            record = dataclasses.replace(record, **adopted)
+        return {**adopted, **self._describe(job_dir, record)}
+
+    def _describe(self, job_dir: Path, record: JobRecord) -> dict[str, Any]:
+        """:meth:`describe` of a record that names its SLURM id if anything does."""
+        state = record.state
         changes, started = self._from_log(job_dir, record)
         exit_info = jobstore.read_exit_code(job_dir)
         if exit_info is not None:
@@ -239,8 +249,8 @@ class SlurmScheduler(Scheduler):
         if slurm_id is None:
             if jobstore.lock_is_held(job_dir / jobstore.SUPERVISOR_LOCK):
                 return changes  # the launcher is submitting it right now
-            if "array_of" in record.backend:  # a trial of an array whose submitter did not record the id
-                slurm_id, answered = arraysweep.find_task(record.backend, env)
+            if "array_of" in record.backend:  # a trial of an array SLURM does not list (yet)
+                slurm_id, answered = None, True
             else:
                 slurm_id, answered = find_by_name(record.id, env)
             if slurm_id is None:

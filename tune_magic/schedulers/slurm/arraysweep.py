@@ -27,6 +27,7 @@ import shutil
 from pathlib import Path
 from typing import Callable, Mapping
 
+from tune_magic import faultpoints
 from tune_magic.errors import JobStartError, PlanError, UserError
 from tune_magic.registry import store as jobstore
 from tune_magic.registry import sweepstore
@@ -71,11 +72,20 @@ def find_array(sweep_id: str, env: Mapping[str, str]) -> tuple[str | None, bool]
     return (ids[0] if ids else None), True
 
 
-def find_task(backend: Mapping, env: Mapping[str, str]) -> tuple[str | None, bool]:
-    """The task id (``7_3``) of a trial whose record has no ``job_id`` yet, found by its array's
-    name; and whether squeue answered."""
-    array_id, answered = find_array(str(backend.get("array_of")), env)
-    return (f"{array_id}_{backend.get('array_task')}" if array_id else None), answered
+def adopt_task(job_dir: Path, record, env: Mapping[str, str]) -> dict:
+    """The record fields of a trial whose submitter died between sbatch and recording the array's id
+    (its ``backend`` has ``array_of`` and ``array_task`` only): its task id and its log, found by
+    its array's name; ``{}`` while squeue lists no such array (or does not answer)."""
+    array_id, _ = find_array(str(record.backend.get("array_of")), env)
+    if array_id is None:
+        return {}
+    task = int(record.backend.get("array_task"))
+    sweep_dir = job_dir.parent.parent / sweepstore.SWEEPS / str(record.backend["array_of"])
+    backend = {**record.backend, "array_job_id": array_id, "job_id": f"{array_id}_{task}"}
+    if env.get("SLURM_CONF"):
+        backend["conf"] = env["SLURM_CONF"]
+    return {"backend": backend,
+            "log_path": expand_filename(output_pattern(sweep_dir), array_job_id=array_id, task_id=task)}
 
 
 def submit_array(sweep: SweepSubmission, *, script_name: str, clients_missing: str) -> None:
@@ -109,6 +119,7 @@ def submit_array(sweep: SweepSubmission, *, script_name: str, clients_missing: s
                 write_script(job.dir / script_name, job.plan.batch_script)
                 jobstore.update(job.dir, backend={"array_of": record.id, "array_task": i})
             array_id, pattern, env = _sbatch(sweep, [job.dir for job in registered], registered[0].plan, script_name)
+            faultpoints.reached("array-sbatch-returned")  # fault tests: killed before the array's id is recorded
         except UserError:
             for job in registered:  # refused as described: nothing runs, nothing listed
                 jobstore.remove_tree(job.dir)
