@@ -139,3 +139,17 @@ def test_a_submitter_killed_after_sbatch_leaves_trials_that_find_their_tasks_by_
     for i, job in enumerate(sweep.jobs):  # each found its own log, %A_%a, and its own loss
         assert job.log_path == str(new / "logs" / f"{job.engine_id}.log")
         assert sorted((q.step, q.value) for q in job.metric_points() if q.name == "loss") == [(1, i + 1), (2, (i + 1) / 2)]
+
+
+def test_an_array_cancelled_outside_tune_magic_stops_every_trial_the_queued_ones_too(cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNE_MAGIC_SLURM_INTERVAL_S", "1")
+    sweep = array_sweep(cluster, tmp_path, [1, 2, 3], "steps=400", "step_s=0.5", max_parallel=1)
+    array_id = sweep.record.engine["array_job_id"]
+    wait_for(lambda: not_ended(sweep) == ["running", "pending", "pending"] and sweep.jobs[0].metric_points(),
+             timeout=TIMEOUT, interval=0.3, what="task 0 running, 1-2 pending", describe=lambda: statuses(sweep))
+    cluster.client(["scancel", array_id])  # by hand, not through tune_magic
+    # well before the 60 s after which a job SLURM no longer lists would be called failed
+    wait_for(lambda: statuses(sweep) == ["stopped"] * 3, timeout=40, interval=0.5,
+             what="every trial stopped", describe=lambda: [(t.status, t.error) for t in sweep.trials])
+    assert [j.refresh().record.error for j in sweep.jobs] == ["cancelled outside tune_magic"] * 3
+    assert not os.path.exists(sweep.dir / "logs" / f"{array_id}_1.log")  # never started

@@ -286,6 +286,11 @@ def test_array_tasks_are_keyed_by_their_task_ids_in_every_form():
     assert {k: (j.state, j.reason) for k, j in plain.items()} == {k: (j.state, j.reason) for k, j in live.items()}
     gone = parse_squeue_json((DATA / "squeue_22.05_array_cancelled.json").read_text(), ["8_0", "8_1", "8_2", "8_3"])
     assert sorted(gone) == ["8_0", "8_1"] and gone["8_1"].state == "CANCELLED"
+    # the emptied record of the pending tasks answers for the array's own id: they were cancelled
+    gone = parse_squeue_json((DATA / "squeue_22.05_array_cancelled.json").read_text(), ["8_2", "8"])
+    assert list(gone) == ["8"] and gone["8"].state == "CANCELLED" and gone["8"].job_id == "8"
+    # tasks that never started have no exit code (the record says 0): cancelled, never "succeeded"
+    assert gone["8"].exit_code is None and live["8_3"].exit_code is None and live["8_0"].exit_code == 0
 
 
 def test_scontrol_names_an_array_task_by_its_task_id():

@@ -80,7 +80,10 @@ def _live_ids(conf: str) -> list[str]:
             slurm_id = r.backend.get("job_id") or r.extra.get("slurm_job_id")  # schema 2 kept it on top
             if isinstance(slurm_id, str) and slurm_id:
                 out.append(slurm_id)
-    return out
+            array_id = r.backend.get("array_job_id")
+            if isinstance(array_id, str) and array_id:
+                out.append(array_id)  # a trial's array: what became of its tasks cancelled while pending
+    return sorted(set(out), key=out.index)
 
 
 #: This process's view of the controller, shared by every job, card and listing (and, on disk, by
@@ -262,6 +265,11 @@ class SlurmScheduler(Scheduler):
             record = dataclasses.replace(record, backend={**record.backend, "job_id": slurm_id})
             changes["backend"] = record.backend
         answer = WATCHER.get(slurm_id, env)
+        if answer.kind == queue.NOT_LISTED and record.backend.get("array_job_id"):
+            # a task cancelled while pending is gone; its array's record of pending tasks says so
+            array = WATCHER.get(str(record.backend["array_job_id"]), env)
+            if array.kind == queue.LISTED and array.job.state == "CANCELLED" and not started:
+                return {**changes, **follow.listed(job_dir, record, array.job, started)}
         if answer.kind == queue.NOT_LISTED:
             return {**changes, **follow.not_listed(job_dir, record, slurm_id, answer)}
         if answer.kind == queue.LISTED:

@@ -292,6 +292,9 @@ def parse_squeue_json(text: str, job_ids: "list[str] | tuple[str, ...] | None" =
     out = {}
     for raw in data["jobs"]:
         job = parse_job_json(raw)
+        if _number(raw.get("array_job_id"))[1] and _number(raw.get("array_task_id"))[1] is None:
+            # the record of an array's tasks that never started: its exit code (0) is no task's
+            job = dataclasses.replace(job, exit_code=None, signal=None)
         for key in _json_keys(raw, job):
             if wanted is None or key in wanted:
                 out[key] = dataclasses.replace(job, job_id=key)
@@ -302,12 +305,13 @@ def _json_keys(raw: dict, job: SlurmJob) -> list[str]:
     """The ids one ``squeue --json`` record answers for: its job id, or for an array task
     ``A_T`` (a task's own job id is another number, and the last task keeps the array's id), one
     per task of a record of pending tasks (``array_task_string`` ``2-5%2``). The record of an
-    array's pending tasks cancelled together keeps neither task id nor list: it answers for none
-    (those tasks are then unknown to the controller)."""
+    array's pending tasks cancelled together keeps neither task id nor list (measured, 22.05): it
+    answers for the array's own id (``A``; those tasks themselves are then unknown to the
+    controller), which a trial asks about when its task is not listed."""
     try:
         tasks = array_tasks_from_json(raw)
     except SqueueParseError:
-        return []
+        return [str(_number(raw.get("array_job_id"))[1])] if _number(raw.get("array_job_id"))[1] else []
     return [job.job_id] if tasks is None else list(tasks.ids)
 
 
