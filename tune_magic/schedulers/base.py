@@ -34,7 +34,7 @@ Contract:
    :meth:`submit`, as slots free up. A scheduler that runs a whole sweep as one engine job (a job
    array) overrides it: it registers every trial (``register_trial``) and submits them together;
    ``cancel_sweep`` then ends that engine job when the sweep is stopped (each trial's job is
-   stopped through :meth:`cancel` too).
+   stopped through :meth:`cancel` too), and ``sweep_dry_run`` shows it in a sweep's dry run.
 
 Schedulers are found by name through :mod:`tune_magic.schedulers` (the built-in ones, and any
 package's entry points in the group ``tune_magic.schedulers``).
