@@ -53,6 +53,7 @@ ROWS = [
     ("sweep_cell_return", "bench.rows.sweep_cell_return", "14", 600, 90),
     ("sweep_listing", "bench.rows.sweep_listing", "15", 600, 90),
     ("stop_all", "bench.rows.stop_all", "16", 600, 120),
+    ("sweep_slurm", "bench.rows.sweep_slurm", "17", 900, 240),
 ]
 QUICK_BUDGET_S = 600
 OUT = REPO / "bench" / "out"
@@ -185,7 +186,7 @@ def render(rows: list[dict], mach: dict, seconds: dict, cold: dict | None) -> st
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="every row at its smallest size (CI); never writes BENCHMARKS.md")
-    ap.add_argument("--only", nargs="+", metavar="ROW", help="rows to run, by number (1-16) or name")
+    ap.add_argument("--only", nargs="+", metavar="ROW", help="rows to run, by number (1-17) or name")
     ap.add_argument("--write", action="store_true", help="rewrite BENCHMARKS.md (full mode only)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of a markdown table")
     ap.add_argument("--render", action="store_true",

@@ -13,7 +13,8 @@ import signal
 #: Environment variable: the step at which the process SIGKILLs itself.
 KILL_ENV = "TUNE_MAGIC_TEST_KILL_LAUNCHER_AT"
 #: The steps of a local launch, in order (:func:`tune_magic.launch`). Schedulers add their own
-#: (the SLURM scheduler: ``sbatch-returned``, after sbatch answered and before its id is recorded).
+#: (the SLURM scheduler: ``sbatch-returned``, after sbatch answered and before its id is recorded;
+#: ``array-sbatch-returned``, the same for a sweep's job array).
 LAUNCH_STEPS = ("staging", "planned", "staged", "registered", "submitted")
 #: The steps of a resume (:func:`tune_magic.resume`): the old job locked, the new job's launch
 #: (:data:`LAUNCH_STEPS`), then the old record linked to it (``resumed_by``).

@@ -203,7 +203,7 @@ def test_bad_input_submits_nothing_and_leaves_no_record(cluster):
     assert not [j for j in listed if j["status"] in ("pending", "running") and j["id"] not in before]
 
 
-def test_cluster_notebook_runs_the_two_node_job_and_the_70b_dry_run(cluster, tiny_assets, tmp_path):
+def test_cluster_notebook_runs_the_two_node_job_an_array_sweep_and_the_70b_dry_run(cluster, tiny_assets, tmp_path):
     import nbformat
     from nbclient import NotebookClient
 
@@ -225,6 +225,12 @@ def test_cluster_notebook_runs_the_two_node_job_and_the_70b_dry_run(cluster, tin
     assert result.splitlines()[0] == "succeeded", result
     assert f"nodes: {' '.join(sorted(cluster.node_names))}" in result and "step 5 loss " in result
     assert "0@" in result and "1@" in result
+    swept = text("array-sweep-result").splitlines()
+    assert swept[0] == "{'succeeded': 3}", swept
+    array_ids = swept[1].split()[2:]  # one array: <id>_0 <id>_1 <id>_2
+    assert len({i.split("_")[0] for i in array_ids}) == 1 and [i.split("_")[1] for i in array_ids] == ["0", "1", "2"]
+    rows = [line.split() for line in swept[-3:]]  # trial, lr, status, steps, final loss
+    assert [r[0] for r in rows] == ["0", "1", "2"] and [r[2:4] for r in rows] == [["succeeded", "3"]] * 3
     dry = text("dry-run")
     assert dry.startswith("sbatch --parsable") and "#SBATCH --gpus-per-node=8" in dry and "#SBATCH --partition=gpu" in dry
     assert "#SBATCH --time=2:00:00" in dry and "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=64" in dry

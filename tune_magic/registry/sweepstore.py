@@ -48,13 +48,17 @@ PREFIX = "sweep-"
 MAX_SWEEP_BYTES = 16 << 20
 
 
+#: The sweeps' folder in ``$TUNE_MAGIC_HOME`` (beside ``jobs``).
+SWEEPS = "sweeps"
+
+
 def sweeps_root(env=None, *, create: bool = False) -> Path:
     """``$TUNE_MAGIC_HOME/sweeps`` (created, mode 0700, with ``create``).
 
     Raises:
         StateDirError: ``create`` and it cannot be created or written.
     """
-    root = home(env) / "sweeps"
+    root = home(env) / SWEEPS
     if create:
         try:
             root.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ Contract:
    :meth:`submit`, as slots free up. A scheduler that runs a whole sweep as one engine job (a job
    array) overrides it: it registers every trial (``register_trial``) and submits them together;
    ``cancel_sweep`` then ends that engine job when the sweep is stopped (each trial's job is
-   stopped through :meth:`cancel` too).
+   stopped through :meth:`cancel` too), and ``sweep_dry_run`` shows it in a sweep's dry run.
 
 Schedulers are found by name through :mod:`tune_magic.schedulers` (the built-in ones, and any
 package's entry points in the group ``tune_magic.schedulers``).
@@ -218,6 +218,18 @@ class Scheduler(ABC):
             PlanError: the engine refused it as described; nothing is left running.
         """
         sweep.start_queue()
+
+    def sweep_dry_run(self, sweep_dir: Path, plans: "list[LaunchPlan]", max_parallel: int, options: SchedulerOptions,
+                      cwd: str, env: Mapping[str, str]) -> str | None:
+        """What a sweep's dry run shows of the one engine job this scheduler would submit for the
+        whole sweep (see :meth:`submit_sweep`; e.g. the job array's submit command and script), or
+        ``None``: each trial is submitted alone (the default). ``plans`` are the trials' plans in
+        order; ``sweep_dir`` is where the sweep's directory would be.
+
+        Raises:
+            PlanError: the sweep could not be submitted as described.
+        """
+        return None
 
     def cancel_sweep(self, sweep_dir: Path, record: "SweepRecord", grace_s: float) -> None:
         """End the engine job of a sweep this scheduler runs as one (see :meth:`submit_sweep`).

@@ -55,6 +55,8 @@ class SweepDryRun:
         plan: the axes and trials.
         plans: each trial's :class:`~tune_magic.plan.model.LaunchPlan`, in trial order (trial i
             shown in slot ``i % max_parallel``; a real sweep starts each in the first free slot).
+        engine_job: for a scheduler that submits the whole sweep as one engine job (a job array),
+            that job as it would be submitted (its command and script); else ``None``.
         slots: how many trials run at once, and each slot's GPUs.
         extra_overrides: overrides every trial gets (the Weights & Biases group).
         warnings: what the checks said.
@@ -67,6 +69,7 @@ class SweepDryRun:
     slots: Slots
     extra_overrides: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    engine_job: str | None = None
 
     def __len__(self) -> int:
         return len(self.plan)
@@ -84,6 +87,9 @@ class SweepDryRun:
             lines += ["", f"trial {trial.index}: {trial.name}", plan.command_line()]
         if len(self) > min(SHOWN_COMMANDS, len(self.plans)):
             lines += ["", f"... and {len(self) - min(SHOWN_COMMANDS, len(self.plans))} more trials"]
+        if self.engine_job:
+            lines += ["", "the whole sweep is submitted as one job (each trial's command above runs it alone):",
+                      self.engine_job]
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -121,7 +127,8 @@ def sweep(args: "str | Sequence[str | Word]", *, name: str | None = None, gpus: 
         gpus: the pool of GPU ids the trials share (``"0-7"``, ``"0,1,2,3"``, ``[0, 1]``); default
             every GPU this process may use (none on a CPU machine).
         gpus_per_trial: GPUs each trial gets (default its processes per node).
-        max_parallel: most trials at once (default every group of the pool; 1 without GPUs).
+        max_parallel: most trials at once (default every group of the pool; 1 without GPUs; with a
+            scheduler of its own, which queues the trials itself, e.g. a job array: no cap).
         max_trials: the cap on the number of trials (default 1,000).
         cwd, force, env, config_overlay, scheduler, options: as :func:`tune_magic.launch`; a
             YAML ``config_overlay`` may hold a ``sweep:`` mapping of keys to lists of values (more axes).
@@ -256,6 +263,8 @@ def _slots(n_trials: int, nproc, *, gpus, gpus_per_trial, max_parallel, env, loc
             pool = pool[:len(pool) - len(pool) % per] or pool
     else:
         pool = parse_gpu_spec(gpus) or []
+    if not local and max_parallel is None and not pool:
+        max_parallel = n_trials  # the engine's queue decides how many run at once
     slots = plan_slots(n_trials=n_trials, pool=pool or None, gpus_per_trial=gpus_per_trial,
                        max_parallel=max_parallel, nproc_per_node=nproc)
     if pool and not implicit and checking and local:
@@ -306,8 +315,11 @@ def _dry_run(inputs: _Inputs, sweep_id: str, name: str, plan: SweepPlan, slots: 
     if slots.unused:
         notes.append(f"GPU {','.join(map(str, slots.unused))} of the pool stay unused (--max-parallel "
                      f"{slots.max_parallel})")
+    engine = None if first_only else schedulers.get(inputs.options.scheduler).sweep_dry_run(
+        sweepstore.sweeps_root(inputs.env) / sweep_id, plans, slots.max_parallel, inputs.options, inputs.cwd,
+        inputs.env)
     return SweepDryRun(id=sweep_id, name=name, plan=plan, plans=tuple(plans), slots=slots,
-                       extra_overrides=tuple(extra), warnings=tuple(notes))
+                       extra_overrides=tuple(extra), warnings=tuple(notes), engine_job=engine)
 
 
 def _register(inputs: _Inputs, record: SweepRecord) -> Sweep:

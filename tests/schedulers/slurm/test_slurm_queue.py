@@ -174,3 +174,14 @@ def test_srun_s_own_error_line_is_found_and_task_ends_are_not():
             "than permitted\nsrun: error: n1: task 0: Exited with exit code 1\n")
     assert srun_error(text) == "srun: error: Unable to create step for job 7: More processors requested than permitted"
     assert srun_error("srun: error: n1: task 0: Exited with exit code 1\nsrun: error: n2: tasks 0-1: Killed\n") is None
+
+
+def test_a_job_or_array_task_cancelled_before_it_ran_is_stopped_not_succeeded(tmp_path):
+    """squeue and scontrol give such a job ExitCode 0 (measured, 22.05: ``scancel`` of an array
+    whose tasks were pending, ``JobState=CANCELLED ExitCode=0:0 NodeList=``): no run's exit code."""
+    d, rec = _record(tmp_path)
+    line = ("JobId=31 ArrayJobId=31 ArrayTaskId=1 JobName=tune_magic-sweep-s JobState=CANCELLED "
+            "Reason=JobArrayTaskLimit Restarts=0 ExitCode=0:0 RunTime=00:00:00 TimeLimit=UNLIMITED NodeList= NumNodes=1")
+    job = sq.parse_scontrol_jobs(line)["31_1"]
+    changes = follow.listed(d, rec, job, started=False)
+    assert (changes["status"], changes["error"]) == ("stopped", CANCELLED_OUTSIDE)

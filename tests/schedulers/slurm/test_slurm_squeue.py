@@ -20,7 +20,9 @@ from tune_magic.schedulers.slurm.squeue import (
     job_outcome,
     parse_squeue_format,
     parse_squeue_json,
+    parse_scontrol_jobs,
     parse_time_limit,
+    scontrol_invalid_id,
     squeue_argv,
 )
 from tune_magic.registry.status import Status
@@ -220,7 +222,7 @@ def test_format_minutes_prints_like_slurm():
 def test_squeue_argv_asks_once_for_all_jobs_in_both_forms():
     assert squeue_argv(["12", "13"]) == ["squeue", "--jobs=12,13", "--states=all", "--json"]
     assert squeue_argv(("12",), json_output=False) == [
-        "squeue", "--jobs=12", "--states=all", "--noheader", f"--format={SQUEUE_FORMAT}"
+        "squeue", "--jobs=12", "--states=all", "--array", "--noheader", f"--format={SQUEUE_FORMAT}"
     ]
 
 
@@ -266,3 +268,35 @@ def test_expand_hostlist_refuses_malformed_lists(text):
 ])
 def test_ended_states_carry_the_verdict_the_outcome_rule_reads(state, verdict):
     assert job_outcome(SlurmJob("9", "x", state)).verdict == verdict
+
+
+# --- array tasks (a sweep's trials), recorded on the test cluster --------------------------------
+
+
+def test_array_tasks_are_keyed_by_their_task_ids_in_every_form():
+    """RECORDED (SLURM 22.05.8, tests/data/slurm/squeue_22.05_array_*): an ``--array=0-3%2`` job
+    (array id 8): tasks 0 and 1 running under their own job ids 9 and 10, tasks 2-3 folded into
+    the pending record that keeps id 8; then every task cancelled (the pending record loses its
+    task list)."""
+    live = parse_squeue_json((DATA / "squeue_22.05_array_live.json").read_text(), ["8_0", "8_1", "8_2", "8_3", "8"])
+    assert sorted(live) == ["8_0", "8_1", "8_2", "8_3"]  # never the array's own id, which a task holds too
+    assert [live[k].state for k in ("8_0", "8_1", "8_2", "8_3")] == ["RUNNING", "RUNNING", "PENDING", "PENDING"]
+    assert live["8_3"].reason == "JobArrayTaskLimit" and live["8_3"].job_id == "8_3"
+    plain = parse_squeue_format((DATA / "squeue_22.05_array_live.txt").read_text())
+    assert {k: (j.state, j.reason) for k, j in plain.items()} == {k: (j.state, j.reason) for k, j in live.items()}
+    gone = parse_squeue_json((DATA / "squeue_22.05_array_cancelled.json").read_text(), ["8_0", "8_1", "8_2", "8_3"])
+    assert sorted(gone) == ["8_0", "8_1"] and gone["8_1"].state == "CANCELLED"
+    # the emptied record of the pending tasks answers for the array's own id: they were cancelled
+    gone = parse_squeue_json((DATA / "squeue_22.05_array_cancelled.json").read_text(), ["8_2", "8"])
+    assert list(gone) == ["8"] and gone["8"].state == "CANCELLED" and gone["8"].job_id == "8"
+    # tasks that never started have no exit code (the record says 0): cancelled, never "succeeded"
+    assert gone["8"].exit_code is None and live["8_3"].exit_code is None and live["8_0"].exit_code == 0
+
+
+def test_scontrol_names_an_array_task_by_its_task_id():
+    line = ("JobId=8 ArrayJobId=8 ArrayTaskId=3 ArrayTaskThrottle=2 JobName=tune_magic-sweep-s1 JobState=PENDING "
+            "Reason=JobArrayTaskLimit Restarts=0 ExitCode=0:0 TimeLimit=UNLIMITED NumNodes=1 NodeList=")
+    job = parse_scontrol_jobs(line)
+    assert list(job) == ["8_3"] and job["8_3"].reason == "JobArrayTaskLimit"
+    # 22.05, measured: a task cancelled while pending is "not found", like an unknown job id
+    assert scontrol_invalid_id(1, "Job 8_3 not found\n") and not scontrol_invalid_id(0, "Job 8_3 not found")

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,14 +36,19 @@ from tune_magic.schedulers.slurm.plan import place
 from tune_magic.schedulers.slurm import follow, queue, requeue
 from tune_magic.schedulers.slurm import options as sopts
 from tune_magic.schedulers.slurm import squeue as sq
-from tune_magic.schedulers.slurm.script import batch_script, directives, sbatch_argv
+from tune_magic.schedulers.slurm.script import batch_script, sbatch_argv
+from tune_magic.schedulers.slurm.sbatchcall import (CLIENT_TIMEOUT_S, call_sbatch, parse_sbatch_id, sbatch_lines,
+                                                     submit_env, write_script)
+from tune_magic.schedulers.slurm import arraysweep
 from tune_magic.schedulers.slurm.nodelocal import node_local_warnings
 from tune_magic.schedulers.slurm.tail import TAIL_RULES
 
-#: Seconds to wait for sbatch (a submission is not repeated: it waits longer than a status query).
-CLIENT_TIMEOUT_S = 60.0
 #: Seconds to wait for scancel (a stop must reach the controller; it answers or fails within this).
 CANCEL_TIMEOUT_S = 30.0
+#: scancel's exit code, without a word, when a signal reached an array task that then ended while
+#: scancel retried ("Job is in transitional state"): SLURM's ESLURM_ALREADY_DONE (2021, "Job/step
+#: already completing or completed") modulo 256 (measured, SLURM 22.05.8, ``scancel --signal=TERM 7_3``).
+ALREADY_DONE_EXIT = 2021 % 256
 #: The batch script's file name in the job directory.
 SCRIPT = "job.sbatch"
 
@@ -68,10 +71,6 @@ def _client_env(env: Mapping[str, str] | None, record: JobRecord | None = None) 
     return out
 
 
-def _run(argv: list[str], env: Mapping[str, str], timeout: float = CLIENT_TIMEOUT_S) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=timeout)
-
-
 def _live_ids(conf: str) -> list[str]:
     """SLURM ids of the registry's live SLURM jobs on the cluster of ``conf`` (one query asks for all)."""
     here = os.environ.get("SLURM_CONF", "")
@@ -81,25 +80,15 @@ def _live_ids(conf: str) -> list[str]:
             slurm_id = r.backend.get("job_id") or r.extra.get("slurm_job_id")  # schema 2 kept it on top
             if isinstance(slurm_id, str) and slurm_id:
                 out.append(slurm_id)
-    return out
+            array_id = r.backend.get("array_job_id")
+            if isinstance(array_id, str) and array_id:
+                out.append(array_id)  # a trial's array: what became of its tasks cancelled while pending
+    return sorted(set(out), key=out.index)
 
 
 #: This process's view of the controller, shared by every job, card and listing (and, on disk, by
 #: every process): :mod:`.queue`.
 WATCHER = queue.QueueWatcher(_live_ids)
-
-
-def parse_sbatch_id(out: str) -> str | None:
-    """SLURM's job id from sbatch's answer: ``--parsable`` gives ``123`` or ``123;cluster``; a site
-    wrapper may still print ``Submitted batch job 123``. ``None`` when there is no id."""
-    for line in reversed(out.strip().splitlines()):
-        first = line.strip().split(";")[0].strip()
-        if re.fullmatch(r"\d+(_\d+)?", first):
-            return first
-        m = re.search(r"Submitted batch job (\d+)", line)
-        if m:
-            return m.group(1)
-    return None
 
 
 def find_by_name(job_id: str, env: Mapping[str, str]) -> tuple[str | None, bool]:
@@ -112,20 +101,6 @@ def find_by_name(job_id: str, env: Mapping[str, str]) -> tuple[str | None, bool]
         return None, False
     ids = [line.strip() for line in r.stdout.splitlines() if line.strip().isdigit()]
     return (ids[0] if ids else None), True
-
-
-def _directive_names(script: str) -> set[str]:
-    """The long names of the sbatch options a batch script's ``#SBATCH`` lines set."""
-    names: set[str] = set()
-    for line in script.splitlines():
-        if not line.startswith("#SBATCH "):
-            continue
-        for word in shlex.split(line[len("#SBATCH "):], comments=True):
-            if word.startswith("--"):
-                names.add(word[2:].split("=", 1)[0])
-            elif word.startswith("-") and len(word) > 1:
-                names.update(sopts.short_names(word))
-    return names
 
 
 def _gpus_asked(options: SchedulerOptions, words: tuple[str, ...]) -> bool:
@@ -172,12 +147,39 @@ class SlurmScheduler(Scheduler):
                 record.scheduler_options.setdefault("time_limit", value)
 
     def engine_id(self, record: JobRecord) -> str | None:
-        """SLURM's job id, once sbatch answered."""
+        """SLURM's job id, once sbatch answered (an array task's: ``7_3``)."""
         return record.backend.get("job_id")
+
+    # -- sweeps: one job array ----------------------------------------------------------------
+    def submit_sweep(self, sweep) -> None:
+        """The whole sweep as ONE job array, each task one trial (:mod:`.arraysweep`).
+
+        Raises:
+            PlanError: an array larger than the cluster's ``MaxArraySize``, or sbatch refused it.
+            JobStartError: sbatch did not answer in time.
+        """
+        arraysweep.submit_array(sweep, script_name=SCRIPT, clients_missing=_CLIENTS_MISSING)
+
+    def sweep_dry_run(self, sweep_dir: Path, plans, max_parallel: int, options: SchedulerOptions,
+                      cwd: str, env: Mapping[str, str]) -> str | None:
+        """The job array's sbatch command and script (:func:`.arraysweep.array_text`)."""
+        root = jobstore.jobs_root(env, create=False)
+        script = arraysweep.array_text(sweep_dir, [root / p.job_id for p in plans], plans[0], max_parallel, options,
+                                       cwd, SCRIPT)
+        return f"{shlex.join(sbatch_argv(str(sweep_dir / arraysweep.ARRAY_SCRIPT)))}\n\n{script}"
+
+    def cancel_sweep(self, sweep_dir: Path, record, grace_s: float) -> None:
+        """Cancel the array's pending tasks (they never start); each running trial is then
+        stopped as a job (:meth:`cancel`).
+
+        Raises:
+            ControllerUnreachable: scancel could not reach the controller.
+        """
+        WATCHER.forget()
+        arraysweep.cancel_array(record, self._scancel)
 
     # -- launching ----------------------------------------------------------------------------
     def prepare(self, plan, options: SchedulerOptions, env: Mapping[str, str], job_dir: Path) -> dict[str, Any]:
-        time_limit = options.get("time_limit")
         extra = sopts.check_sbatch_options(list(options.get("sbatch", ())))
         if plan.recipe_source == "torchtune" and (plan.recipe_name or "").endswith("_distributed") \
                 and not _gpus_asked(options, extra.argv):
@@ -194,10 +196,8 @@ class SlurmScheduler(Scheduler):
             warnings.append("sbatch is not on PATH here: " + _CLIENTS_MISSING.split(" on PATH: ", 1)[1])
         warnings += node_local_warnings(plan, env, home=str(home(env)), python=sys.executable)
         own, parts = requeue.prepare(plan, options, extra, python=sys.executable)
-        lines = directives(job_id=plan.job_id, job_dir=str(job_dir), cwd=plan.cwd or os.getcwd(), nodes=nodes,
-                           gpus_per_node=options.get("gpus_per_node"), cpus_per_node=options.get("cpus_per_node"),
-                           partition=options.get("partition"), time_limit=time_limit, account=options.get("account"),
-                           user_options=extra.groups, requeue=extra.requeue, exports=extra.exports, own_options=own)
+        lines = sbatch_lines(options, job_id=plan.job_id, job_dir=str(job_dir), cwd=plan.cwd or os.getcwd(),
+                             nodes=nodes, own_options=own)
         script = batch_script(plan, job_id=plan.job_id, job_dir=str(job_dir), cwd=plan.cwd or os.getcwd(),
                               python=sys.executable, nodes=nodes, cpus_per_node=options.get("cpus_per_node"),
                               rdzv_conf=plan.rdzv_conf, user_endpoint=plan.rendezvous == "user", sbatch_lines=lines,
@@ -209,33 +209,18 @@ class SlurmScheduler(Scheduler):
                lock_fd: int | None) -> None:
         if shutil.which("sbatch", path=env.get("PATH")) is None:
             raise PlanError(_CLIENTS_MISSING)
-        script = job_dir / SCRIPT
-        fd = jobstore.open_nofollow(script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
-        with os.fdopen(fd, "w") as f:
-            f.write(plan.batch_script)
-        # the surrounding allocation's SLURM_*/SRUN_* stay out, unless the user named them (--export=NAME)
-        named = sopts.check_sbatch_options(list(options.get("sbatch", ()))).exported_names()
-        client_env, _ = sopts.sbatch_env(env, keep=named)
-        client_env.pop("CUDA_VISIBLE_DEVICES", None)  # the kernel's GPUs are not the job's: SLURM allocates them
-        for name in sopts.env_variables_of(_directive_names(plan.batch_script)):
-            client_env.pop(name, None)  # sbatch would let it win over the script's #SBATCH line
-        try:
-            r = _run(list(plan.submit_argv), client_env)
-        except subprocess.TimeoutExpired:
-            # it may still have queued the job: keep the record; the next look finds it by name
-            raise JobStartError(f"sbatch did not answer within {CLIENT_TIMEOUT_S:.0f} s; job {record.id} stays listed "
-                                f"and is found in squeue as tune_magic-{record.id} if SLURM took it (else it is marked "
-                                f"failed after {queue.missing_grace_s():.0f} s)") from None
-        except OSError as exc:
-            raise PlanError(f"sbatch could not run ({exc}); nothing was submitted") from None
-        if r.returncode != 0:
-            message = " ".join((r.stderr or r.stdout).split()) or f"exit code {r.returncode}"
-            raise PlanError(f"sbatch refused the job: {message}")
-        slurm_id = parse_sbatch_id(r.stdout)
+        write_script(job_dir / SCRIPT, plan.batch_script)
+        client_env = submit_env(options, env, plan.batch_script)
+        # on a timeout it may still have queued the job: the record stays; the next look finds it by name
+        out = call_sbatch(list(plan.submit_argv), client_env, refused="sbatch refused the job",
+                          timed_out=f"sbatch did not answer within {CLIENT_TIMEOUT_S:.0f} s; job {record.id} stays "
+                          f"listed and is found in squeue as tune_magic-{record.id} if SLURM took it (else it is "
+                          f"marked failed after {queue.missing_grace_s():.0f} s)")
+        slurm_id = parse_sbatch_id(out)
         if slurm_id is None:
             slurm_id = find_by_name(record.id, client_env)[0]
         if slurm_id is None:
-            raise JobStartError(f"sbatch answered {r.stdout.strip()[:200]!r}, not a job id, and squeue lists no "
+            raise JobStartError(f"sbatch answered {out.strip()[:200]!r}, not a job id, and squeue lists no "
                                 f"tune_magic-{record.id}; see {job_dir}")
         faultpoints.reached("sbatch-returned")  # fault tests: the launcher dies before it records SLURM's id
         backend = {"job_id": slurm_id}
@@ -247,9 +232,19 @@ class SlurmScheduler(Scheduler):
     def describe(self, job_dir: Path, record: JobRecord) -> dict[str, Any]:
         """Settle from the exit file the batch script wrote, else from the controller's shared
         answer (:mod:`.queue`; no answer changes nothing), through the outcome rule (:mod:`.follow`)."""
-        state = record.state
-        if state.is_terminal:
+        if record.state.is_terminal:
             return {}
+        adopted: dict[str, Any] = {}
+        if "array_of" in record.backend and not record.backend.get("job_id") \
+                and not jobstore.lock_is_held(job_dir / jobstore.SUPERVISOR_LOCK):
+            # a trial of an array whose submitter died before it recorded the array's id
+            adopted = arraysweep.adopt_task(job_dir, record, _client_env(None, record))
+            record = dataclasses.replace(record, **adopted)
+        return {**adopted, **self._describe(job_dir, record)}
+
+    def _describe(self, job_dir: Path, record: JobRecord) -> dict[str, Any]:
+        """:meth:`describe` of a record that names its SLURM id if anything does."""
+        state = record.state
         changes, started = self._from_log(job_dir, record)
         exit_info, attempt = requeue.current_exit(job_dir, record)
         if exit_info is not None:
@@ -263,7 +258,10 @@ class SlurmScheduler(Scheduler):
         if slurm_id is None:
             if jobstore.lock_is_held(job_dir / jobstore.SUPERVISOR_LOCK):
                 return changes  # the launcher is submitting it right now
-            slurm_id, answered = find_by_name(record.id, env)
+            if "array_of" in record.backend:  # a trial of an array SLURM does not list (yet)
+                slurm_id, answered = None, True
+            else:
+                slurm_id, answered = find_by_name(record.id, env)
             if slurm_id is None:
                 if answered and time.time() - record.started_at > queue.missing_grace_s():
                     gone = f"the submission did not complete: squeue lists no job tune_magic-{record.id}"
@@ -273,6 +271,11 @@ class SlurmScheduler(Scheduler):
             record = dataclasses.replace(record, backend={**record.backend, "job_id": slurm_id})
             changes["backend"] = record.backend
         answer = WATCHER.get(slurm_id, env)
+        if answer.kind == queue.NOT_LISTED and record.backend.get("array_job_id"):
+            # a task cancelled while pending is gone; its array's record of pending tasks says so
+            array = WATCHER.get(str(record.backend["array_job_id"]), env)
+            if array.kind == queue.LISTED and array.job.state == "CANCELLED" and not started:
+                return {**changes, **follow.listed(job_dir, record, array.job, started)}
         if answer.kind == queue.NOT_LISTED:
             return {**changes, **follow.not_listed(job_dir, record, slurm_id, answer)}
         if answer.kind == queue.LISTED:
@@ -384,7 +387,8 @@ class SlurmScheduler(Scheduler):
         """
         r = queue.run_bounded(["scancel", *args], env, CANCEL_TIMEOUT_S)
         text = " ".join(((r.stderr or r.stdout) if r is not None else "").split())
-        if r is None or (r.returncode != 0 and "Invalid job id" not in text and "already" not in text):
+        done = r is not None and r.returncode == ALREADY_DONE_EXIT
+        if r is None or (r.returncode != 0 and not done and "Invalid job id" not in text and "already" not in text):
             why = text or f"no answer within {CANCEL_TIMEOUT_S:.0f} s"
             raise ControllerUnreachable(f"SLURM did not take the cancel of job {args[-1]} ({why}); the stop is "
                                         f"recorded: run the stop again once SLURM answers (squeue works again)")

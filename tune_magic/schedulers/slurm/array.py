@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 
 from tune_magic.errors import PlanError
-from tune_magic.schedulers.slurm.squeue import SqueueParseError
+from tune_magic.schedulers.slurm.parseerror import SqueueParseError
 
 #: Environment for squeue so a pending array record's task list is never cut: without it SLURM
 #: prints at most 64 characters of it (``0,2,4,...``), and ``squeue -r`` expands the cut text.

@@ -98,6 +98,8 @@ def listed(job_dir: Path, record: JobRecord, job: sq.SlurmJob, started: bool) ->
             reason = reason.replace("the --time limit", "the partition's time limit")
         # killed by a signal: -N, as the outcome rule reads it (23.11's JSON and scontrol give 0 and the signal apart)
         code = -job.signal if job.signal else job.exit_code
+        if said.verdict == outcome.CANCELLED and not job.nodes and not started:
+            code = None  # cancelled before it ever ran: SLURM's exit code (0) is no run's
         evidence, failure = ending.evidence(job_dir, record, code, verdict=said.verdict,
                                             verdict_reason=reason, nothing_runs=True, with_host=True)
         ending.keep_failure(job_dir, failure)

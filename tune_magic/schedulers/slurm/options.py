@@ -80,7 +80,7 @@ OWNED_OPTIONS: dict[str, str] = {
     "export": ("tune_magic passes the kernel's environment (--export=ALL); set variables there instead, or name "
                "variables to keep or set with --sbatch=--export=NAME,NAME=VALUE (e.g. SRUN_CPUS_PER_TASK, which "
                "is otherwise dropped)"),
-    "array": "one tune_magic job is one SLURM job; launch several jobs instead of an array",
+    "array": "one tune_magic job is one SLURM job; a sweep (--sweep) is one job array: run a sweep instead",
     "wrap": "tune_magic writes the batch script",
     "wait": "use tune-magic run --wait, or job.wait(), instead",
     "parsable": "tune_magic sets it to read the SLURM job id",

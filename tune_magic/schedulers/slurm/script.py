@@ -138,7 +138,8 @@ def output_pattern(path: str) -> str:
 def directives(*, job_id: str, job_dir: str, cwd: str, nodes: int, gpus_per_node: int | None,
                cpus_per_node: int | None, partition: str | None, time_limit: str | None, account: str | None,
                user_options: Sequence[Sequence[str]], requeue: bool, exports: Sequence[str] = (),
-               own_options: Sequence[str] = ()) -> list[str]:
+               own_options: Sequence[str] = (), output: str | None = None,
+               array: str | None = None) -> list[str]:
     """The batch script's ``#SBATCH`` lines: the scheduler's options, then the user's (one line
     per ``--sbatch=`` value, its words as given). The job's output file is the job's combined log
     (``output.log`` in its directory); the job gets the kernel's environment (``--export=ALL``, and
@@ -146,11 +147,17 @@ def directives(*, job_id: str, job_dir: str, cwd: str, nodes: int, gpus_per_node
     user's (``--requeue``, ``--signal=...``); without ``--requeue`` there or ``requeue`` (the user's
     ``--requeue``) the job is submitted ``--no-requeue``.
 
+    Args:
+        output: the output file pattern instead (already escaped: e.g. an array task's
+            :func:`.array.task_output_pattern`, ``...%A_%a.log``).
+        array: sbatch's ``--array`` option (:func:`.array.array_option`) for a job array.
+
     Raises:
         PlanError: the job directory holds a backslash (see :func:`output_pattern`).
     """
-    log = output_pattern(f"{job_dir}/output.log")
-    opts = [f"--job-name=tune_magic-{job_id}", f"--nodes={nodes}", "--ntasks-per-node=1", f"--output={log}",
+    log = output if output is not None else output_pattern(f"{job_dir}/output.log")
+    opts = [f"--job-name=tune_magic-{job_id}", *([array] if array else []), f"--nodes={nodes}", "--ntasks-per-node=1",
+            f"--output={log}",
             f"--error={log}", "--open-mode=append", f"--chdir={cwd}", ",".join(["--export=ALL", *exports])]
     for flag, value in (("--gpus-per-node", gpus_per_node), ("--cpus-per-task", cpus_per_node),
                         ("--partition", partition), ("--time", time_limit), ("--account", account)):
@@ -162,6 +169,32 @@ def directives(*, job_id: str, job_dir: str, cwd: str, nodes: int, gpus_per_node
     lines = [f"#SBATCH {directive_word(o)}" for o in opts]
     lines += ["#SBATCH " + " ".join(directive_word(w) for w in words) for words in user_options if words]
     return lines
+
+
+def array_script(*, sweep_id: str, job_dirs: Sequence[str], script_name: str, sbatch_lines: Sequence[str]) -> str:
+    """The batch script of a sweep run as one job array (bash): array task ``i`` runs trial
+    ``i``'s own batch script (``<job dir>/<script_name>``, :func:`batch_script`: its ``#SBATCH``
+    lines are comments there), so each trial writes its exit file in its own job directory and
+    runs as a job of its own would.
+
+    Args:
+        sweep_id: tune_magic's id of the sweep.
+        job_dirs: trial ``i``'s job directory at index ``i`` (quoted: any path is literal).
+        script_name: the trial's batch script's file name in its job directory.
+        sbatch_lines: the array's ``#SBATCH`` lines (:func:`directives` with ``array`` and a
+            per-task ``output``).
+    """
+    head = "".join(f"{line}\n" for line in sbatch_lines)
+    cases = "".join(f"    {i}) job_dir={shlex.quote(d)} ;;\n" for i, d in enumerate(job_dirs))
+    return f"""#!/bin/bash
+{head}# tune_magic sweep {sweep_id}: {len(job_dirs)} trial(s), one array task each (task i runs trial i).
+# Written by tune_magic (the SLURM scheduler); sbatch this file to run the sweep again.
+set -u
+case "${{SLURM_ARRAY_TASK_ID:-}}" in
+{cases}    *) echo "tune_magic: no trial for array task ${{SLURM_ARRAY_TASK_ID:-(none)}}" >&2; exit 1 ;;
+esac
+exec /bin/bash "$job_dir"/{shlex.quote(script_name)}
+"""
 
 
 def sbatch_argv(script_path: str) -> list[str]:

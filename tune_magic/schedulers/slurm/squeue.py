@@ -19,13 +19,15 @@ Recorded samples: ``tests/data/slurm/``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
 
-from tune_magic.errors import TuneMagicError
 from tune_magic.registry import outcome
 from tune_magic.registry.status import Status
+from tune_magic.schedulers.slurm.array import array_tasks_from_json, parse_array_job_id
+from tune_magic.schedulers.slurm.parseerror import SqueueParseError
 
 #: The plain fallback's fields, ``|``-separated: job id, state (long form), reason, node count,
 #: node list, time limit, name (last: the only field that may itself hold a ``|``).
@@ -57,13 +59,6 @@ _FAILURE_REASONS = {
     "LAUNCH_FAILED": "LAUNCH_FAILED: SLURM could not launch the batch script",
     "REVOKED": "REVOKED: the job was revoked (federation)",
 }
-
-
-class SqueueParseError(TuneMagicError, ValueError):
-    """squeue's output is not what this module reads (the message quotes the start of it).
-
-    Not a :class:`~tune_magic.errors.UserError`: the engine answered oddly; the scheduler treats
-    it as "no answer", which never ends a job."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +116,9 @@ class Outcome:
 def squeue_argv(job_ids: list[str] | tuple[str, ...], json_output: bool = True) -> list[str]:
     """Return the squeue command that describes ``job_ids`` in one call.
 
-    ``--states=all`` keeps ended jobs (for ``MinJobAge`` seconds after they end, 300 by default).
+    ``--states=all`` keeps ended jobs (for ``MinJobAge`` seconds after they end, 300 by default);
+    ``--array`` (``-r``) prints each array task on a line of its own (``7_3``, a trial of a sweep),
+    never folded with its array's other pending tasks (``7_[2-5%2]``).
 
     Raises:
         ValueError: no job ids, or an id that is not a number.
@@ -134,7 +131,7 @@ def squeue_argv(job_ids: list[str] | tuple[str, ...], json_output: bool = True) 
     jobs = f"--jobs={','.join(str(j) for j in job_ids)}"
     if json_output:
         return ["squeue", jobs, "--states=all", "--json"]
-    return ["squeue", jobs, "--states=all", "--noheader", f"--format={SQUEUE_FORMAT}"]
+    return ["squeue", jobs, "--states=all", "--array", "--noheader", f"--format={SQUEUE_FORMAT}"]
 
 
 # --- host lists ------------------------------------------------------------------------------
@@ -295,9 +292,27 @@ def parse_squeue_json(text: str, job_ids: "list[str] | tuple[str, ...] | None" =
     out = {}
     for raw in data["jobs"]:
         job = parse_job_json(raw)
-        if wanted is None or job.job_id in wanted:
-            out[job.job_id] = job
+        if _number(raw.get("array_job_id"))[1] and _number(raw.get("array_task_id"))[1] is None:
+            # the record of an array's tasks that never started: its exit code (0) is no task's
+            job = dataclasses.replace(job, exit_code=None, signal=None)
+        for key in _json_keys(raw, job):
+            if wanted is None or key in wanted:
+                out[key] = dataclasses.replace(job, job_id=key)
     return out
+
+
+def _json_keys(raw: dict, job: SlurmJob) -> list[str]:
+    """The ids one ``squeue --json`` record answers for: its job id, or for an array task
+    ``A_T`` (a task's own job id is another number, and the last task keeps the array's id), one
+    per task of a record of pending tasks (``array_task_string`` ``2-5%2``). The record of an
+    array's pending tasks cancelled together keeps neither task id nor list (measured, 22.05): it
+    answers for the array's own id (``A``; those tasks themselves are then unknown to the
+    controller), which a trial asks about when its task is not listed."""
+    try:
+        tasks = array_tasks_from_json(raw)
+    except SqueueParseError:
+        return [str(_number(raw.get("array_job_id"))[1])] if _number(raw.get("array_job_id"))[1] else []
+    return [job.job_id] if tasks is None else list(tasks.ids)
 
 
 # --- squeue --format (fallback) --------------------------------------------------------------
@@ -333,7 +348,7 @@ def parse_squeue_format(text: str) -> dict[str, SlurmJob]:
             raise SqueueParseError(f"squeue line without the {SQUEUE_FORMAT} fields: {line!r}")
         job_id, state, reason, num_nodes, nodes, limit, name = (p.strip() for p in parts)
         base, flags = _split_state(state)
-        out[job_id] = SlurmJob(
+        job = SlurmJob(
             job_id=job_id,
             name=name,
             state=base,
@@ -343,7 +358,16 @@ def parse_squeue_format(text: str) -> dict[str, SlurmJob]:
             num_nodes=int(num_nodes) if num_nodes.isdigit() else None,
             time_limit_minutes=parse_time_limit(limit),
         )
+        for key in _task_keys(job_id):
+            out[key] = dataclasses.replace(job, job_id=key)
     return out
+
+
+def _task_keys(job_id: str) -> list[str]:
+    """The ids a job id squeue printed answers for: itself, or each task of an array record of
+    pending tasks folded into one (``7_[2-5%2]``, printed without ``--array``)."""
+    tasks = parse_array_job_id(job_id)
+    return [job_id] if tasks is None else list(tasks.ids)
 
 
 # --- scontrol show job (the check when squeue leaves a job out) --------------------------------
@@ -380,8 +404,11 @@ def parse_scontrol_jobs(text: str) -> dict[str, SlurmJob]:
             minutes = parse_time_limit(limit) if limit else None
         except SqueueParseError:
             minutes = None
-        out[f["JobId"]] = SlurmJob(
-            job_id=f["JobId"], name=f.get("JobName", ""), state=base, flags=flags,
+        key = f["JobId"]
+        if f.get("ArrayJobId", "").isdigit() and f.get("ArrayTaskId", "").isdigit():
+            key = f"{f['ArrayJobId']}_{f['ArrayTaskId']}"  # a task's JobId is its own number
+        out[key] = SlurmJob(
+            job_id=key, name=f.get("JobName", ""), state=base, flags=flags,
             reason=None if f.get("Reason") in (None, "", "None") else f["Reason"],
             nodes=tuple(expand_hostlist(nodes)),
             num_nodes=int(f["NumNodes"]) if f.get("NumNodes", "").isdigit() else None,
@@ -395,8 +422,11 @@ def parse_scontrol_jobs(text: str) -> dict[str, SlurmJob]:
 
 def scontrol_invalid_id(returncode: int, stderr: str) -> bool:
     """Whether scontrol (or squeue) answered that it knows no such job: exit 1 with ``Invalid job id
-    specified`` (an unreachable or slow controller also exits 1, with another message)."""
-    return returncode == 1 and "Invalid job id specified" in (stderr or "")
+    specified``, or for an array task ``Job 7_3 not found`` (22.05, measured: a pending task
+    cancelled with its array); an unreachable or slow controller also exits 1, with another message."""
+    text = stderr or ""
+    return returncode == 1 and ("Invalid job id specified" in text
+                                or re.search(r"\bJob [0-9]+_[0-9]+ not found", text) is not None)
 
 
 # --- states -> Status ------------------------------------------------------------------------
