@@ -502,6 +502,7 @@ _ROW_JS = """([root, id]) => {
             started: cell('started').textContent.trim(),
             buttons: cell('stop').querySelectorAll('button').length,
             labels: [...cell('stop').querySelectorAll('button')].map(b => b.textContent.trim()),
+            clipped: [...cell('stop').querySelectorAll('button')].some(b => b.scrollWidth > b.clientWidth),
             reason: reason.textContent.trim(), reason_shown: reason.offsetParent !== null};
 }"""
 
@@ -648,7 +649,7 @@ def test_live_jobs_table_and_panel_layout_in_jupyterlab(third, lab, page, new_jo
         r = wait_for(lambda: _row(jobs_table, job.id), 30, what=f"row {job.id}")
         assert (r["status"], r["step"], r["buttons"], r["reason_shown"]) == ("succeeded", "6", 0, False), r
     r = _row(jobs_table, crashed.id)
-    assert r["status"] == "failed" and r["labels"] == ["Resume"] and r["reason_shown"], r
+    assert r["status"] == "failed" and r["labels"] == ["Resume"] and not r["clipped"] and r["reason_shown"], r
     assert "rank 1" in r["reason"] and "RuntimeError: toy recipe crashed on purpose" in r["reason"], r
     # newest first; the engine's id has a column titled by its scheduler, with the nodes, and the
     # scheduler a column of its own (two are listed); when each job started

@@ -301,7 +301,7 @@ def test_the_engine_id_column_with_nodes_and_the_scheduler_column_appear_when_ne
     make(root, "a-local", started=time.time() - 50)
     table = JobsTable(live=False)
     assert [h.layout.display for h in table._header[6:9]] == [None, "none", "none"]  # started only
-    assert table.grid.layout.grid_template_columns == "auto auto repeat(5, max-content) 76px"
+    assert table.grid.layout.grid_template_columns == "auto auto repeat(5, max-content) minmax(76px, max-content)"
     make(root, "b-slurm", scheduler="slurm", backend={"job_id": "4242"}, nodes=["n1", "n2"], num_nodes=2,
          started=time.time() - 10)
     table.refresh_once()
@@ -309,7 +309,7 @@ def test_the_engine_id_column_with_nodes_and_the_scheduler_column_appear_when_ne
     assert [re.sub(r"<[^>]+>", "", h) for h in heads] == ["started", "scheduler", "SLURM ID / nodes"]
     assert [h.layout.display for h in table._header[6:9]] == [None] * 3
     # the scheduler, engine id and nodes wrap in a narrow notebook (auto), the others keep their width
-    assert table.grid.layout.grid_template_columns == "auto auto repeat(5, max-content) auto auto 76px"
+    assert table.grid.layout.grid_template_columns == "auto auto repeat(5, max-content) auto auto minmax(76px, max-content)"
     row = table.rows["b-slurm"]
     assert re.sub(r"<[^>]+>", "", row["scheduler"].value) == "slurm"
     # the nodes under the engine's id, in one column: the table fits a narrow notebook

@@ -192,10 +192,10 @@ class TableRows:
     def template(self) -> str:
         """The grid's ``grid-template-columns``: id and name wrap (``auto``), status to started as
         wide as their content, the scheduler and the engine id with its nodes wrap where a narrow
-        notebook needs it, then the Stop button's column."""
+        notebook needs it, then the Stop (or Resume) button's column, as wide as its label."""
         kinds = self._cols.table_kinds()
         wrapping = " auto" * (len(kinds) - 1)  # every optional column after "started"
-        return f"auto auto repeat({len(self.FIXED) - 2 + 1}, max-content){wrapping} 76px"
+        return f"auto auto repeat({len(self.FIXED) - 2 + 1}, max-content){wrapping} minmax(76px, max-content)"
 
 
 def dir_stamp(path: Path | None) -> tuple | None:
