@@ -109,6 +109,13 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(
             f"SLURM test cluster ({cluster.mode}): started in {cluster.start_s:.2f} s, stopped in {stop}"
         )
+    # what the SLURM tests add to a run (set-up, call and teardown of every test marked slurm)
+    reports = [r for group in terminalreporter.stats.values() for r in group
+               if getattr(r, "when", None) and "slurm" in getattr(r, "keywords", {})]
+    if reports:
+        tests = {r.nodeid for r in reports}
+        terminalreporter.write_line(f"SLURM tests: {len(tests)} tests, {sum(r.duration for r in reports):.0f} s "
+                                    "(set-up, call and teardown)")
 
 
 # --- shared by the end-to-end and SLURM tests ---------------------------------------------------
