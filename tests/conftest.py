@@ -33,6 +33,7 @@ def session_home() -> Path:
 
 _SLURM_FIXTURES = {"slurm_cluster", "slurm_netns_cluster"}
 _slurm_timings: dict[str, object] = {}
+_slurm_items: set[str] = set()  # node ids of the tests on the test cluster (not tests/schedulers/slurm's unit tests)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -40,6 +41,7 @@ def pytest_collection_modifyitems(config, items):
         if _SLURM_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.slurm)
             item.add_marker(pytest.mark.e2e)
+            _slurm_items.add(item.nodeid)
 
 
 def _slurm_required() -> bool:
@@ -111,7 +113,7 @@ def pytest_terminal_summary(terminalreporter):
         )
     # what the SLURM tests add to a run (set-up, call and teardown of every test marked slurm)
     reports = [r for group in terminalreporter.stats.values() for r in group
-               if getattr(r, "when", None) and "slurm" in getattr(r, "keywords", {})]
+               if getattr(r, "when", None) and getattr(r, "nodeid", None) in _slurm_items]
     if reports:
         tests = {r.nodeid for r in reports}
         terminalreporter.write_line(f"SLURM tests: {len(tests)} tests, {sum(r.duration for r in reports):.0f} s "
