@@ -52,7 +52,7 @@ TABLE = textwrap.dedent("""
     from tune_magic.ui.views import JobsTable
     t = time.perf_counter()
     listed = tune_magic.jobs()
-    table = JobsTable(listed)
+    table = JobsTable(listed, limit=None)  # every row, as after "show all" (the default shows the newest 20)
     s = time.perf_counter() - t
     big = table.summaries.get(sys.argv[1]) if len(sys.argv) > 1 else None
     print(json.dumps({"s": s, "rows": len(table.rows), "big": big and [big[2], big[3]]}))
@@ -257,7 +257,7 @@ def run(quick: bool) -> list[dict]:
         project=f"{fmt(med('table'))} median", anchor=f"{fmt(med('table_anchor'))} median (200 one-step jobs)",
         ratio_text=f"{r_table}", goal=f"≤ {GOAL_TABLE}×", met=r_table is not None and r_table <= GOAL_TABLE,
         how=(f"fresh `python -c` per sample, timed inside it after the imports (`tune_magic`, `views`): "
-             f"`jobs()` then `JobsTable(listed)`; summaries present (as the supervisor leaves them); 1 warm-up, "
+             f"`jobs()` then `JobsTable(listed, limit=None)` (every row, as after "show all"); summaries present (as the supervisor leaves them); 1 warm-up, "
              f"then {n_table} alternating rounds"),
         spread_text=f"{spread(secs('table'))}; anchor {spread(secs('table_anchor'))}",
         note=common, data={"project_s": secs("table"), "anchor_s": secs("table_anchor")}))
