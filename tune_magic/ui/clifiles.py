@@ -14,6 +14,7 @@ import time
 from typing import Iterable, Iterator
 
 from tune_magic.errors import UserError
+from tune_magic.paths import file_kind
 
 
 class CliError(UserError, ValueError):
@@ -45,17 +46,8 @@ def os_error_paragraph(exc: OSError) -> str:
 CHUNK_BYTES = 1 << 20
 
 
-def _file_kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
 def _not_a_log(path: str, mode: int) -> CliError:
-    return CliError(f"the job's log {path} is {_file_kind(mode)}, not a regular file: tune_magic writes a regular "
+    return CliError(f"the job's log {path} is {file_kind(mode)}, not a regular file: tune_magic writes a regular "
                     "file there, so something else replaced it; refusing to read it (links are never followed "
                     "inside the job registry)")
 
