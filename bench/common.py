@@ -165,6 +165,17 @@ def stop_all(jobs) -> None:
             log(f"could not stop {job.id}: {exc!r}")
 
 
+def alternated(rounds: int, project: Callable[[int], dict], anchor: Callable[[int], dict]) -> tuple[list[dict], list[dict]]:
+    """Run ``rounds`` rounds of the project and its anchor, the anchor first in even rounds (so a
+    drift of the machine's load favours neither); each callable gets the round number and returns
+    its sample. Returns (project samples, anchor samples), in order."""
+    got: dict[str, list[dict]] = {"project": [], "anchor": []}
+    for i in range(rounds):
+        for kind in (("anchor", "project") if i % 2 == 0 else ("project", "anchor")):
+            got[kind].append((project if kind == "project" else anchor)(i))
+    return got["project"], got["anchor"]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from time import perf_counter
 
-from bench.common import (REPO, TOY_CONFIG, TOY_RECIPE, fmt, leftovers, log, median, ratio, row, row_main,
+from bench.common import (REPO, TOY_CONFIG, TOY_RECIPE, alternated, fmt, leftovers, log, median, ratio, row, row_main,
                           spread)
 
 KEY, NUMBER = "sweep_makespan", "13"
@@ -94,21 +94,22 @@ def _xargs_run(n: int, steps: int, work: Path) -> dict:
 def run(quick: bool) -> list[dict]:
     n, rounds, steps = (6, 1, 4) if quick else (16, 3, 8)
     work = Path(tempfile.mkdtemp(prefix="bench_sweep_", dir=os.environ["TUNE_MAGIC_HOME"]))
-    project, anchor, ids = [], [], []
+    ids: list[str] = []
     _sweep_run(2, 1)  # warm-up, discarded: the first plan reads the tool cache, compiles .pyc
-    for i in range(rounds):  # alternated: anchor first in even rounds
-        order = ("anchor", "sweep") if i % 2 == 0 else ("sweep", "anchor")
-        for kind in order:
-            if kind == "sweep":
-                got = _sweep_run(n, steps)
-                project.append(got)
-                ids += got["jobs"] + [got["id"]]
-                log(f"round {i} sweep: {got['s']:.2f} s, gaps median {fmt(median(got['gaps']))}")
-            else:
-                got = _xargs_run(n, steps, work)
-                anchor.append(got)
-                ids += got["ids"]
-                log(f"round {i} xargs -P {K}: {got['s']:.2f} s")
+
+    def sweep_sample(i: int) -> dict:
+        got = _sweep_run(n, steps)
+        ids.extend(got["jobs"] + [got["id"]])
+        log(f"round {i} sweep: {got['s']:.2f} s, gaps median {fmt(median(got['gaps']))}")
+        return got
+
+    def xargs_sample(i: int) -> dict:
+        got = _xargs_run(n, steps, work)
+        ids.extend(got["ids"])
+        log(f"round {i} xargs -P {K}: {got['s']:.2f} s")
+        return got
+
+    project, anchor = alternated(rounds, sweep_sample, xargs_sample)
     left = leftovers(ids)
     p_s, a_s = [x["s"] for x in project], [x["s"] for x in anchor]
     gaps = [g for x in project for g in x["gaps"]]

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from time import perf_counter
 
-from bench.common import REPO, TOY_CONFIG, TOY_RECIPE, fmt, leftovers, log, median, ratio, row, row_main, spread
+from bench.common import REPO, TOY_CONFIG, TOY_RECIPE, alternated, fmt, leftovers, log, median, ratio, row, row_main, spread
 
 KEY, NUMBER = "sweep_slurm", "17"
 METRIC = "SLURM sweep, 8 trials %2 on the test cluster: makespan"
@@ -111,20 +111,22 @@ def run(quick: bool) -> list[dict]:
             del os.environ[key]
         os.environ.update(SLURM_CONF=cluster.env["SLURM_CONF"], PATH=cluster.env["PATH"])
         work = Path(tempfile.mkdtemp(prefix="bench_slurm_", dir=os.environ["TUNE_MAGIC_HOME"]))
-        project, anchor, ids = [], [], []
+        ids: list[str] = []
         _sweep_run(2, 1)  # warm-up, discarded: the first plan reads the tool cache, compiles .pyc
-        for i in range(rounds):  # alternated: anchor first in even rounds
-            for kind in (("anchor", "sweep") if i % 2 == 0 else ("sweep", "anchor")):
-                if kind == "sweep":
-                    got = _sweep_run(n, steps)
-                    project.append(got)
-                    ids += got["jobs"] + [got["id"]]
-                    log(f"round {i} sweep (one array): {got['s']:.2f} s")
-                else:
-                    got = _anchor_run(n, steps, work, dict(os.environ))
-                    anchor.append(got)
-                    ids += got["ids"]
-                    log(f"round {i} hand-written sbatch --array: {got['s']:.2f} s")
+
+        def sweep_sample(i: int) -> dict:
+            got = _sweep_run(n, steps)
+            ids.extend(got["jobs"] + [got["id"]])
+            log(f"round {i} sweep (one array): {got['s']:.2f} s")
+            return got
+
+        def array_sample(i: int) -> dict:
+            got = _anchor_run(n, steps, work, dict(os.environ))
+            ids.extend(got["ids"])
+            log(f"round {i} hand-written sbatch --array: {got['s']:.2f} s")
+            return got
+
+        project, anchor = alternated(rounds, sweep_sample, array_sample)
         cluster.wait_idle(60)
     finally:
         cluster.stop()
