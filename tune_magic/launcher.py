@@ -477,7 +477,7 @@ def _plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, busy, force: b
         gpus = resolved.typed
     spec = describe_run(tokens, env=env, cwd=cwd, gpus=gpus, job_id=job_id, job_dir=job_dir)
     plan = schedulers.get(options.scheduler).place(spec, options)
-    if launching and plan.scheduler == "local" and plan.nproc_per_node == "gpu" and not plan.gpus:
+    if launching and schedulers.get(plan.scheduler).runs_on_this_machine and plan.nproc_per_node == "gpu" and not plan.gpus:
         # torchrun would count CUDA devices in its agent and stop with "Cuda is not available."
         vis = gpu_mod.visibility(env)
         if not vis.gpus:

@@ -127,6 +127,10 @@ class Scheduler(ABC):
     #: Whether the scheduler relaunches a failed job from its last checkpoint (``max_resumes``;
     #: contract item 7).
     relaunches_from_checkpoint: bool = False
+    #: Whether the job's processes start on this machine: it places them on this machine's GPUs
+    #: (``--gpus``, ``CUDA_VISIBLE_DEVICES``, a sweep's GPU pool), the rendezvous endpoint is
+    #: chosen here, and there is no submit script to preview. Callers ask this, never the name.
+    runs_on_this_machine: bool = False
     #: Lines of the engine's own that a card's display tail collapses (e.g. SLURM's cancel
     #: messages): :class:`tune_magic.logs.tailview.TailRule` rows.
     tail_rules: tuple = ()

@@ -230,7 +230,7 @@ def _check(inputs: _Inputs, sweep_id: str, *, name, gpus, gpus_per_trial, max_pa
     check_sweep_rendezvous(parsed.torchrun, inputs.env)
     slots = _slots(len(plan), parsed.torchrun.get("nproc_per_node") or inputs.env.get("PET_NPROC_PER_NODE"),
                    gpus=gpus, gpus_per_trial=gpus_per_trial, max_parallel=max_parallel, env=inputs.env,
-                   local=inputs.options.scheduler == "local", checking=real)
+                   local=schedulers.get(inputs.options.scheduler).runs_on_this_machine, checking=real)
     first = _trial_plan(inputs, plan, 0, slots, (), force)
     extra: tuple[str, ...] = ()
     if _uses_wandb(first) and not any(w.split("=", 1)[0].lstrip("+") == "metric_logger.group" for w in plan.words):

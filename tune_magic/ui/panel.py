@@ -156,10 +156,11 @@ class Panel(widgets.VBox):
     def _make_scheduler_fields(self) -> None:
         """The scheduler dropdown and each offered scheduler's option fields (from its option rows)."""
         self.schedulers_offered = [n for n in schedulers.names()
-                                   if n == "local" or schedulers.get_or_missing(n).available(os.environ) is None]
+                                   if schedulers.get_or_missing(n).runs_on_this_machine
+                                   or schedulers.get_or_missing(n).available(os.environ) is None]
         chosen = schedulers.default_name(os.environ)
         notes = [(n, schedulers.get_or_missing(n).status_note(os.environ)) for n in self.schedulers_offered
-                 if n != "local"]
+                 if not schedulers.get_or_missing(n).runs_on_this_machine]
         # e.g. sbatch on PATH but no SLURM controller answering: offered, and said so next to the choice
         self.scheduler_note = widgets.HTML("".join(
             f"<div class='tm-scheduler-note' style='color:#8c564b;{_WRAP}'>{html.escape(n)}: {html.escape(note)}</div>"
@@ -232,7 +233,7 @@ class Panel(widgets.VBox):
 
     def _elsewhere(self) -> bool:
         """Whether the chosen scheduler runs the job elsewhere than this machine's local scheduler."""
-        return self.scheduler.value != "local"
+        return not schedulers.get_or_missing(self.scheduler.value).runs_on_this_machine
 
     def _show_scheduler_fields(self) -> None:
         chosen = self.scheduler.value

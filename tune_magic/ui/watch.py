@@ -14,6 +14,7 @@ import time
 from dataclasses import replace
 from typing import Callable
 
+from tune_magic import schedulers
 from tune_magic.logs.follow import JobMetricsFollower
 from tune_magic.job import Job
 from tune_magic.registry.store import RECORD
@@ -163,7 +164,7 @@ class JobWatcher:
         tail, raw = self._tail(failure)
         run = self._progress(status, step, raw)
         nodes = ()
-        if status.is_live and (r.num_nodes > 1 or r.scheduler != "local"):
+        if status.is_live and (r.num_nodes > 1 or not schedulers.get_or_missing(r.scheduler).runs_on_this_machine):
             nodes = tuple(self.job.nodes)
         return JobSnapshot(
             job_id=r.id, name=r.name, status=r.status, elapsed_s=self.job.elapsed_s,

@@ -40,6 +40,7 @@ class LocalScheduler(Scheduler):
     name = "local"
     initial_status = Status.RUNNING
     relaunches_from_checkpoint = True  # the supervisor does it (autoresume.py)
+    runs_on_this_machine = True
     foreign_option_hint = ("for several nodes without a cluster scheduler run torchrun's --nnodes N "
                            "--rdzv-endpoint HOST:PORT on every node")
 
