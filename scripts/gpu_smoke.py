@@ -68,7 +68,7 @@ def header(cpu: bool, dry_run: bool = False) -> list[str]:
     """Date, host, Python, torch (version only: CUDA is never initialised here) and GPUs."""
     import torch
 
-    from tune_magic.schedulers.local import gpus
+    from tune_magic import gpus
 
     lines = [f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC",
              f"python: {platform.python_version()} ({sys.executable})",
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tune_magic import launch, make_assets
 
-    from tune_magic.schedulers.local import gpus
+    from tune_magic import gpus
     from tune_magic.ui.demo import summary
     from tune_magic.paths import home
 

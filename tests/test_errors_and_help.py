@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 import tune_magic
 from tune_magic import errors
 from tune_magic.ui import cli
-from tune_magic.schedulers.local import gpus
+from tune_magic import gpus
 from tune_magic import job as jobctl
 from tune_magic import launcher
 import tune_magic.launcher as L

@@ -37,6 +37,7 @@ _API = {
     "Sweep": "sweeping.handle",
     "sweeps": "sweeping.handle",
     "get_sweep": "sweeping.handle",
+    "revive_sweeps": "sweeping.handle",
 }
 
 __all__ = sorted(_API) + ["load_ipython_extension"]

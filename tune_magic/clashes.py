@@ -15,7 +15,7 @@ from tune_magic.job import Job
 from tune_magic.plan.model import LaunchPlan
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.store import JobRecord
-from tune_magic.schedulers.local import gpus as gpu_mod
+from tune_magic import gpus as gpu_mod
 
 _HOST = socket.gethostname()
 

@@ -454,21 +454,16 @@ def _damaged_record(d: Path, last: JobRecord | None = None) -> JobRecord:
 
 def jobs(skipped: list | None = None) -> list[Job]:
     """Return every job in the registry (live and finished), oldest first. Never writes except to
-    record what it learns (best effort); works on a read-only registry.
-
-    Also starts the sweep process again of every sweep whose process died with trials queued
-    (:func:`tune_magic.sweeping.process.revive_all`).
+    record what it learns (best effort); works on a read-only registry. Starts no process (a dead
+    sweep's process is started again by :func:`tune_magic.sweeping.handle.revive_sweeps`).
 
     Args:
         skipped: when given, damaged records are appended to it (:class:`tune_magic.registry.store.Skipped`:
             path and a one-line reason) instead of being reported with :func:`warnings.warn`.
     """
-    from tune_magic.sweeping.process import revive_all
-
     root = jobstore.jobs_root(create=False)
     jobstore.collect_staging(root)
     _warn_if_open(root)
-    revive_all()  # a sweep whose process died with trials queued gets a new one (never two)
     stamps: dict[str, tuple] = {}
     records, bad = jobstore.list_records_checked(root, stamps)
     from tune_magic.lineage import link_resumes

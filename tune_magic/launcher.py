@@ -46,7 +46,7 @@ from tune_magic.registry.owner import TOKEN_ENV, new_token
 from tune_magic.plan.argsize import check_command_size, check_word_sizes
 from tune_magic.registry.store import JobRecord
 from tune_magic.schedulers.base import Scheduler, SchedulerOptions
-from tune_magic.schedulers.local import gpus as gpu_mod
+from tune_magic import gpus as gpu_mod
 
 #: Environment variable: when "1", every launch is a dry run that returns the LaunchPlan.
 DRY_RUN_ENV = "TUNE_MAGIC_DRY_RUN"

@@ -10,7 +10,7 @@ import pytest
 
 import tune_magic.job as J
 import tune_magic.launcher as L
-from tune_magic.schedulers.local.gpus import GpuError
+from tune_magic.gpus import GpuError
 from tune_magic.ui.watch import JobWatcher
 
 from jobhelpers import fake_gpu_uuid, toy_args

@@ -24,7 +24,7 @@ import pytest
 import tune_magic.job as J
 import tune_magic.launcher as L
 from tune_magic.errors import PlanError
-from tune_magic.schedulers.local.gpus import GpuError
+from tune_magic.gpus import GpuError
 
 from jobhelpers import toy_args
 from waiting import wait_for

@@ -160,3 +160,33 @@ def test_revive_takes_the_lock_so_a_sweep_never_gets_two_processes(home):
     with sweepstore.locked(d) as rec:
         rec.stop_requested_at = time.time()
     assert not process.revive(d)
+
+
+def test_listings_start_no_process_and_revive_is_the_step_that_does(home, tmp_path):
+    # the sweep's interpreter is a script that only says it was started: a real process, no trials
+    started = tmp_path / "started.txt"
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\necho \"$@\" >> {started}\n")
+    python.chmod(0o755)
+    d = make_sweep(home, python=str(python))
+    assert process.needs_runner(sweepstore.read(d))
+
+    import tune_magic
+    from tune_magic.sweeping.handle import Sweep
+
+    tune_magic.jobs()
+    (listed,) = tune_magic.sweeps()
+    got = tune_magic.get_sweep(SWEEP_ID)
+    assert (listed.id, got.status, len(got.trials)) == (SWEEP_ID, "running", 4)
+    Sweep(d).refresh()
+    time.sleep(0.3)
+    assert not started.exists(), "a listing started the sweep process"
+
+    assert tune_magic.revive_sweeps() == [SWEEP_ID]
+    deadline = time.monotonic() + 10
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert started.read_text().split()[:3] == ["-m", "tune_magic.sweeping.runner", str(d)]
+    # a Sweep object looks at most every REVIVE_CHECK_S: a second call at once starts nothing
+    sweep = Sweep(d)
+    assert sweep.revive() is True and sweep.revive() is False

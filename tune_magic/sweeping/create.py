@@ -252,7 +252,7 @@ def _check(inputs: _Inputs, sweep_id: str, *, name, gpus, gpus_per_trial, max_pa
 def _slots(n_trials: int, nproc, *, gpus, gpus_per_trial, max_parallel, env, local: bool, checking: bool) -> Slots:
     """The slots: the pool is ``gpus``, else every GPU visible here (cut to a multiple of the
     GPUs per trial), else none. With ``checking``, explicit ids must be GPUs this process may use."""
-    from tune_magic.schedulers.local import gpus as gpu_mod
+    from tune_magic import gpus as gpu_mod
 
     implicit = gpus is None or (isinstance(gpus, str) and gpus.strip() in ("", "auto"))
     if implicit:

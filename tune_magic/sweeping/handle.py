@@ -2,9 +2,10 @@
 and the listings :func:`sweeps` and :func:`get_sweep`. Knows nothing of IPython.
 
 A :class:`Sweep` reads its record (``$TUNE_MAGIC_HOME/sweeps/<id>/sweep.json``) and its trials'
-jobs (normal :class:`~tune_magic.job.Job` objects). Reading it from any process (a new kernel, the
-CLI) also starts the sweep process again when the sweep has queued trials and none runs
-(:func:`tune_magic.sweeping.process.revive`).
+jobs (normal :class:`~tune_magic.job.Job` objects). Reading a sweep or listing sweeps has no side
+effects; starting the sweep process again when the sweep has queued trials and none runs is a step
+of its own (:meth:`Sweep.revive`, :func:`revive_sweeps`), taken by what waits for a sweep to go on:
+:meth:`Sweep.wait`, a sweep card, the jobs table and the CLI's ``jobs`` and ``sweeps``.
 """
 
 from __future__ import annotations
@@ -88,8 +89,7 @@ class Sweep:
     name = property(lambda self: self._record.name, doc="The sweep's name.")
 
     def refresh(self) -> "Sweep":
-        """Re-read the record if it changed; start the sweep process again if it died with trials
-        queued (at most every :data:`REVIVE_CHECK_S`)."""
+        """Re-read the record if it changed (no side effects: see :meth:`revive`)."""
         stamp = _stamp(self.dir)
         if stamp is None or stamp != self._stamp:
             try:
@@ -97,11 +97,21 @@ class Sweep:
             except jobstore.CorruptRecord:
                 pass  # replaced at this moment or damaged: keep the last good one
             self._stamp = stamp
-        now = time.monotonic()
-        if now - self._revived_at >= REVIVE_CHECK_S and process.needs_runner(self._record):
-            self._revived_at = now
-            process.revive(self.dir, self._record)
         return self
+
+    def revive(self) -> bool:
+        """Start the sweep process again if it died (SIGKILL, a reboot) with trials queued; never a
+        second one (:func:`tune_magic.sweeping.process.revive`). Looks at most every
+        :data:`REVIVE_CHECK_S` seconds per :class:`Sweep` object.
+
+        Returns:
+            Whether a process was started.
+        """
+        now = time.monotonic()
+        if now - self._revived_at < REVIVE_CHECK_S or not process.needs_runner(self.refresh()._record):
+            return False
+        self._revived_at = now
+        return process.revive(self.dir, self._record)
 
     @property
     def record(self) -> SweepRecord:
@@ -196,6 +206,7 @@ class Sweep:
         try:
             while True:
                 woke.clear()
+                self.revive()  # waiting for a sweep whose process died would otherwise never end
                 trials = self.trials
                 if not any(t.is_live for t in trials):
                     return self.counts()
@@ -292,11 +303,18 @@ def _stamp(d: Path) -> tuple | None:
 
 
 def sweeps(skipped: list | None = None) -> list[Sweep]:
-    """Every sweep in the registry, oldest first (starting the sweep process again of those whose
-    process died with trials queued). Damaged records are skipped (their paths appended to
-    ``skipped`` when given)."""
-    process.revive_all()
+    """Every sweep in the registry, oldest first; no side effects (:func:`revive_sweeps` is the
+    step that starts dead sweep processes again). Damaged records are skipped (their paths
+    appended to ``skipped`` when given)."""
     return [Sweep(sweepstore.sweep_dir(r.id), r) for r in sweepstore.list_records(skipped=skipped)]
+
+
+def revive_sweeps() -> list[str]:
+    """Start the sweep process again of every sweep whose process died with trials queued (never
+    two for one sweep); return their ids. The step the CLI's ``jobs`` and ``sweeps``, the jobs
+    table and sweep cards take before they show sweeps; listings themselves start nothing.
+    Never raises for one bad sweep."""
+    return process.revive_all()
 
 
 def get_sweep(sweep: str) -> Sweep:

@@ -4,9 +4,9 @@ The sweep process (:mod:`tune_magic.sweeping.runner`) holds the sweep's process 
 (``supervisor.lock``) for its whole life. A sweep with queued trials, not stopped, whose lock
 nobody holds lost its process (SIGKILL, a reboot): :func:`revive` takes the lock without waiting
 (another listing that took it first wins) and starts a new process that inherits it, so two never
-run and there is no moment where the sweep seems to have none. Every listing
-calls :func:`revive_all` (``tune_magic.jobs()``, ``tune-magic jobs`` and ``sweeps``, the jobs
-table, a sweep card). Imports only the registry: the job listing uses this module.
+run and there is no moment where the sweep seems to have none. Listings never call it: it is a
+step of its own (:func:`tune_magic.sweeping.handle.revive_sweeps`, ``Sweep.revive``), taken by
+``Sweep.wait``, ``tune-magic jobs`` and ``sweeps``, the jobs table and a sweep card.
 """
 
 from __future__ import annotations

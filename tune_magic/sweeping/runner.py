@@ -39,7 +39,7 @@ from tune_magic.registry import store as jobstore
 from tune_magic.registry import sweepstore
 from tune_magic.registry.files import open_nofollow
 from tune_magic.registry.sweeprecord import NOT_STARTED, QUEUED, STARTED, SweepRecord
-from tune_magic.schedulers.local.gpus import GpuError
+from tune_magic.gpus import GpuError
 
 #: Longest wait between two looks at the trials, in seconds (a job's end normally wakes it at once).
 POLL_S = 1.0

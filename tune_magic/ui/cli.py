@@ -240,6 +240,9 @@ def _jobs(argv: Sequence[str]) -> int:
         from tune_magic.ui.sweepcli import sweep_jobs
 
         return sweep_jobs(ns.sweep, ns.json)
+    from tune_magic.sweeping.handle import revive_sweeps
+
+    revive_sweeps()  # a sweep whose process died with trials queued goes on (never two processes)
     listed = JobFilter.from_args(ns).select(_listed("jobs"))
     if ns.json:
         print(json.dumps([_job_json(j) for j in listed], indent=2))

@@ -21,7 +21,7 @@ from tune_magic.plan.cellbody import parse_cell_body
 from tune_magic.plan.model import JOB_ID_PLACEHOLDER
 from tune_magic.errors import PlanError
 from tune_magic.launcher import build_plan
-from tune_magic.schedulers.local.gpus import visibility
+from tune_magic.gpus import visibility
 from tune_magic.job import Job, jobs
 from tune_magic.launcher import launch
 from tune_magic import schedulers

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from tune_magic.logs.progress import SAVED, SAVING, RunProgress, fmt_duration, fmt_rate
 from tune_magic.registry.status import Status
-from tune_magic.schedulers.local.gpus import gpus_label
+from tune_magic.gpus import gpus_label
 from tune_magic.ui.cardlines import engine_id_text, overrides_text
 
 #: Metric plotted by the views.

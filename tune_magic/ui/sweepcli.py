@@ -58,12 +58,13 @@ def cmd_sweep(own: Mapping[str, Any], rest: Sequence[str]) -> int:
 
 def sweeps_command(argv: Sequence[str]) -> int:
     """``tune-magic sweeps [--json]``: every sweep with its trials' statuses and its best loss so far."""
-    from tune_magic.sweeping.handle import sweeps
+    from tune_magic.sweeping.handle import revive_sweeps, sweeps
 
     parser = argparse.ArgumentParser(prog="tune-magic sweeps", description="List sweeps, running and finished.")
     parser.add_argument("--json", action="store_true", help="print a JSON list of sweeps")
     ns = parser.parse_args(argv)
     skipped: list = []
+    revive_sweeps()  # a sweep whose process died with trials queued goes on (never two processes)
     listed = sweeps(skipped=skipped)
     for path in skipped:
         print(f"tune-magic sweeps: skipped {cell(str(path), 200)}: damaged sweep record", file=sys.stderr)

@@ -5,7 +5,7 @@ widgets; the sink (the sweep card) receives a :class:`SweepSnapshot` and only se
 thread follows every trial: each started trial's losses through its own incremental follower
 (read only while the trial runs, once more when it ends), each row's status from its job's
 record and summary. Each look also starts the sweep process again when it died with trials queued
-(:meth:`tune_magic.sweeping.handle.Sweep.refresh`).
+(:meth:`tune_magic.sweeping.handle.Sweep.revive`).
 """
 
 from __future__ import annotations
@@ -119,6 +119,7 @@ class SweepWatcher:
         return snap
 
     def _read(self) -> SweepSnapshot:
+        self.sweep.revive()  # a card of a sweep whose process died would otherwise wait for good
         rows = []
         for t in self.sweep.trials:
             texts = tuple(t.texts.items())

@@ -19,7 +19,7 @@ from typing import Iterable
 import ipywidgets as widgets
 
 from tune_magic.registry import store as jobstore
-from tune_magic.schedulers.local.gpus import gpus_label
+from tune_magic.gpus import gpus_label
 from tune_magic.job import Job, jobs
 from tune_magic.registry.status import Status
 from tune_magic.ui.cardlines import engine_id_text, overrides_html, overrides_text
@@ -343,6 +343,9 @@ class JobsTable(TableRows, widgets.VBox):
         self.summaries: dict[str, tuple] = {}
         if self._discover:
             self._root_stamp = dir_stamp(self._root)
+            from tune_magic.sweeping.handle import revive_sweeps
+
+            revive_sweeps()  # the table shows sweeps' trials: a sweep whose process died goes on
         listed = newest_first(jobs() if listed is None else listed)
         self._known = {j.id for j in listed}  # every job looked at (shown, hidden, or not listed)
         if self._filter is not None:

@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from tune_magic.schedulers.local import gpus
+from tune_magic import gpus
 from tune_magic.errors import PlanError
-from tune_magic.schedulers.local.gpus import GpuError
+from tune_magic.gpus import GpuError
 
 from jobhelpers import fake_gpu_uuid, fake_mig_uuid, write_fake_nvidia_smi
 
