@@ -184,8 +184,8 @@ def test_listings_start_no_process_and_revive_is_the_step_that_does(home, tmp_pa
 
     assert tune_magic.revive_sweeps() == [SWEEP_ID]
     deadline = time.monotonic() + 10
-    while not started.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    while not (started.exists() and started.read_text().endswith("\n")) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the shell creates the file before it writes the line
     assert started.read_text().split()[:3] == ["-m", "tune_magic.sweeping.runner", str(d)]
     # a Sweep object looks at most every REVIVE_CHECK_S: a second call at once starts nothing
     sweep = Sweep(d)
