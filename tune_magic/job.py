@@ -16,8 +16,6 @@ import warnings
 from pathlib import Path
 from typing import Mapping
 
-import psutil
-
 from tune_magic import schedulers
 from tune_magic.errors import JobNotFound, PlanError, StateDirError
 from tune_magic.logs.notify import get_notifier
@@ -26,7 +24,6 @@ from tune_magic.registry import owner
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.status import Status
 from tune_magic.registry.store import JobRecord
-from tune_magic.schedulers.local.procs import alive as _alive
 
 #: Seconds between asking the scheduler what became of a live job (see Job.refresh).
 LIVENESS_CHECK_S = 1.0
@@ -241,22 +238,10 @@ class Job:
         self._settle_supervisor()
         return self._record.state
 
-    def _settle_supervisor(self, timeout: float = 5.0) -> None:
-        """Let an ended job's supervisor finish exiting (it writes the final record, then exits),
-        and reap it if this process started it, so neither it nor a zombie is left behind."""
-        ref = self._record.supervisor
-        deadline = time.monotonic() + timeout
-        # not psutil's wait(): for another process's child it waits until the pid is gone, and a
-        # zombie its parent has not reaped keeps it for the whole timeout although it has exited
-        while _alive(ref) is not None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if ref is not None:  # exited: if it is our zombie child, reap it
-            try:
-                proc = psutil.Process(ref.pid)
-                if proc.ppid() == os.getpid() and abs(proc.create_time() - ref.create_time) <= 0.05:
-                    os.waitpid(ref.pid, os.WNOHANG)
-            except (psutil.Error, ChildProcessError):
-                pass
+    def _settle_supervisor(self) -> None:
+        """Let the scheduler's own process for this ended job finish exiting (see
+        :meth:`tune_magic.schedulers.base.Scheduler.settle_after_end`)."""
+        self._sched().settle_after_end(self._record)
 
     def stop(self, grace_s: float = 10.0) -> Status:
         """Stop the job: every process of it still alive gets SIGTERM (through the torchrun agent,

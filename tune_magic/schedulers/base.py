@@ -208,6 +208,11 @@ class Scheduler(ABC):
         """Fields to record when ``cancel`` ended a job that nobody else will record."""
         return {}
 
+    def settle_after_end(self, record: "JobRecord", timeout_s: float = 5.0) -> None:
+        """Called when a job is seen ended: let the scheduler's own process for it (a supervisor)
+        finish exiting, for at most ``timeout_s`` seconds, and reap it if this process started it,
+        so no zombie is left behind. Default: nothing (the engine has no such process here)."""
+
     def migrate(self, record: "JobRecord") -> None:
         """Move this scheduler's fields of a record written by an earlier release (found in
         ``record.extra``) into ``record.backend`` / ``record.scheduler_options``, in place."""

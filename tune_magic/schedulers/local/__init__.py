@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+import psutil
+
 from tune_magic.errors import JobStartError
 from tune_magic.logs import ending
 from tune_magic.registry import outcome
@@ -228,6 +230,23 @@ class LocalScheduler(Scheduler):
         # workers that started while we killed (a launch racing the stop)
         _, agent, workers = self._refs(job_dir, None)
         procs.kill_job(agent, workers, 0.0, own)
+
+    def settle_after_end(self, record: JobRecord, timeout_s: float = 5.0) -> None:
+        """The supervisor writes the final record, then exits: wait for that (``timeout_s``
+        seconds at most) and reap it if it is this process's child."""
+        ref = record.supervisor
+        deadline = time.monotonic() + timeout_s
+        # not psutil's wait(): for another process's child it waits until the pid is gone, and a
+        # zombie its parent has not reaped keeps it for the whole timeout although it has exited
+        while procs.alive(ref) is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if ref is not None:  # exited: if it is our zombie child, reap it
+            try:
+                proc = psutil.Process(ref.pid)
+                if proc.ppid() == os.getpid() and abs(proc.create_time() - ref.create_time) <= procs.CREATE_TIME_TOLERANCE_S:
+                    os.waitpid(ref.pid, os.WNOHANG)
+            except (psutil.Error, ChildProcessError):
+                pass
 
     def has_live_parts(self, job_dir: Path, record: JobRecord | None) -> bool:
         if self.supervisor_alive(job_dir, record):
