@@ -87,16 +87,12 @@ def sweeps_command(argv: Sequence[str]) -> int:
 
 
 def _best_summary(sweep) -> dict | None:
-    """The best trial by its summary file (cheap: never its whole log): lowest last loss."""
-    from tune_magic.sweeping.results import pick_best
+    """The best trial (:func:`tune_magic.sweeping.results.best`, from each trial's summary file:
+    never its whole log), with its final and lowest loss."""
+    from tune_magic.sweeping.results import best, results
 
-    shown = {}
-    for t in sweep.trials:
-        if t.job is not None:
-            s = t.job.summary()
-            shown[t.index] = (t.index, t.status, s.loss, s.loss)
-    index = pick_best(shown.values())
-    return None if index is None else {"trial": index, "final_loss": shown[index][2]}
+    top = best(results(sweep.trials))
+    return None if top is None else {"trial": top.trial.index, "final_loss": top.final_loss, "min_loss": top.min_loss}
 
 
 def sweep_jobs(spec: str, as_json: bool) -> int:
