@@ -41,3 +41,30 @@ def test_only_a_resumed_run_that_exited_0_is_searched_and_the_attempts_log_offse
         {"number": 1, "started_at": 1.0, "ended_at": 2.0}, {"number": 2, "started_at": 3.0, "log_offset": len(LINE) + 1}])
     assert ending.evidence(tmp_path, later, 0, nothing_runs=True)[0].failed_resume is None  # attempt 1's line
     assert ending.is_resume(later) and not ending.is_resume(record(log, "resume_from_checkpoint=False"))
+
+
+@pytest.mark.parametrize("epochs, cut, finished", [
+    (1, None, True),  # the whole log: last step, its save, then torchrun's SIGTERM traceback
+    (2, None, False),  # the config asked for 2 epochs: the save was the end of epoch 1 only
+    (1, "INFO:torchtune.utils._logging:Saving checkpoint took", False),  # the stop came before the save ended
+    (None, None, False),  # epochs unknown: never taken for finished on a guess
+])
+def test_a_stop_that_reached_the_job_after_training_ended_leaves_it_succeeded(tmp_path, epochs, cut, finished):
+    """tests/data/stop_after_save_torchrun.log: the toy recipe under torchrun (2 processes, 3 steps,
+    its save, then lingering), stopped once it printed 'toy recipe done'; torchrun's agent exits 1.
+    The stop was recorded while the log did not show it yet (finished_at_stop False): the log at the
+    job's end decides."""
+    from jobhelpers import DATA
+    from tune_magic.registry.outcome import STOPPED_AFTER_END, decide
+    from tune_magic.registry.status import Status
+
+    text = (DATA / "stop_after_save_torchrun.log").read_text()
+    log = tmp_path / "output.log"
+    log.write_text(text if cut is None else text[:text.index(cut)])
+    rec = record(log)
+    rec.epochs, rec.stop_requested, rec.finished_at_stop = epochs, True, False
+    ev, reason = ending.evidence(tmp_path, rec, 1, nothing_runs=True)
+    assert (ev.stop_requested, ev.finished_at_stop, reason) == (True, finished, None)
+    end = decide(ev)
+    assert (end.status, end.reason, end.returncode) == (
+        (Status.SUCCEEDED, STOPPED_AFTER_END, 1) if finished else (Status.STOPPED, None, 1))

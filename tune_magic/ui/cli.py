@@ -203,6 +203,8 @@ def end_line(job) -> str:
         parts.append(escape(job.error))
     elif job.status == "stopped":  # a user's stop, whatever the engine said of the job's end
         parts.append(escape(job.record.error) if job.record.error else "stopped by the user")
+    elif job.status == "succeeded" and job.record.error:  # "the stop arrived after training ended"
+        parts.append(escape(job.record.error))
     elif job.record.returncode is not None and job.status != "succeeded":
         parts.append(f"exit code {job.record.returncode}")
     return " · ".join(parts)
