@@ -14,11 +14,11 @@ import time
 from typing import Callable, Iterator, Sequence
 
 from tune_magic.plan import options as launchopts
-from tune_magic.errors import UserError
+from tune_magic.errors import UserError, launch_warnings_shown_here
 from tune_magic.ui.clifiles import (  # noqa: F401  (CliError and CHUNK_BYTES are part of the CLI's API)
     CHUNK_BYTES, ENV_ERRNOS, CliError, check_job_log, os_error_paragraph, os_reason, read_from, whole_log, write_chunks,
 )
-from tune_magic.ui.textfmt import NAME_WIDTH, PATH_WIDTH, cell, escape, table
+from tune_magic.ui.textfmt import NAME_WIDTH, PATH_WIDTH, cell, escape, print_warnings, table
 
 EXIT_USAGE = 2
 
@@ -150,7 +150,9 @@ def _run(argv: Sequence[str]) -> int:
                     scheduler=own.get("scheduler"), max_resumes=own.get("max_resumes"), **scheduler_values(own))
     if not hasattr(result, "id"):  # TUNE_MAGIC_DRY_RUN=1: a plan, nothing started
         print(result.command_line())
+        print_warnings("run", result.warnings)
         return 0
+    print_warnings("run", result.record.warnings)
     print(result.id, flush=True)
     return _follow_to_end(result) if own.get("wait") else 0
 
@@ -189,6 +191,7 @@ def _resume(argv: Sequence[str]) -> int:
     if not hasattr(result, "id"):  # a dry run: the plan, nothing started
         print(result.summary())
         return 0
+    print_warnings("resume", result.record.warnings)
     print(result.id, flush=True)
     return _follow_to_end(result) if own.get("wait") else 0
 
@@ -504,7 +507,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{_usage()}\ntune-magic: error: unknown command {name!r}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        return _COMMANDS[name][0](rest)
+        with launch_warnings_shown_here():  # run and resume print them once, as plain lines
+            return _COMMANDS[name][0](rest)
     except UserError as exc:  # a user's mistake: one paragraph; anything else is a bug: its traceback
         print(f"tune-magic {name}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

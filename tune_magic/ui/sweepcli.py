@@ -27,10 +27,13 @@ def run_sweep(own: Mapping[str, Any], rest: Sequence[str]) -> int:
     end; exit 0 when every trial succeeded, else 1)."""
     from tune_magic.sweeping.create import sweep
 
+    from tune_magic.ui.textfmt import print_warnings
+
     result = sweep(list(rest), **_sweep_kwargs(own))
     if not hasattr(result, "wait"):  # TUNE_MAGIC_DRY_RUN=1
         print(result.text())
         return 0
+    print_warnings("run", result.record.warnings)
     print(result.id, flush=True)
     if not own.get("wait"):
         return 0
