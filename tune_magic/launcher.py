@@ -520,12 +520,19 @@ def checked_plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, root: P
     if dirs.errors:
         raise PlanError(dirs.errors[0] + "; nothing was started")
     if dirs.missing_inputs:
-        key, path = dirs.missing_inputs[0]
-        shipped = Path(plan.config).is_relative_to(catalog.shipped_root())
-        assets = " (the shipped configs use the tiny assets: run tune-magic assets, or tune_magic.make_assets())" if shipped else ""
-        raise PlanError(f"{key} {path} does not exist, so every rank would fail at start-up; create it{assets} "
-                        f"or override {key}=...")
+        raise PlanError(missing_inputs_error(plan, dirs.missing_inputs, "every rank"))
     return plan, dirs, resolved
+
+
+def missing_inputs_error(plan: LaunchPlan, missing, who: str) -> str:
+    """The refusal of a plan whose model or tokenizer is not here (every missing path, and the
+    config's own ``tune download`` command; :func:`tune_magic.plan.modelfiles.missing_model_error`)."""
+    from tune_magic.plan.modelfiles import missing_model_error
+
+    shipped = Path(plan.config).is_relative_to(catalog.shipped_root())
+    hint = ("The shipped configs read the tiny assets: run tune-magic assets, or tune_magic.make_assets()"
+            if shipped else "")
+    return missing_model_error(missing, plan.config, who=who, shipped_hint=hint)
 
 
 def state_error(exc: OSError, root: Path) -> StateDirError:

@@ -23,7 +23,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from tune_magic import schedulers
 from tune_magic.errors import PlanError, UserError, warn_launch
-from tune_magic.launcher import MAX_NAME_CHARS, dry_run_requested, launch, register_trial, state_error
+from tune_magic.launcher import (MAX_NAME_CHARS, dry_run_requested, launch, missing_inputs_error, register_trial,
+                                 state_error)
 from tune_magic.plan.checks import check_axis_items
 from tune_magic.plan.configview import resolve_dirs
 from tune_magic.plan.model import LaunchPlan
@@ -241,9 +242,7 @@ def _check(inputs: _Inputs, sweep_id: str, *, name, gpus, gpus_per_trial, max_pa
             raise PlanError(refused[0].split(": ", 1)[1] + "; nothing was started")
         missing = resolve_dirs(first, cwd=inputs.cwd).missing_inputs
         if missing:
-            key, path = missing[0]
-            raise PlanError(f"{key} {path} does not exist, so every trial would fail at start-up; create it or "
-                            f"override {key}=...")
+            raise PlanError(missing_inputs_error(first, missing, "every trial"))
     return plan, slots, first, extra
 
 
