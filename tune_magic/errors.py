@@ -8,6 +8,7 @@
     │   │   ├── GpuError                GPU ids that do not exist, are not visible, or are busy
     │   │   └── NothingToResume         a job's output_dir holds nothing a resume can continue from
     │   ├── JobNotFound (LookupError)   no job with that id
+    │   │   └── AmbiguousJobName        a job name that several jobs have
     │   ├── StateDirError (ValueError)  ``$TUNE_MAGIC_HOME`` cannot hold job records
     │   ├── AmbiguousNameError          a recipe/config name in both torchtune and tune_magic
     │   │   (LookupError)
@@ -61,7 +62,11 @@ class NothingToResume(PlanError):
 
 
 class JobNotFound(UserError, LookupError):
-    """No job with that id in the registry."""
+    """No job with that id (or, where a job may be named by its name, that name) in the registry."""
+
+
+class AmbiguousJobName(JobNotFound):
+    """A job was named by a name that several jobs have; the message lists their ids."""
 
 
 class StateDirError(UserError, ValueError):

@@ -216,7 +216,7 @@ def end_line(job) -> str:
 def _job_arg(parser: argparse.ArgumentParser, argv: Sequence[str]):
     from tune_magic.job import get_job
 
-    parser.add_argument("job", help="job id (tune-magic jobs lists them)")
+    parser.add_argument("job", help="job id, or the name of one job (tune-magic jobs lists them)")
     ns = parser.parse_args(argv)
     return ns, get_job(ns.job)
 
@@ -348,7 +348,7 @@ def _stop(argv: Sequence[str]) -> int:
     from tune_magic.stopping import stop_jobs
 
     parser = argparse.ArgumentParser(prog="tune-magic stop", description="Stop a running job (or all, together), or a sweep.")
-    parser.add_argument("job", nargs="?", help="job id, or a sweep's id or name: every trial (queued ones never start)")
+    parser.add_argument("job", nargs="?", help="job id or the name of one job, or a sweep's id or name: every trial (queued ones never start)")
     parser.add_argument("--all", action="store_true", help="stop every running job")
     parser.add_argument("--grace", type=_seconds, default=10.0, help="seconds between SIGTERM and SIGKILL (10)")
     ns = parser.parse_args(argv)
@@ -382,7 +382,7 @@ def _rm(argv: Sequence[str]) -> int:
     from tune_magic.job import remove
 
     parser = argparse.ArgumentParser(prog="tune-magic rm", description="Remove finished jobs' records and logs.")
-    parser.add_argument("job", nargs="?", help="job id")
+    parser.add_argument("job", nargs="?", help="job id, or the name of one job")
     parser.add_argument("--finished", action="store_true", help="remove every finished job")
     ns = parser.parse_args(argv)
     if bool(ns.job) == ns.finished:

@@ -229,7 +229,7 @@ class TuneMagics(Magics):
         return Panel()
 
     @magic_arguments()
-    @argument("job", help="job id (%%tune_jobs lists them), or a sweep id: its sweep card")
+    @argument("job", help="job id or the name of one job (%%tune_jobs lists them), or a sweep id: its sweep card")
     @line_magic("tune_logs")
     def tune_logs(self, line: str):
         """Show a job's live card again (e.g. after a kernel restart)."""
@@ -255,7 +255,7 @@ class TuneMagics(Magics):
         return job
 
     @magic_arguments()
-    @argument("job", nargs="?", help="job id, or a sweep id: every trial of the sweep")
+    @argument("job", nargs="?", help="job id or the name of one job, or a sweep id: every trial of the sweep")
     @argument("--all", action="store_true", help="stop every live job (running or pending)")
     @argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL (10)")
     @line_magic("tune_stop")
