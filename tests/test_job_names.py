@@ -9,7 +9,7 @@ import time
 import pytest
 
 import tune_magic
-from tune_magic.errors import AmbiguousJobName, JobNotFound
+from tune_magic.errors import AmbiguousJobName, JobNotFound, PlanError
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.store import JobRecord
 
@@ -35,7 +35,7 @@ def test_get_job_takes_a_unique_name_an_id_wins_and_an_ambiguous_name_lists_the_
     assert tune_magic.get_job(A).id == A and tune_magic.get_job(C).id == C
     with pytest.raises(AmbiguousJobName, match=f"2 jobs are named 'twin': {B1}, {B2}; give the id"):
         tune_magic.get_job("twin")
-    with pytest.raises(JobNotFound, match="no job has the id or name 'no such run'"):
+    with pytest.raises(PlanError, match="no job is named 'no such run', and it is not valid as a job id"):
         tune_magic.get_job("no such run")
     with pytest.raises(JobNotFound, match="no job '20261201-100009-eeeeee'"):
         tune_magic.get_job("20261201-100009-eeeeee")

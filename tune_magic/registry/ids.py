@@ -6,7 +6,7 @@ import os
 import secrets
 import time
 
-from tune_magic.errors import AmbiguousJobName, JobNotFound, PlanError
+from tune_magic.errors import AmbiguousJobName, PlanError
 
 
 def new_job_id(now: float | None = None) -> str:
@@ -34,17 +34,17 @@ def resolve_job_id(spec: str) -> str:
 
     Raises:
         AmbiguousJobName: several jobs have that name (the message lists their ids).
-        JobNotFound: ``spec`` is no id and no job has that name.
+        PlanError: no job has that name, and ``spec`` is no well-formed id (``/``, ``..``).
     """
     from tune_magic.plan.words import check_job_id
     from tune_magic.registry import store as jobstore
 
     try:
         check_job_id(spec)
-        well_formed = True
-    except PlanError:
-        well_formed = False
-    if well_formed and os.path.lexists(jobstore.job_dir(spec)):
+        malformed = None
+    except PlanError as exc:
+        malformed = exc
+    if malformed is None and os.path.lexists(jobstore.job_dir(spec)):
         return spec
     named = [r.id for r in jobstore.list_records(jobstore.jobs_root(create=False)) if r.name == spec]
     if len(named) == 1:
@@ -52,6 +52,7 @@ def resolve_job_id(spec: str) -> str:
     if named:
         shown = ", ".join(named[-_IDS_SHOWN:]) + (f" (and {len(named) - _IDS_SHOWN} older)" if len(named) > _IDS_SHOWN else "")
         raise AmbiguousJobName(f"{len(named)} jobs are named {spec!r}: {shown}; give the id of the one you mean")
-    if not well_formed:
-        raise JobNotFound(f"no job has the id or name {spec!r}; tune-magic jobs lists the jobs")
+    if malformed is not None:
+        raise PlanError(f"no job is named {spec!r}, and it is not valid as a job id (letters, digits, '_', '-', "
+                          "'.'; no '/', no '..'); tune-magic jobs lists the jobs") from None
     return spec
