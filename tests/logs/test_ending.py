@@ -68,3 +68,38 @@ def test_a_stop_that_reached_the_job_after_training_ended_leaves_it_succeeded(tm
     end = decide(ev)
     assert (end.status, end.reason, end.returncode) == (
         (Status.SUCCEEDED, STOPPED_AFTER_END, 1) if finished else (Status.STOPPED, None, 1))
+
+
+def test_the_record_failure_json_and_logs_error_of_a_real_instantiation_error(job_registry, capsys):
+    """The captured one-process InstantiationError log (tests/data/instantiation_error.log), ended
+    as the supervisor ends a job: the record's reason, failure.json and ``tune-magic logs --error``
+    all name the exception (they used to say only "exited with code 1")."""
+    import json
+
+    from jobhelpers import DATA
+    from tune_magic.registry import store as jobstore
+    from tune_magic.registry.outcome import decide
+    from tune_magic.ui import cli
+
+    d = job_registry / "20261203-074906-4533ff"
+    d.mkdir()
+    log = d / "output.log"
+    log.write_text((DATA / "instantiation_error.log").read_text())
+    rec = record(log)
+    rec.id, rec.started_at = d.name, 1.0
+    jobstore.write_record(d, rec)
+    ev, reason = ending.evidence(d, rec, 1, nothing_runs=True)
+    ending.keep_failure(d, reason)
+    with jobstore.locked(d) as locked:
+        for key, value in ending.changes(decide(ev), locked, 2.0).items():
+            locked.set_status(value) if key == "status" else setattr(locked, key, value)
+    line = ("rank 0: torchtune.config._errors.InstantiationError: Error loading 'torchtune.utils.metric_logging."
+            "DiskLogger': ModuleNotFoundError(\"No module named 'torchtune.utils.metric_logging'\")")
+    assert jobstore.read(d).error == line
+    saved = json.loads((d / "failure.json").read_text())
+    assert (saved["line"], saved["exc_type"], saved["kind"]) == (line, "torchtune.config._errors.InstantiationError",
+                                                                 "exception")
+    capsys.readouterr()
+    assert cli.main(["logs", "--error", d.name]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(line + "\n") and "Are you sure that 'metric_logging' is importable" in out
