@@ -212,6 +212,8 @@ class JobCard(widgets.VBox):
                 lines.append(f"(whole traceback: tune-magic logs {snap.job_id} --error)")
         elif snap.status == Status.STOPPED:
             lines.append(stopped_how(snap))
+        elif snap.status == Status.SUCCEEDED and snap.error:  # "the stop arrived after training ended"
+            lines.append(f"succeeded: {snap.error}")
         lines += snap.placement()
         lines += [overrides_text(snap.overrides)] if snap.overrides else []
         lines += snap.notes()
