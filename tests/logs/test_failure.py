@@ -577,3 +577,14 @@ def test_a_multi_line_traceback_the_process_went_on_from_is_not_its_failure(tmp_
     text, got = _python(tmp_path, code)
     assert got == rc
     assert failure_line(text, evidence=Evidence(returncode=rc)) == line
+
+
+def test_an_error_files_message_over_several_lines_keeps_its_type(tmp_path):
+    """torchelastic's ``@record`` writes ``"<type>: <str(exc)>"``: for the InstantiationError, three
+    lines; its type is still the exception's (it used to read as a plain ``Exception``)."""
+    from tune_magic.logs.tracebacks import split_exception
+
+    text = "torchtune.config._errors.InstantiationError: " + INSTANTIATION_MESSAGE
+    assert split_exception(text) == ("torchtune.config._errors.InstantiationError", INSTANTIATION_MESSAGE)
+    assert split_exception("RuntimeError: boom") == ("RuntimeError", "boom")
+    assert split_exception("not an exception at all\nsecond") == ("Exception", "not an exception at all\nsecond")

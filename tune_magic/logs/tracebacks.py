@@ -165,12 +165,14 @@ def exception_lines(lines: list[tuple[int, str]]) -> list[Traceback]:
 
 
 def split_exception(line: str) -> tuple[str, str]:
-    """``(type, message)`` of an exception line such as ``"RuntimeError: boom"``; a line that does
-    not read as one is ``("Exception", line)``."""
-    m = _TB_EXC_RE.match(line.strip())
+    """``(type, message)`` of an exception's text such as ``"RuntimeError: boom"`` (``@record``'s
+    error file: ``"<type>: <str(exc)>"``, whose message may go on over more lines); a text whose
+    first line does not read as one is ``("Exception", text)``."""
+    first, _, rest = line.strip().partition("\n")
+    m = _TB_EXC_RE.match(first.strip())
     if m is None:
         return "Exception", line.strip()
-    return m["type"], (m["msg"] or "").strip()
+    return m["type"], "\n".join([m["msg"] or "", rest]).strip()
 
 
 class LogStreams:
