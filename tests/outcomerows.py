@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tune_magic.registry.outcome import CANCELLED_OUTSIDE, FAILED_RESUME
+from tune_magic.registry.outcome import CANCELLED_OUTSIDE, FAILED_RESUME, STOPPED_AFTER_END
 
 from waiting import wait_for
 
@@ -57,7 +57,12 @@ SHARED = (
 LOCAL_ONLY = (
     Row("stop_after_the_last_step_and_its_save_and_the_recipe_exits_0",
         ("steps=3", "step_s=0.1", "checkpoint_s=0.2", "linger_s=60", "sigterm_exit=0"), "stop_after_save",
-        "succeeded", None, nproc=None),
+        "succeeded", STOPPED_AFTER_END, nproc=None),
+    # the same under torchrun, whose agent exits 1 once the stop's SIGTERM reached it: training had
+    # ended, so it succeeded all the same (a stopped job's Resume would find nothing to resume)
+    Row("stop_after_the_last_step_and_its_save_under_torchrun",
+        ("steps=3", "step_s=0.1", "checkpoint_s=0.2", "linger_s=60"), "stop_after_save", "succeeded",
+        STOPPED_AFTER_END),
 )
 
 _ON_HOST = re.compile(r" \(on [^()]+\)$")

@@ -29,6 +29,8 @@ _API = {
     "stop_jobs": "stopping",
     "Job": "job",
     "JobNotFound": "errors",
+    "AmbiguousJobName": "errors",
+    "LaunchWarning": "errors",
     "Panel": "ui.panel",
     "resume": "resuming",
     "ResumePlan": "resuming",

@@ -8,11 +8,13 @@
     │   │   ├── GpuError                GPU ids that do not exist, are not visible, or are busy
     │   │   └── NothingToResume         a job's output_dir holds nothing a resume can continue from
     │   ├── JobNotFound (LookupError)   no job with that id
+    │   │   └── AmbiguousJobName        a job name that several jobs have
     │   ├── StateDirError (ValueError)  ``$TUNE_MAGIC_HOME`` cannot hold job records
     │   ├── AmbiguousNameError          a recipe/config name in both torchtune and tune_magic
     │   │   (LookupError)
     │   └── CliError (ValueError)       a command-line mistake (``tune-magic``)
     ├── JobStartError (RuntimeError)    the job's supervisor did not start it
+    ├── LaunchWarning (UserWarning)     what a launch warns about (a warning, not raised)
     ├── CorruptRecord (ValueError)      a job record missing, unreadable or invalid
     └── SqueueParseError (ValueError)   the SLURM scheduler's: squeue answered in an unreadable form
 
@@ -30,6 +32,11 @@ else is a bug or a start failure and keeps its traceback.
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import warnings
 
 
 class TuneMagicError(Exception):
@@ -55,7 +62,11 @@ class NothingToResume(PlanError):
 
 
 class JobNotFound(UserError, LookupError):
-    """No job with that id in the registry."""
+    """No job with that id (or, where a job may be named by its name, that name) in the registry."""
+
+
+class AmbiguousJobName(JobNotFound):
+    """A job was named by a name that several jobs have; the message lists their ids."""
 
 
 class StateDirError(UserError, ValueError):
@@ -65,3 +76,31 @@ class StateDirError(UserError, ValueError):
 
 class JobStartError(TuneMagicError, RuntimeError):
     """The supervisor did not start the job (the message says why and where its log is)."""
+
+
+class LaunchWarning(UserWarning, TuneMagicError):
+    """What a launch warns about (a key the config lacks, a path only this node sees, ...). Each
+    message is also kept where the user sees it: the job's record (``record.warnings``, the card's
+    lines), a dry run's ``plan.warnings``, a sweep's record. The Python API issues them with
+    :func:`warn_launch`, at the caller's own line; the magics, the CLI and the panel show them
+    once themselves and silence this category (:func:`launch_warnings_shown_here`)."""
+
+
+def warn_launch(messages) -> None:
+    """Issue each distinct message of ``messages`` as a :class:`LaunchWarning` attributed to the
+    first caller outside tune_magic (so the warning never starts with one of its files)."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(1), 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    for message in dict.fromkeys(messages):
+        warnings.warn(message, LaunchWarning, stacklevel=level)
+
+
+@contextlib.contextmanager
+def launch_warnings_shown_here():
+    """Silence :class:`LaunchWarning` inside the block: the caller (a magic, the CLI) shows the
+    same messages itself, as plain lines."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LaunchWarning)
+        yield

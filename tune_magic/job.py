@@ -22,6 +22,7 @@ from tune_magic.logs.notify import get_notifier
 from tune_magic.plan.words import check_job_id
 from tune_magic.registry import owner
 from tune_magic.registry import store as jobstore
+from tune_magic.registry.ids import resolve_job_id
 from tune_magic.registry.status import Status
 from tune_magic.registry.store import JobRecord
 
@@ -513,11 +514,16 @@ def _not_found(d: Path, job_id: str) -> None:
 
 
 def _job_at(job_id: str) -> Job:
-    """The job in ``job_id``'s directory, as it reads (damaged or not).
+    """The job in ``job_id``'s directory (``job_id``: an id, or a name only one job has; see
+    :func:`resolve_job_id`), as it reads (damaged or not).
 
     Raises:
-        PlanError: the id is malformed. JobNotFound: no such directory. StateDirError: a link.
+        PlanError: the id is malformed. JobNotFound: no such directory (AmbiguousJobName: a name
+        several jobs have). StateDirError: a link.
     """
+    if not isinstance(job_id, str):
+        check_job_id(job_id)  # raises: only text names a job
+    job_id = resolve_job_id(job_id)
     check_job_id(job_id)
     d = jobstore.job_dir(job_id)
     if not os.path.lexists(d):
@@ -527,15 +533,18 @@ def _job_at(job_id: str) -> Job:
 
 
 def get_job(job_id: str) -> Job:
-    """Return the job with this id (also one whose record is damaged but whose processes live).
+    """Return the job with this id, or with this name when only one job has it (an id always
+    wins); also one whose record is damaged but whose processes live.
 
     Raises:
         PlanError: the id is malformed (``/``, ``..``).
-        JobNotFound: no such job.
+        JobNotFound: no such job; :class:`~tune_magic.errors.AmbiguousJobName` (a subclass) when
+            several jobs have that name: its message lists their ids.
         StateDirError: its directory is a symbolic link.
     """
     job = _job_at(job_id)
     d = job.dir
+    job_id = d.name
     if job.damaged and not job._sched().has_live_parts(d, None):
         raise JobNotFound(f"job {job_id!r} has a damaged record and nothing of it runs; tune-magic rm {job_id} "
                           "removes it")
@@ -543,7 +552,8 @@ def get_job(job_id: str) -> Job:
 
 
 def remove(job_id: str) -> None:
-    """Delete a finished job's record and log (its output_dir is kept).
+    """Delete a finished job's record and log (its output_dir is kept); ``job_id`` may be a name
+    only one job has (see :func:`get_job`).
 
     Raises:
         PlanError: the job is pending or running, or a process of it still lives (stop it first).
@@ -552,6 +562,7 @@ def remove(job_id: str) -> None:
     """
     job = _job_at(job_id)
     d = job.dir
+    job_id = d.name
     if not job.damaged:
         job.refresh()
     if (not job.damaged and job.record.state.is_live) or job._sched().has_live_parts(d, None if job.damaged else job.record):

@@ -24,14 +24,13 @@ import re
 import shutil
 import tempfile
 import time
-import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from tune_magic import faultpoints, schedulers
 from tune_magic.clashes import busy_gpus, check_clashes, live_jobs
-from tune_magic.errors import PlanError, StateDirError, UserError
+from tune_magic.errors import PlanError, StateDirError, UserError, warn_launch
 from tune_magic.job import Job
 from tune_magic.plan import catalog
 from tune_magic.plan.build import describe_run, place_here
@@ -218,7 +217,11 @@ def launch(
                                 config_overlay=config_overlay, scheduler=scheduler, job_id=job_id,
                                 record_fields=record_fields, max_resumes=max_resumes, sweep_trial=sweep_trial,
                                 options=options)
-    return _dry_run(request) if dry_run else _register_and_submit(request)
+    if dry_run:
+        return _dry_run(request)
+    job = _register_and_submit(request)
+    warn_launch(job.record.warnings)  # at the caller's line; the card shows them too
+    return job
 
 
 def register_trial(args: Sequence[str], *, sweep_trial: Mapping[str, Any], name: str, gpus, cwd: str,
@@ -311,8 +314,11 @@ def _dry_run(req: _Request) -> LaunchPlan:
         d = Path(tempfile.gettempdir()) / "tune_magic_dry_run"
         d.mkdir(mode=0o700, exist_ok=True)
         digest = hashlib.sha256(f"{tokens}\0{req.config_overlay}\0{req.cwd}".encode()).hexdigest()[:16]
-        tokens = _apply_overlay(tokens, req.config_overlay, req.cwd, d / f"config-{digest}.yaml")
+        tokens, body_warnings = _apply_overlay(tokens, req.config_overlay, req.cwd, d / f"config-{digest}.yaml")
+    else:
+        body_warnings = []
     plan, _ = _plan(tokens, req.job_id, gpus=req.gpus, cwd=req.cwd, env=req.caller_env, busy={}, options=req.options)
+    plan = replace(plan, warnings=body_warnings + plan.warnings)
     _resumable_recipe(plan, req.max_resumes)
     # the job's directory as it would be (the same id-dependent paths a launch gets)
     would_be = jobstore.jobs_root(req.caller_env, create=False) / req.job_id
@@ -411,11 +417,12 @@ def _register(req: _Request) -> RegisteredJob:
 def _stage(req: _Request, root: Path, stage: Path, final: Path):
     """Plan the job for its final directory and write its record, process file and lock into the
     staging directory; return (plan, resolved dirs, resolved GPUs, record)."""
-    tokens = req.tokens
+    tokens, body_warnings = req.tokens, []
     if req.config_overlay is not None:  # the job reads it at its final place, once registered
-        tokens = _apply_overlay(tokens, req.config_overlay, req.cwd, stage / "config.yaml")
+        tokens, body_warnings = _apply_overlay(tokens, req.config_overlay, req.cwd, stage / "config.yaml")
     plan, dirs, resolved = checked_plan(tokens, req.job_id, gpus=req.gpus, cwd=req.cwd, env=req.caller_env,
                                          root=root, force=req.force, job_dir=final, options=req.options)
+    plan = replace(plan, warnings=body_warnings + plan.warnings)  # the record keeps them: the card shows them
     _resumable_recipe(plan, req.max_resumes)
     if req.config_overlay is not None:
         plan = _replace_config(plan, str(final / "config.yaml"))
@@ -513,14 +520,19 @@ def checked_plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, root: P
     if dirs.errors:
         raise PlanError(dirs.errors[0] + "; nothing was started")
     if dirs.missing_inputs:
-        key, path = dirs.missing_inputs[0]
-        shipped = Path(plan.config).is_relative_to(catalog.shipped_root())
-        assets = " (the shipped configs use the tiny assets: run tune-magic assets, or tune_magic.make_assets())" if shipped else ""
-        raise PlanError(f"{key} {path} does not exist, so every rank would fail at start-up; create it{assets} "
-                        f"or override {key}=...")
-    for message in dict.fromkeys(dirs.warnings + plan.warnings):  # also kept in the record: the card shows them
-        warnings.warn(message, stacklevel=4)
+        raise PlanError(missing_inputs_error(plan, dirs.missing_inputs, "every rank"))
     return plan, dirs, resolved
+
+
+def missing_inputs_error(plan: LaunchPlan, missing, who: str) -> str:
+    """The refusal of a plan whose model or tokenizer is not here (every missing path, and the
+    config's own ``tune download`` command; :func:`tune_magic.plan.modelfiles.missing_model_error`)."""
+    from tune_magic.plan.modelfiles import missing_model_error
+
+    shipped = Path(plan.config).is_relative_to(catalog.shipped_root())
+    hint = ("The shipped configs read the tiny assets: run tune-magic assets, or tune_magic.make_assets()"
+            if shipped else "")
+    return missing_model_error(missing, plan.config, who=who, shipped_hint=hint)
 
 
 def state_error(exc: OSError, root: Path) -> StateDirError:
@@ -549,10 +561,10 @@ def _make_private_dir(path: Path) -> None:
     os.chmod(path, 0o700)
 
 
-def _apply_overlay(tokens: list[str], overlay: str, cwd: str, dest: Path) -> list[str]:
+def _apply_overlay(tokens: list[str], overlay: str, cwd: str, dest: Path) -> tuple[list[str], list[str]]:
     """Check a YAML cell body against the config it is merged over (its keys and value types, as
-    overrides are), write the overlaid config to ``dest`` and point ``--config`` at it. The body's
-    warnings (keys the config lacks) are issued as :class:`UserWarning`."""
+    overrides are), write the overlaid config to ``dest`` and point ``--config`` at it; return the
+    tokens and the body's warnings (keys the config lacks), which the plan and the record keep."""
     size = len(overlay.encode("utf-8", "surrogatepass"))
     if size > MAX_CELL_BODY_BYTES:
         raise PlanError(f"the cell body is {size / 2**20:.1f} MiB; a YAML body holds a config, at most "
@@ -561,8 +573,7 @@ def _apply_overlay(tokens: list[str], overlay: str, cwd: str, dest: Path) -> lis
     tokens, base = with_config(tokens, str(dest))
     base_path = resolve_config(base, Path(cwd))[0] if base is not None else None
     try:
-        for message in check_overrides(base_path, [], overlay).warnings:
-            warnings.warn(message, UserWarning, stacklevel=4)
+        body_warnings = list(check_overrides(base_path, [], overlay).warnings)
         write_overlaid_config(base_path, overlay, dest)
     except ValueError as exc:
         limit = re.search(r"YAML node expansion exceeds the configured limit of (\d+)", str(exc))
@@ -571,7 +582,7 @@ def _apply_overlay(tokens: list[str], overlay: str, cwd: str, dest: Path) -> lis
                             "OmegaConf reads (max_yaml_expanded_nodes): put that much data in a file the recipe reads, "
                             "or give it as --config FILE. Nothing was started") from None
         raise PlanError(str(exc)) from None
-    return tokens
+    return tokens, body_warnings
 
 
 def _replace_config(plan: LaunchPlan, config_at: str) -> LaunchPlan:

@@ -498,3 +498,93 @@ def test_a_rank_traceback_glued_after_the_bar_is_found_whole():
         '    raise RuntimeError(cfg.get("crash_message", "toy recipe crashed on purpose"))',
         "RuntimeError: toy recipe crashed on purpose",
     ]
+
+
+# -- an exception whose message spans lines -----------------------------------------------------
+
+INSTANTIATION = ("torchtune.config._errors.InstantiationError: Error loading "
+                 "'torchtune.utils.metric_logging.DiskLogger': ModuleNotFoundError(\"No module named "
+                 "'torchtune.utils.metric_logging'\")")
+INSTANTIATION_MESSAGE = ("Error loading 'torchtune.utils.metric_logging.DiskLogger':\n"
+                         "ModuleNotFoundError(\"No module named 'torchtune.utils.metric_logging'\")\n"
+                         "Are you sure that 'metric_logging' is importable from module 'torchtune.utils'?")
+
+
+@pytest.mark.parametrize("name, report", [
+    # the project's lora_finetune on the tiny model with metric_logger._component_=
+    # torchtune.utils.metric_logging.DiskLogger (a path of torchtune before 0.6): one process, no
+    # torchrun report, exit code 1; then the same with --nproc_per_node 2 (torchrun's report)
+    ("instantiation_error", False),
+    ("instantiation_error_2proc", True),
+])
+def test_a_message_over_unindented_lines_is_the_exception_of_the_failure(name, report):
+    text = log(name)
+    assert bool(parse_reports(text)) == report
+    r = check(describe_failure(text, evidence=Evidence(returncode=1)), f"rank 0: {INSTANTIATION}", kind="exception",
+              rank=0, exc_type="torchtune.config._errors.InstantiationError")
+    assert r.message == INSTANTIATION_MESSAGE
+    assert r.traceback.endswith("InstantiationError: " + INSTANTIATION_MESSAGE)
+    assert "ModuleNotFoundError: No module named 'torchtune.utils.metric_logging'" in r.traceback  # the chain
+
+
+def _python(tmp_path, code: str) -> tuple[str, int]:
+    """Run ``code`` in a real Python, stdout and stderr in one file as a job's log; (log, exit code)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out.log"
+    with out.open("wb") as f:
+        code = "import sys, traceback\nsys.stdout.reconfigure(line_buffering=True)\n" + code
+        rc = subprocess.run([sys.executable, "-c", code], stdout=f, stderr=subprocess.STDOUT, timeout=60).returncode
+    return out.read_text(), rc
+
+
+@pytest.mark.parametrize("code, line, exc_type, message", [
+    # the whole kind: the last exception of a real traceback, whatever its message's shape
+    ("raise ValueError('bad value:\\nx=3 is below 4\\nraise x')", "ValueError: bad value: x=3 is below 4",
+     "ValueError", "bad value:\nx=3 is below 4\nraise x"),
+    ("raise ValueError('first\\n\\nafter a blank line')", "ValueError: first", "ValueError",
+     "first\n\nafter a blank line"),
+    ("class Diverged(Exception):\n    pass\nraise Diverged('loss is nan:\\nat step 3')", "Diverged: loss is nan: at step 3",
+     "Diverged", "loss is nan:\nat step 3"),
+    # a chain whose first message spans lines: the last exception is the one named
+    ("try:\n    raise KeyError('inner\\nline two')\nexcept KeyError as e:\n    raise RuntimeError('outer\\nwhy') from e",
+     "RuntimeError: outer", "RuntimeError", "outer\nwhy"),
+    ("try:\n    raise OSError('one\\ntwo')\nexcept OSError:\n    raise ValueError('three')",
+     "ValueError: three", "ValueError", "three"),
+])
+def test_the_last_exception_of_a_real_traceback_whatever_its_message(tmp_path, code, line, exc_type, message):
+    text, rc = _python(tmp_path, "print('Step 1 | loss:2.0 lr:0.001 ')\n" + code)
+    assert rc == 1
+    r = check(describe_failure(text, evidence=Evidence(returncode=rc)), line, kind="exception", rank=None,
+              exc_type=exc_type)
+    assert r.message == message and r.traceback.startswith("Traceback (most recent call last):")
+    if "from e" in code or "except OSError" in code:
+        assert r.traceback.count("Traceback (most recent call last):") == 2
+
+
+@pytest.mark.parametrize("code, rc, line", [
+    # a traceback the process printed and went on from stays survived, multi-line message or not
+    ("try:\n    raise ValueError('a\\nb')\nexcept ValueError:\n    traceback.print_exc()\n"
+     "print('Step 2 | loss:1.0 lr:0.001 ')\nsys.exit(3)", 3, "exited with code 3"),
+    ("try:\n    raise ValueError('a\\nb')\nexcept ValueError:\n    traceback.print_exc()\n"
+     "print('1|2|Loss: 1.0: 20%|##  | 2/10')\nsys.exit(1)", 1, "exited with code 1"),
+    # printed as the last thing before sys.exit(3): its lines are its message (nothing came after)
+    ("try:\n    raise ValueError('a\\nb')\nexcept ValueError:\n    traceback.print_exc()\nsys.exit(3)", 3,
+     "ValueError: a"),
+])
+def test_a_multi_line_traceback_the_process_went_on_from_is_not_its_failure(tmp_path, code, rc, line):
+    text, got = _python(tmp_path, code)
+    assert got == rc
+    assert failure_line(text, evidence=Evidence(returncode=rc)) == line
+
+
+def test_an_error_files_message_over_several_lines_keeps_its_type(tmp_path):
+    """torchelastic's ``@record`` writes ``"<type>: <str(exc)>"``: for the InstantiationError, three
+    lines; its type is still the exception's (it used to read as a plain ``Exception``)."""
+    from tune_magic.logs.tracebacks import split_exception
+
+    text = "torchtune.config._errors.InstantiationError: " + INSTANTIATION_MESSAGE
+    assert split_exception(text) == ("torchtune.config._errors.InstantiationError", INSTANTIATION_MESSAGE)
+    assert split_exception("RuntimeError: boom") == ("RuntimeError", "boom")
+    assert split_exception("not an exception at all\nsecond") == ("Exception", "not an exception at all\nsecond")

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tune_magic.registry.outcome import CANCELLED_OUTSIDE, FAILED_RESUME, Evidence, Outcome, decide, exit_text
+from tune_magic.registry.outcome import (CANCELLED_OUTSIDE, FAILED_RESUME, STOPPED_AFTER_END, Evidence, Outcome, decide,
+                                         exit_text)
 from tune_magic.registry.status import Status
 
 S, F, X, U = Status.SUCCEEDED, Status.FAILED, Status.STOPPED, Status.UNKNOWN
@@ -35,8 +36,14 @@ RESUME_LINE = "Failed to load distributed checkpoint: bad. Training will start f
     # a stop asked before the end
     (Evidence(returncode=1, stop_requested=True), Outcome(X, None, 1)),
     (Evidence(returncode=0, stop_requested=True), Outcome(X, None, 0)),  # a recipe that saves and exits 0
-    (Evidence(returncode=0, stop_requested=True, finished_at_stop=True), Outcome(S, None, 0)),
-    (Evidence(returncode=1, stop_requested=True, finished_at_stop=True), Outcome(X, None, 1)),
+    # ... after training ended (its last step and the save after it were logged): succeeded, whatever
+    # the exit code (torchrun's agent exits 1 once a signal reached it; a worker killed in its teardown)
+    (Evidence(returncode=0, stop_requested=True, finished_at_stop=True), Outcome(S, STOPPED_AFTER_END, 0)),
+    (Evidence(returncode=1, stop_requested=True, finished_at_stop=True), Outcome(S, STOPPED_AFTER_END, 1)),
+    (Evidence(returncode=-15, stop_requested=True, finished_at_stop=True), Outcome(S, STOPPED_AFTER_END, -15)),
+    (Evidence(verdict="cancelled", stop_requested=True, finished_at_stop=True), Outcome(S, STOPPED_AFTER_END, None)),
+    (Evidence(nothing_runs=True, stop_requested=True, finished_at_stop=True), Outcome(S, STOPPED_AFTER_END)),
+    (Evidence(returncode=1, stop_requested=False, finished_at_stop=True, failure_line=LINE), Outcome(F, LINE, 1)),
     (Evidence(verdict="cancelled", stop_requested=True), Outcome(X, None, None)),
     (Evidence(verdict="failed", stop_requested=True), Outcome(X, None, None)),  # our stop's signal: 22.05 says FAILED
     # a resume whose recipe trained from the base model instead (rule 4)

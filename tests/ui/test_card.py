@@ -406,3 +406,15 @@ def test_after_the_last_save_the_bars_closing_redraw_keeps_checkpoint_saved(make
     card.watcher.poll_once()
     assert text_of(card.progress.value).startswith("checkpoint saved · epoch 1/1 · step 2/2")
     assert "ETA" not in card.progress.value
+
+
+def test_a_job_that_succeeded_though_a_stop_came_says_so_plainly(make):
+    from tune_magic.registry.outcome import STOPPED_AFTER_END
+    from tune_magic.ui.cli import end_line
+
+    job = make("succeeded", returncode=1, error=STOPPED_AFTER_END, stop_requested=True)
+    card = card_of(job)
+    assert text_of(card.error.value) == f"succeeded: {STOPPED_AFTER_END}" and card.error.layout.display is None
+    assert card.resume_control.layout.display == "none"  # nothing to resume
+    assert card.text().splitlines()[1] == f"succeeded: {STOPPED_AFTER_END}" and "error:" not in card.text()
+    assert end_line(job).endswith(f"succeeded · {STOPPED_AFTER_END}")

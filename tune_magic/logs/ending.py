@@ -95,6 +95,25 @@ def failed_resume_line(path: str | os.PathLike, since: int = 0) -> str | None:
         os.close(fd)
 
 
+#: Bytes from the end of the log read to tell whether training had ended before a stop reached it.
+FINISHED_TAIL_BYTES = 256 * 1024
+
+
+def trained_to_the_end(record: JobRecord, text: str | None = None) -> bool:
+    """Whether the job's log (its last :data:`FINISHED_TAIL_BYTES`, or ``text``) shows its last
+    planned step and the checkpoint save after it (:func:`tune_magic.logs.progress.finished_and_saved`,
+    with the config's ``epochs``): what a stop's signal could no longer undo. A process killed by
+    it writes nothing more, so a save line in the log was written before the stop reached it."""
+    from tune_magic.logs.progress import finished_and_saved
+
+    if not record.epochs:
+        return False
+    if text is None:
+        text = read_tail(record.log_path, FINISHED_TAIL_BYTES)
+    lines = [line.rsplit("\r", 1)[-1] if "\r" in line.rstrip("\r") else line.rstrip("\r") for line in text.split("\n")]
+    return finished_and_saved(lines, record.epochs)
+
+
 def agent_signal(text: str) -> int | None:
     """The signal number that told torchrun's agent to stop, from its log lines, or ``None``."""
     import signal
@@ -153,11 +172,13 @@ def evidence(job_dir: Path, record: JobRecord, returncode: int | None, *, verdic
         # also signals the other nodes' agents after a rank somewhere raised
         if reason is None or (reason.exc_type or "").endswith("SignalException"):
             signalled = agent_signal(text)
+    # the stop may have been asked while the last save was under way, and reached the job after it
+    finished = bool(record.finished_at_stop) or (stop and trained_to_the_end(record))
     failed_resume = None
     if (returncode == 0 or verdict == "completed") and not stop and is_resume(record):
         since = record.attempts[-1].get("log_offset", 0) if record.attempts else 0
         failed_resume = failed_resume_line(record.log_path, since if isinstance(since, int) else 0)
-    ev = Evidence(returncode=returncode, stop_requested=stop, finished_at_stop=bool(record.finished_at_stop),
+    ev = Evidence(returncode=returncode, stop_requested=stop, finished_at_stop=finished,
                   verdict=verdict, verdict_reason=verdict_reason, signalled=signalled,
                   failure_line=(reason.line_on_host() if with_host else reason.line) if reason is not None else None,
                   nothing_runs=nothing_runs, answered=answered, failed_resume=failed_resume)

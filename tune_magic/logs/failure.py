@@ -162,7 +162,10 @@ def _secs(ms: str) -> str:
 
 def _classify(exc_type: str, message: str) -> tuple[str, str]:
     """Return (kind, plain text) for an exception."""
-    first = message.split("\n", 1)[0].strip()
+    lines = [line.strip() for line in message.split("\n") if line.strip()]
+    first = lines[0] if lines else ""
+    if first.endswith(":") and len(lines) > 1:  # "Error loading 'x':" says what, the next line why
+        first = f"{first} {lines[1]}"
     both = f"{exc_type}: {message}"
     if exc_type.endswith("OutOfMemoryError") or "CUDA out of memory" in message:
         m = _CUDA_OOM_NEW_RE.search(message) or _CUDA_OOM_OLD_RE.search(message)

@@ -54,6 +54,9 @@ class Summary:
     Attributes:
         step: the latest step with a loss (steps), or ``None`` before the first.
         loss: that step's loss (the metric file's value when it has one, else the progress bar's).
+        min_loss: the lowest finite loss logged so far, from the same source as ``loss`` (the
+            metric file's losses once it has one, else the progress bar's), or ``None``; older
+            summaries (before this field) have ``None`` until the job's log is read again.
         epoch: 1-based epoch of the latest progress-bar step, or ``None``.
         progress: the latest progress-bar text (ANSI-free), e.g.
             ``1|13|Loss: 2.31: 65%|######5   | 13/20 [00:10<00:05, 1.3it/s]``.
@@ -93,6 +96,9 @@ class Summary:
     progress_loss: float | None = None
     metric_step: int | None = None
     metric_loss: float | None = None
+    min_loss: float | None = None
+    progress_min_loss: float | None = None
+    metric_min_loss: float | None = None
     version: int = VERSION
 
     def to_json(self) -> bytes:
@@ -121,7 +127,7 @@ class Summary:
 
 _FIELD_NAMES = tuple(f.name for f in fields(Summary))
 _INTS = ("step", "epoch", "log_offset", "metrics_offset", "progress_step", "metric_step")
-_FLOATS = ("loss", "progress_loss", "metric_loss", "updated_at")
+_FLOATS = ("loss", "progress_loss", "metric_loss", "updated_at", "min_loss", "progress_min_loss", "metric_min_loss")
 
 
 def _type_ok(name: str, value: Any) -> bool:
@@ -243,6 +249,7 @@ class SummaryTracker:
             ident = [st.st_dev, st.st_ino]
             if s.log_ident != ident or st.st_size < s.log_offset:
                 s.log_offset, s.log_ident = 0, ident  # another file now (recreated, truncated)
+                s.progress_min_loss = None
         except OSError:
             st = None
         if st is not None and st.st_size > s.log_offset:
@@ -275,12 +282,15 @@ class SummaryTracker:
             if name != LOSS:
                 continue
             if source == SOURCE_PROGRESS:
+                s.progress_min_loss = _lower(s.progress_min_loss, value)
                 if s.progress_step is None or step >= s.progress_step:
                     s.progress_step, s.progress_loss = step, value
                     if epoch is not None:
                         s.epoch = epoch
-            elif s.metric_step is None or step >= s.metric_step:  # "Step N | ..." printed to stdout
-                s.metric_step, s.metric_loss = step, value
+            else:  # "Step N | ..." printed to stdout
+                s.metric_min_loss = _lower(s.metric_min_loss, value)
+                if s.metric_step is None or step >= s.metric_step:
+                    s.metric_step, s.metric_loss = step, value
         if parser.latest_progress is not None:
             s.progress = parser.latest_progress[:500]
         if parser.log_path is not None:
@@ -345,6 +355,8 @@ class SummaryTracker:
         last = max(batch.steps)
         values = {}
         for step, name, value in zip(batch.steps, batch.names, batch.values):
+            if name == LOSS:
+                s.metric_min_loss = _lower(s.metric_min_loss, value)
             if step == last:
                 values[name] = value
         if s.metric_step is None or last >= s.metric_step:
@@ -361,6 +373,16 @@ class SummaryTracker:
             s.step, s.loss = s.metric_step, s.metric_loss
         elif s.progress_step is not None:
             s.step, s.loss = s.progress_step, s.progress_loss
+        # the lowest loss from the source the points have (Job.metric_points: the metric file's
+        # values win where it has them): the sweep's best trial is ranked on it
+        s.min_loss = s.metric_min_loss if s.metric_min_loss is not None else s.progress_min_loss
+
+
+def _lower(lowest: float | None, value: float) -> float | None:
+    """The lower of ``lowest`` and ``value``, ``nan`` and infinities ignored."""
+    if not math.isfinite(value):
+        return lowest
+    return value if lowest is None else min(lowest, value)
 
 
 def current_summary(job_dir: Path, record: jobstore.JobRecord, *, kept: bool, final: bool,

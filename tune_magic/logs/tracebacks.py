@@ -18,6 +18,15 @@ to a rank the report says exited with a code other than 1 (Python's code for an 
 exception), or to a one-process job that did, only when it is the last worker output in the log
 (other ranks' prefixed tracebacks aside); a process killed by a signal is reported as killed by
 that signal.
+
+An exception's message may span lines, indented or not (torchtune's ``InstantiationError``:
+``Error loading '...':`` then ``ModuleNotFoundError(...)`` then ``Are you sure ...``, each at the
+start of a line): every line after the exception line is its message, blank ones inside it too, up
+to a traceback's first line, a chain's ``During handling ...`` / ``The above exception ...``
+line, a torch or torchrun line, or training output (a progress bar, a metric line, a logging line:
+what a recipe that survived the traceback goes on to print). A process that printed more of its
+own after that survived the traceback; one that printed nothing more died of it, or ended with it
+as its last word.
 """
 
 from __future__ import annotations
@@ -54,6 +63,10 @@ _TOOL_LINE_RE = re.compile(
     r"^(?:\s*[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ |\[[IWEF]\d{4} \d\d:\d\d:\d\d|"
     r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):torch[.:]|\*+\s*$|Setting OMP_NUM_THREADS environment variable )"
 )
+
+# Training output, never an exception's message: a tqdm bar ("1|3|Loss: 2.5: 20%|##  | 3/15"),
+# a DiskLogger line ("Step 3 | loss:2.5 ..."), Python logging's default format ("INFO:name:text").
+_OUTPUT_RE = re.compile(r"\d%\||^\s*\d+\|\d+\|Loss: |^\s*Step \d+ \||^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.]*:")
 
 # Where another process's output is glued onto a line that had no newline yet (a progress bar
 # redrawn with \r): "1|1|Loss: 10.0: 20%|[rank1]: Traceback (most recent call last):". Cut before
@@ -109,9 +122,13 @@ def find_tracebacks(lines: list[tuple[int, str]]) -> list[Traceback]:
             chain_start = None
             i = j
             continue
-        k = j + 1
-        while k < n and k - j <= 50 and lines[k][1][:1] in (" ", "\t") and lines[k][1].strip():
-            k += 1  # an indented continuation of a multi-line message
+        k = scan = j + 1
+        # torchrun's own ChildFailedError is followed by its report (tune_magic.logs.reports), not a message
+        wrapper = m["type"].endswith(WRAPPER)
+        while not wrapper and scan < n and scan - j <= 50 and (not lines[scan][1].strip() or _continues(lines[scan][1])):
+            scan += 1  # the message's next line (blank ones count only with more of it after them)
+            if lines[scan - 1][1].strip():
+                k = scan
         msg_lines = [m["msg"] or ""] + [line.strip() for _, line in lines[j + 1 : k]]
         # a chained exception continues after "During handling..." / "The above exception..."
         nxt = k
@@ -128,6 +145,14 @@ def find_tracebacks(lines: list[tuple[int, str]]) -> list[Traceback]:
     return out
 
 
+def _continues(line: str) -> bool:
+    """Whether ``line`` may go on an exception's message: not blank, not a traceback's first line
+    nor a chain's, not a line of torch or torchrun, not training output."""
+    body = line.strip()
+    return (bool(body) and body != TB_HEAD and body not in _CHAIN and not _TOOL_LINE_RE.match(line)
+            and not _OUTPUT_RE.search(line))
+
+
 def exception_lines(lines: list[tuple[int, str]]) -> list[Traceback]:
     """Lines that are an exception by themselves (outside tracebacks, e.g. logged errors), as
     one-line :class:`Traceback` objects; torchrun's own ``ChildFailedError`` left out."""
@@ -140,12 +165,14 @@ def exception_lines(lines: list[tuple[int, str]]) -> list[Traceback]:
 
 
 def split_exception(line: str) -> tuple[str, str]:
-    """``(type, message)`` of an exception line such as ``"RuntimeError: boom"``; a line that does
-    not read as one is ``("Exception", line)``."""
-    m = _TB_EXC_RE.match(line.strip())
+    """``(type, message)`` of an exception's text such as ``"RuntimeError: boom"`` (``@record``'s
+    error file: ``"<type>: <str(exc)>"``, whose message may go on over more lines); a text whose
+    first line does not read as one is ``("Exception", text)``."""
+    first, _, rest = line.strip().partition("\n")
+    m = _TB_EXC_RE.match(first.strip())
     if m is None:
         return "Exception", line.strip()
-    return m["type"], (m["msg"] or "").strip()
+    return m["type"], "\n".join([m["msg"] or "", rest]).strip()
 
 
 class LogStreams:

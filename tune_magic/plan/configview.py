@@ -16,8 +16,6 @@ from tune_magic.plan.model import LaunchPlan
 #: Config keys (torchtune 0.6.1 conventions) holding directories a job writes to.
 METRIC_LOG_DIR_KEY = "metric_logger.log_dir"
 CHECKPOINT_DIR_KEY = "checkpointer.output_dir"
-#: Config keys holding local inputs a job reads; a missing one fails every rank at start-up.
-INPUT_KEYS = ("checkpointer.checkpoint_dir", "tokenizer.path")
 #: Last parts of config keys (torchtune 0.6.1 conventions: ``output_dir``, ``checkpointer.output_dir``,
 #: ``metric_logger.log_dir``, ``profiler.output_dir``...) naming a path the job writes to; a key
 #: ending in ``_`` plus one of these counts too (``adapter_output_dir``). Inputs
@@ -34,7 +32,8 @@ class JobDirs:
         metric_log_dir: ``metric_logger.log_dir`` (where torchtune's DiskLogger writes ``log_*.txt``).
         checkpoint_dir: ``checkpointer.output_dir``.
         warnings: human-readable warnings, e.g. a checkpoint dir outside ``output_dir``.
-        missing_inputs: ``(key, path)`` of inputs (:data:`INPUT_KEYS`) that do not exist here.
+        missing_inputs: ``(key, path)`` of the model's and tokenizer's inputs that do not exist
+            here (:func:`tune_magic.plan.modelfiles.missing_model_paths`), every one of them.
         errors: why a directory key could not be resolved (e.g. an ``${oc.env:...}`` variable
             that is not set); the job would fail at start-up.
         epochs, max_steps_per_epoch: the config's keys of those names (torchtune 0.6.1 recipes:
@@ -183,8 +182,9 @@ def resolve_dirs(plan: LaunchPlan, cwd: str | os.PathLike | None = None) -> JobD
         if value is not None and _inside(os.path.realpath(value), os.path.realpath(registry)):
             errors.append(f"{key} {value} is inside tune_magic's job registry {registry}, where every folder must be "
                           "a job; choose another directory")
-    missing = [(key, path) for key in INPUT_KEYS for path in [_select(cfg, key, cwd, errors)]
-               if path is not None and not os.path.exists(path)]
+    from tune_magic.plan.modelfiles import missing_model_paths
+
+    missing = missing_model_paths(cfg, cwd, _select, errors)
     return JobDirs(out, logs, ckpt, warnings, missing, errors, epochs=_count(cfg, "epochs"),
                    max_steps_per_epoch=_count(cfg, "max_steps_per_epoch"))
 

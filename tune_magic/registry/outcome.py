@@ -6,11 +6,14 @@ stop was asked, what the job's log showed at that moment, the engine's own verdi
 :class:`Evidence`, and :func:`decide` turns it into the job's end (or into "not ended yet"):
 
 1. No exit code and no verdict: not ended — unless a stop was asked and nothing of the job runs
-   (``stopped``), or the scheduler knows nothing of it runs (``unknown``: "outcome unknown").
-   An engine that did not answer is no news: it never ends a job.
-2. A stop asked before the job ended gives ``stopped`` (its exit code kept), unless the job exited
-   0 and, when the stop was asked, its log showed its last planned step and the save that follows
-   it (a run that had finished its work: ``succeeded``).
+   (``stopped``, or ``succeeded`` as in rule 2), or the scheduler knows nothing of it runs
+   (``unknown``: "outcome unknown"). An engine that did not answer is no news: it never ends a job.
+2. A stop asked before the job ended gives ``stopped`` (its exit code kept), unless its log showed
+   its last planned step and the save that follows it before the stop reached it (when the stop
+   was asked, or at its end): training had ended, and the stop only cut short what comes after (a
+   process group's teardown, an upload), so the job ``succeeded`` with the reason
+   :data:`STOPPED_AFTER_END`, whatever its exit code (torchrun's agent exits 1 whenever a signal
+   reached it, whatever its workers did). A Resume of it would find nothing to resume.
 3. No stop asked: an engine's verdict of its own (time limit, node failure, out of memory) is
    ``failed`` with that reason, even with exit code 0 (srun exits 0 when a node of its step fails,
    measured on SLURM 22.05); else exit 0 is ``succeeded``; an end by a termination signal nobody in
@@ -37,6 +40,8 @@ from tune_magic.registry.status import Status
 CANCELLED_OUTSIDE = "cancelled outside tune_magic"
 #: The reason's start for a resume that trained from the base model instead (rule 4).
 FAILED_RESUME = "failed resume: the recipe did not load its checkpoint and trained from the base model"
+#: The reason of a job that succeeded though a stop was asked: its training had ended (rule 2).
+STOPPED_AFTER_END = "the stop arrived after training ended"
 #: Signals that end a job on purpose (as opposed to a crash: SIGKILL, SIGSEGV, ...).
 TERMINATION_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 
@@ -64,8 +69,9 @@ class Evidence:
         returncode: the job's exit code (negative: killed by that signal), or ``None`` when none
             is known (no exit file, the engine gave none).
         stop_requested: a user asked tune_magic to stop the job.
-        finished_at_stop: when the stop was asked, the job's log showed its last planned step and
-            the checkpoint save after it (see :func:`tune_magic.logs.progress.finished_and_saved`).
+        finished_at_stop: before the stop reached the job (when it was asked, or as the log reads at
+            the job's end), its log showed its last planned step and the checkpoint save after it
+            (see :func:`tune_magic.logs.progress.finished_and_saved`).
         verdict: the engine's own word on the end, one of :data:`VERDICTS`, or ``None``.
         verdict_reason: the engine's words for a ``failed``-type verdict (``"hit the --time limit
             10"``, ``"a node failed (NODE_FAIL)"``), shown as the reason.
@@ -129,12 +135,14 @@ def decide(ev: Evidence) -> Outcome | None:
     if code is None and ev.verdict is None:
         if not ev.answered or not ev.nothing_runs:
             return None
-        return Outcome(Status.STOPPED) if ev.stop_requested else Outcome(Status.UNKNOWN)
+        if ev.stop_requested:
+            return Outcome(Status.SUCCEEDED, STOPPED_AFTER_END) if ev.finished_at_stop else Outcome(Status.STOPPED)
+        return Outcome(Status.UNKNOWN)
     if code is None and ev.verdict == COMPLETED:
         code = 0
     if ev.stop_requested:
-        if code == 0 and ev.finished_at_stop:
-            return Outcome(Status.SUCCEEDED, None, 0)
+        if ev.finished_at_stop:
+            return Outcome(Status.SUCCEEDED, STOPPED_AFTER_END, code)
         return Outcome(Status.STOPPED, None, code)
     if ev.verdict in (TIMEOUT, NODE_FAIL, OUT_OF_MEMORY):  # even over exit 0: srun exits 0 on a node failure
         return Outcome(Status.FAILED, ev.verdict_reason or ev.verdict.replace("_", " "), code)

@@ -17,14 +17,14 @@ import os
 import shutil
 import sys
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from tune_magic import schedulers
-from tune_magic.errors import PlanError, UserError
-from tune_magic.launcher import MAX_NAME_CHARS, dry_run_requested, launch, register_trial, state_error
+from tune_magic.errors import PlanError, UserError, warn_launch
+from tune_magic.launcher import (MAX_NAME_CHARS, dry_run_requested, launch, missing_inputs_error, register_trial,
+                                 state_error)
 from tune_magic.plan.checks import check_axis_items
 from tune_magic.plan.configview import resolve_dirs
 from tune_magic.plan.model import LaunchPlan
@@ -181,8 +181,7 @@ def _sweep(inputs: "_Inputs", *, name, gpus, gpus_per_trial, max_parallel, max_t
     sweep_name = name or first.recipe_name or Path(first.recipe).stem
     if dry_run:
         return _dry_run(inputs, sweep_id, sweep_name, plan, slots, first, extra, force, first_only)
-    for message in dict.fromkeys(first.warnings):
-        warnings.warn(message, UserWarning, stacklevel=3)
+    warn_launch(first.warnings)  # at the caller's line; the record keeps them too
     record = SweepRecord(
         id=sweep_id, name=sweep_name, created_at=time.time(), cwd=inputs.cwd, python=sys.executable,
         args=list(plan.words), axes=[{"key": a.key, "texts": list(a.texts), "position": a.position} for a in plan.axes],
@@ -243,9 +242,7 @@ def _check(inputs: _Inputs, sweep_id: str, *, name, gpus, gpus_per_trial, max_pa
             raise PlanError(refused[0].split(": ", 1)[1] + "; nothing was started")
         missing = resolve_dirs(first, cwd=inputs.cwd).missing_inputs
         if missing:
-            key, path = missing[0]
-            raise PlanError(f"{key} {path} does not exist, so every trial would fail at start-up; create it or "
-                            f"override {key}=...")
+            raise PlanError(missing_inputs_error(first, missing, "every trial"))
     return plan, slots, first, extra
 
 

@@ -1,10 +1,15 @@
 """A sweep's results: each trial's losses, the best trial, the frame and the metric rows.
 
-Losses come from each trial's logs (:meth:`tune_magic.job.Job.metric_points`: the DiskLogger
-file, else the progress bar), the metric named ``loss``. The best trial is the one with the
-lowest **final** loss (the loss at its last logged step), ties broken by the lowest **minimum**
-loss, then by trial order; among the trials that succeeded while any has (a trial that failed
-early may have logged a low loss at a step the others passed), else among every trial with a loss.
+Losses come from each trial's summary (:meth:`tune_magic.job.Job.summary`, kept current from its
+logs: the DiskLogger file, else the progress bar), the metric named ``loss``: its last step, the
+loss there and the lowest loss. The best trial is the one with the lowest **final** loss (the loss
+at its last logged step), ties broken by the lowest **minimum** loss, then by trial order; among
+the trials that succeeded while any has (a trial that failed early may have logged a low loss at a
+step the others passed), else among every trial with a loss.
+
+Every view asks :func:`best` of :func:`results` (``Sweep.best()``, the sweep card and its text form,
+``tune-magic sweeps`` and its ``--json``, ``jobs --sweep`` and its ``--json``): one measure on one
+input, so they never disagree on a tie.
 """
 
 from __future__ import annotations
@@ -54,13 +59,21 @@ def loss_stats(points: Sequence) -> tuple[int | None, float | None, float | None
     return step, final, (min(finite) if finite else None)
 
 
+def standing(trial) -> TrialResult:
+    """One trial with its losses from its job's summary (a queued trial: none). A summary written
+    before it kept the lowest loss (``min_loss``) is completed from the ended job's logs."""
+    job = trial.job
+    if job is None:
+        return TrialResult(trial, None, None, None)
+    s = job.summary()
+    if s.loss is not None and s.min_loss is None and not job.status.is_live:
+        return TrialResult(trial, *loss_stats(job.metric_points()))
+    return TrialResult(trial, s.step, s.loss, s.min_loss)
+
+
 def results(trials: Sequence) -> list[TrialResult]:
-    """Each trial with its losses read from its logs (queued trials: none)."""
-    out = []
-    for t in trials:
-        stats = loss_stats(t.job.metric_points()) if t.job is not None else (None, None, None)
-        out.append(TrialResult(t, *stats))
-    return out
+    """Each trial with its losses (:func:`standing`), in the order given."""
+    return [standing(t) for t in trials]
 
 
 def pick_best(candidates: Iterable[tuple[int, str, float | None, float | None]]) -> int | None:

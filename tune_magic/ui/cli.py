@@ -14,11 +14,11 @@ import time
 from typing import Callable, Iterator, Sequence
 
 from tune_magic.plan import options as launchopts
-from tune_magic.errors import UserError
+from tune_magic.errors import UserError, launch_warnings_shown_here
 from tune_magic.ui.clifiles import (  # noqa: F401  (CliError and CHUNK_BYTES are part of the CLI's API)
     CHUNK_BYTES, ENV_ERRNOS, CliError, check_job_log, os_error_paragraph, os_reason, read_from, whole_log, write_chunks,
 )
-from tune_magic.ui.textfmt import NAME_WIDTH, PATH_WIDTH, cell, escape, table
+from tune_magic.ui.textfmt import NAME_WIDTH, PATH_WIDTH, cell, escape, print_warnings, table
 
 EXIT_USAGE = 2
 
@@ -150,7 +150,9 @@ def _run(argv: Sequence[str]) -> int:
                     scheduler=own.get("scheduler"), max_resumes=own.get("max_resumes"), **scheduler_values(own))
     if not hasattr(result, "id"):  # TUNE_MAGIC_DRY_RUN=1: a plan, nothing started
         print(result.command_line())
+        print_warnings("run", result.warnings)
         return 0
+    print_warnings("run", result.record.warnings)
     print(result.id, flush=True)
     return _follow_to_end(result) if own.get("wait") else 0
 
@@ -189,6 +191,7 @@ def _resume(argv: Sequence[str]) -> int:
     if not hasattr(result, "id"):  # a dry run: the plan, nothing started
         print(result.summary())
         return 0
+    print_warnings("resume", result.record.warnings)
     print(result.id, flush=True)
     return _follow_to_end(result) if own.get("wait") else 0
 
@@ -203,6 +206,8 @@ def end_line(job) -> str:
         parts.append(escape(job.error))
     elif job.status == "stopped":  # a user's stop, whatever the engine said of the job's end
         parts.append(escape(job.record.error) if job.record.error else "stopped by the user")
+    elif job.status == "succeeded" and job.record.error:  # "the stop arrived after training ended"
+        parts.append(escape(job.record.error))
     elif job.record.returncode is not None and job.status != "succeeded":
         parts.append(f"exit code {job.record.returncode}")
     return " · ".join(parts)
@@ -211,7 +216,7 @@ def end_line(job) -> str:
 def _job_arg(parser: argparse.ArgumentParser, argv: Sequence[str]):
     from tune_magic.job import get_job
 
-    parser.add_argument("job", help="job id (tune-magic jobs lists them)")
+    parser.add_argument("job", help="job id, or the name of one job (tune-magic jobs lists them)")
     ns = parser.parse_args(argv)
     return ns, get_job(ns.job)
 
@@ -346,7 +351,7 @@ def _stop(argv: Sequence[str]) -> int:
     from tune_magic.stopping import stop_jobs
 
     parser = argparse.ArgumentParser(prog="tune-magic stop", description="Stop a running job (or all, together), or a sweep.")
-    parser.add_argument("job", nargs="?", help="job id, or a sweep's id or name: every trial (queued ones never start)")
+    parser.add_argument("job", nargs="?", help="job id or the name of one job, or a sweep's id or name: every trial (queued ones never start)")
     parser.add_argument("--all", action="store_true", help="stop every running job")
     parser.add_argument("--grace", type=_seconds, default=10.0, help="seconds between SIGTERM and SIGKILL (10)")
     ns = parser.parse_args(argv)
@@ -380,7 +385,7 @@ def _rm(argv: Sequence[str]) -> int:
     from tune_magic.job import remove
 
     parser = argparse.ArgumentParser(prog="tune-magic rm", description="Remove finished jobs' records and logs.")
-    parser.add_argument("job", nargs="?", help="job id")
+    parser.add_argument("job", nargs="?", help="job id, or the name of one job")
     parser.add_argument("--finished", action="store_true", help="remove every finished job")
     ns = parser.parse_args(argv)
     if bool(ns.job) == ns.finished:
@@ -505,7 +510,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{_usage()}\ntune-magic: error: unknown command {name!r}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        return _COMMANDS[name][0](rest)
+        with launch_warnings_shown_here():  # run and resume print them once, as plain lines
+            return _COMMANDS[name][0](rest)
     except UserError as exc:  # a user's mistake: one paragraph; anything else is a bug: its traceback
         print(f"tune-magic {name}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -21,7 +21,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from tune_magic.plan import options as launchopts
 from tune_magic.plan.cellbody import expand_fields, parse_cell_body
-from tune_magic.errors import UserError
+from tune_magic.errors import UserError, launch_warnings_shown_here
 from tune_magic.registry.sweepstore import is_sweep_id
 
 
@@ -121,15 +121,17 @@ class TuneMagics(Magics):
             if own.get("sweep"):  # a grid of trials: the line is split again, keeping its quotes
                 from tune_magic.ui.sweepmagic import sweep_cell
 
-                return sweep_cell(line, cell, self.shell.user_ns)
+                with launch_warnings_shown_here():  # sweep_cell prints them, once
+                    return sweep_cell(line, cell, self.shell.user_ns)
             launchopts.check_sweep_options(own)
             body = parse_cell_body(cell)
             overrides = [expand_fields(t, self.shell.user_ns) for t in body.overrides]
-            result = launch(rest + overrides, name=own.get("name"), gpus=own.get("gpus"),
-                            force=bool(own.get("force")), cwd=os.getcwd(),
-                            dry_run=True if own.get("dry_run") else None, config_overlay=body.config_yaml,
-                            scheduler=own.get("scheduler"), max_resumes=own.get("max_resumes"),
-                            **scheduler_values(own))
+            with launch_warnings_shown_here():  # the card (a dry run: stderr) shows them, once
+                result = launch(rest + overrides, name=own.get("name"), gpus=own.get("gpus"),
+                                force=bool(own.get("force")), cwd=os.getcwd(),
+                                dry_run=True if own.get("dry_run") else None, config_overlay=body.config_yaml,
+                                scheduler=own.get("scheduler"), max_resumes=own.get("max_resumes"),
+                                **scheduler_values(own))
         except UserError as exc:
             raise UsageError(str(exc)) from None
         if not hasattr(result, "id"):  # a LaunchPlan: dry run
@@ -169,10 +171,12 @@ class TuneMagics(Magics):
                 return None
             if job_id is None:
                 raise UsageError("give the job to resume: %tune_resume JOB (%tune_jobs lists them)")
-            result = resume(job_id, extra, fresh=bool(own.get("fresh")), dry_run=True if own.get("dry_run") else None,
-                            name=own.get("name"), gpus=own.get("gpus"), scheduler=own.get("scheduler"),
-                            max_resumes=own.get("max_resumes"), on_plan=lambda plan: print(plan.summary()),
-                            **scheduler_values(own))
+            with launch_warnings_shown_here():  # the new job's card shows them
+                result = resume(job_id, extra, fresh=bool(own.get("fresh")),
+                                dry_run=True if own.get("dry_run") else None, name=own.get("name"),
+                                gpus=own.get("gpus"), scheduler=own.get("scheduler"),
+                                max_resumes=own.get("max_resumes"), on_plan=lambda plan: print(plan.summary()),
+                                **scheduler_values(own))
         except UserError as exc:
             raise UsageError(str(exc)) from None
         if not hasattr(result, "id"):  # a dry run: the plan, nothing started
@@ -225,7 +229,7 @@ class TuneMagics(Magics):
         return Panel()
 
     @magic_arguments()
-    @argument("job", help="job id (%%tune_jobs lists them), or a sweep id: its sweep card")
+    @argument("job", help="job id or the name of one job (%%tune_jobs lists them), or a sweep id: its sweep card")
     @line_magic("tune_logs")
     def tune_logs(self, line: str):
         """Show a job's live card again (e.g. after a kernel restart)."""
@@ -251,7 +255,7 @@ class TuneMagics(Magics):
         return job
 
     @magic_arguments()
-    @argument("job", nargs="?", help="job id, or a sweep id: every trial of the sweep")
+    @argument("job", nargs="?", help="job id or the name of one job, or a sweep id: every trial of the sweep")
     @argument("--all", action="store_true", help="stop every live job (running or pending)")
     @argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL (10)")
     @line_magic("tune_stop")

@@ -204,8 +204,8 @@ class JobSnapshot:
     def summary(self) -> str:
         """A plain-text rendering (terminals, nbconvert, ``--wait``)."""
         lines = [f"job {self.job_id} ({self.name}): {self.label}, {self.elapsed_s:.0f} s"]
-        if self.error:
-            lines.append(f"error: {self.error}")
+        if self.error:  # a job that succeeded has a note at most ("the stop arrived after training ended")
+            lines.append(f"{'note' if self.status == 'succeeded' else 'error'}: {self.error}")
         lines += self.placement()
         lines += [overrides_text(self.overrides)] if self.overrides else []
         lines += self.notes()

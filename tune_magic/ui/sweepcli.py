@@ -27,10 +27,13 @@ def run_sweep(own: Mapping[str, Any], rest: Sequence[str]) -> int:
     end; exit 0 when every trial succeeded, else 1)."""
     from tune_magic.sweeping.create import sweep
 
+    from tune_magic.ui.textfmt import print_warnings
+
     result = sweep(list(rest), **_sweep_kwargs(own))
     if not hasattr(result, "wait"):  # TUNE_MAGIC_DRY_RUN=1
         print(result.text())
         return 0
+    print_warnings("run", result.record.warnings)
     print(result.id, flush=True)
     if not own.get("wait"):
         return 0
@@ -88,16 +91,12 @@ def sweeps_command(argv: Sequence[str]) -> int:
 
 
 def _best_summary(sweep) -> dict | None:
-    """The best trial by its summary file (cheap: never its whole log): lowest last loss."""
-    from tune_magic.sweeping.results import pick_best
+    """The best trial (:func:`tune_magic.sweeping.results.best`, from each trial's summary file:
+    never its whole log), with its final and lowest loss."""
+    from tune_magic.sweeping.results import best, results
 
-    shown = {}
-    for t in sweep.trials:
-        if t.job is not None:
-            s = t.job.summary()
-            shown[t.index] = (t.index, t.status, s.loss, s.loss)
-    index = pick_best(shown.values())
-    return None if index is None else {"trial": index, "final_loss": shown[index][2]}
+    top = best(results(sweep.trials))
+    return None if top is None else {"trial": top.trial.index, "final_loss": top.final_loss, "min_loss": top.min_loss}
 
 
 def sweep_jobs(spec: str, as_json: bool) -> int:

@@ -47,6 +47,8 @@ def sweep_cell(line: str, cell: str | None, namespace: Mapping[str, Any]):
     if not hasattr(result, "wait"):  # a dry run
         print(result.text())
         return result
+    for warning in result.record.warnings:  # once, as plain lines (the sweep card does not repeat them)
+        print(f"warning: {warning}", file=sys.stderr)
     if own.get("wait"):
         from tune_magic.ui.sweeptext import stream_sweep
 

@@ -16,7 +16,7 @@ from typing import Callable
 
 from tune_magic.logs.follow import JobMetricsFollower
 from tune_magic.sweeping.handle import Sweep
-from tune_magic.sweeping.results import LOSS, pick_best
+from tune_magic.sweeping.results import LOSS, best, results
 
 #: Most points per trial handed to the chart (older ones thinned; the logs keep every one).
 MAX_POINTS = 500
@@ -121,7 +121,8 @@ class SweepWatcher:
     def _read(self) -> SweepSnapshot:
         self.sweep.revive()  # a card of a sweep whose process died would otherwise wait for good
         rows = []
-        for t in self.sweep.trials:
+        trials = self.sweep.trials
+        for t in trials:
             texts = tuple(t.texts.items())
             if t.job is None:
                 rows.append(TrialRow(t.index, t.name, texts, t.status, note=t.error or t.waiting))
@@ -133,11 +134,12 @@ class SweepWatcher:
         status = "running" if any(r.status in ("queued", "pending", "running") for r in rows) else (
             "stopped" if self.sweep.record.stop_requested_at is not None else "finished")
         self.done = status != "running" and all(r.job_id in self._finished for r in rows if r.job_id)
-        best = pick_best((r.index, r.status, r.loss, r.best_loss) for r in rows)
+        # the one measure on the one input every view uses (the rows' curves may be a read ahead of it)
+        top = best(results(trials))
         rec = self.sweep.record
         return SweepSnapshot(sweep_id=rec.id, name=rec.name, status=status, keys=tuple(rec.keys),
                              max_parallel=rec.max_parallel, slots=tuple(tuple(s) if s else None for s in rec.slots),
-                             rows=tuple(rows), best=best)
+                             rows=tuple(rows), best=None if top is None else top.trial.index)
 
     def _curve(self, job) -> tuple[tuple[int, ...], tuple[float, ...], float | None]:
         """The job's loss curve and lowest loss: its follower is read while it runs, and once more

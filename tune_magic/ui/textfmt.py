@@ -124,3 +124,11 @@ def table(rows: Sequence[Sequence[str]], sep: str = "  ") -> list[str]:
     cells = [[*r, *[""] * (ncols - len(r))] for r in rows]
     widths = [max(display_width(r[i]) for r in cells) for i in range(ncols)]
     return [sep.join(pad(c, w) for c, w in zip(r, widths)).rstrip() for r in cells]
+
+
+def print_warnings(command: str, messages) -> None:
+    """A launch's warnings, once each, as plain lines on stderr (``tune-magic run: warning: ...``)."""
+    import sys
+
+    for message in dict.fromkeys(messages):
+        print(f"tune-magic {command}: warning: {escape(message)}", file=sys.stderr, flush=True)

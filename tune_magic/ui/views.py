@@ -185,6 +185,10 @@ class JobCard(widgets.VBox):
             _set(self.error, f"<div class='tm-stopped' style='{_CARD_WRAP};color:#7f7f7f'><b>stopped</b>"
                  f"{html.escape(stopped_how(snap)[len('stopped'):])}</div>")
             _show(self.error, True)
+        elif status is Status.SUCCEEDED and snap.error:  # "the stop arrived after training ended"
+            _set(self.error, f"<div class='tm-note' style='{_CARD_WRAP};color:#7f7f7f'><b>succeeded</b>: "
+                 f"{html.escape(snap.error)}</div>")
+            _show(self.error, True)
         elif status is Status.UNKNOWN:
             _set(self.error, f"<div class='tm-unknown' style='{_CARD_WRAP};color:#8c564b'><b>outcome unknown</b>: its "
                  "processes are gone and no exit code was recorded (yet)</div>")
@@ -208,6 +212,8 @@ class JobCard(widgets.VBox):
                 lines.append(f"(whole traceback: tune-magic logs {snap.job_id} --error)")
         elif snap.status == Status.STOPPED:
             lines.append(stopped_how(snap))
+        elif snap.status == Status.SUCCEEDED and snap.error:  # "the stop arrived after training ended"
+            lines.append(f"succeeded: {snap.error}")
         lines += snap.placement()
         lines += [overrides_text(snap.overrides)] if snap.overrides else []
         lines += snap.notes()

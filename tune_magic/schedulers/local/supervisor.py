@@ -487,8 +487,11 @@ class Supervisor:
             return
         from dataclasses import replace
 
-        evidence = replace(evidence, stop_requested=evidence.stop_requested or jobstore.stop_was_requested(self.dir, rec),
-                           finished_at_stop=rec.finished_at_stop)
+        stop = evidence.stop_requested or jobstore.stop_was_requested(self.dir, rec)
+        # a stop asked since the evidence was gathered: did training end before it reached the job?
+        late = stop and not evidence.stop_requested and ending.trained_to_the_end(rec)
+        evidence = replace(evidence, stop_requested=stop,
+                           finished_at_stop=evidence.finished_at_stop or rec.finished_at_stop or late)
         end = decide(evidence)
         if end is None:
             return
