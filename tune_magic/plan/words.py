@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from tune_magic.errors import PlanError
+from tune_magic.registry.ids import check_job_id  # noqa: F401  (the words of a launch include its --job-id)
 from tune_magic.plan.torchrun_options import TorchrunOption, lookup
 
 # Options that change what the training script *is*; tune_magic always launches a recipe file.
@@ -20,21 +21,11 @@ REFUSED_OPTIONS = {
 }
 
 
-_JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z0-9_\-]+|\[[^\]]*\])*$")
 
 
-
-
-def check_job_id(job_id: str) -> str:
-    """Validate a job id: letters, digits, ``_ . -``, no leading dot, no ``/`` or ``..``."""
-    if not isinstance(job_id, str) or not _JOB_ID_RE.fullmatch(job_id) or ".." in job_id:
-        raise PlanError(
-            f"job id {job_id!r} is not valid: use letters, digits, '_', '-', '.' (no '/', no '..'), as shown by tune-magic jobs"
-        )
-    return job_id
 
 
 @dataclass

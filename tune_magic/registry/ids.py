@@ -3,10 +3,28 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import time
 
 from tune_magic.errors import AmbiguousJobName, PlanError
+
+
+_JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def check_job_id(job_id: str) -> str:
+    """Validate a job id (one of :func:`new_job_id` or a user's ``--job-id``): letters, digits,
+    ``_ . -``, no leading dot, no ``/`` or ``..``; return it.
+
+    Raises:
+        PlanError: any other text (a job id names a directory of the registry).
+    """
+    if not isinstance(job_id, str) or not _JOB_ID_RE.fullmatch(job_id) or ".." in job_id:
+        raise PlanError(
+            f"job id {job_id!r} is not valid: use letters, digits, '_', '-', '.' (no '/', no '..'), as shown by tune-magic jobs"
+        )
+    return job_id
 
 
 def new_job_id(now: float | None = None) -> str:
@@ -14,7 +32,7 @@ def new_job_id(now: float | None = None) -> str:
 
     The time part (UTC, to the second) makes ids sort by start; 24 random bits keep two jobs
     started in the same second apart. The result always passes
-    :func:`tune_magic.plan.words.check_job_id`.
+    :func:`check_job_id`.
 
     Args:
         now: unix time in seconds; default the current time.
@@ -36,7 +54,6 @@ def resolve_job_id(spec: str) -> str:
         AmbiguousJobName: several jobs have that name (the message lists their ids).
         PlanError: no job has that name, and ``spec`` is no well-formed id (``/``, ``..``).
     """
-    from tune_magic.plan.words import check_job_id
     from tune_magic.registry import store as jobstore
 
     try:
