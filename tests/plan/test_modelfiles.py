@@ -66,3 +66,75 @@ def test_the_header_commands_and_the_file_forms_read_as_torchtune_reads_them(tmp
     form = {"filename_format": "model-{}-of-{}.safetensors", "max_filename": "00004"}
     assert checkpoint_file_names(form) == FormattedCheckpointFiles.from_dict(form).build_checkpoint_filenames()
     assert checkpoint_file_names(["a.pt", "b.pt"]) == ["a.pt", "b.pt"] and checkpoint_file_names(3) == []
+
+
+RESUME_CASES = {
+    # name: (files in output_dir, checkpointer.adapter_checkpoint, resume_from_checkpoint, checkpoint_files)
+    "fresh_run_reads_checkpoint_dir": ([], None, False, ["model.safetensors"]),
+    "full_resume_reads_output_dir": (["epoch_0/model.safetensors"], None, True, ["epoch_0/model.safetensors"]),
+    "full_resume_file_missing_in_output_dir": ([], None, True, ["epoch_0/model.safetensors"]),
+    "full_resume_named_as_in_checkpoint_dir": (["epoch_0/model.safetensors"], None, True, ["model.safetensors"]),
+    "lora_resume_adapter_in_last_epoch_reads_checkpoint_dir": (
+        ["epoch_0/adapter_model.pt", "epoch_1/adapter_model.pt"], None, True, ["model.safetensors"]),
+    "lora_resume_adapter_only_in_an_earlier_epoch": (["epoch_0/adapter_model.pt", "epoch_1/x"], None, True,
+                                                     ["model.safetensors"]),
+    "adapter_checkpoint_named_reads_checkpoint_dir": ([], "epoch_0/adapter_model.pt", True, ["model.safetensors"]),
+}
+
+
+@pytest.mark.parametrize("case", list(RESUME_CASES))
+def test_checkpoint_files_are_looked_for_where_torchtune_reads_them(case, tmp_path):
+    """torchtune 0.6.1's own get_model_checkpoint_path (after its get_adapter_checkpoint_path, as its
+    checkpointers call them) is the oracle: a launch is refused for missing checkpoint files exactly
+    when torchtune would fail to find them, and names the directory it looked in."""
+    from omegaconf import OmegaConf
+    from torchtune.training.checkpointing._utils import get_adapter_checkpoint_path, get_model_checkpoint_path
+
+    from tune_magic.plan.configview import _select
+    from tune_magic.plan.modelfiles import FILES_KEY, RESUMED_FILES_KEY, missing_model_paths
+
+    out_files, adapter, resume, files = RESUME_CASES[case]
+    model, out = tmp_path / "model", tmp_path / "out"
+    model.mkdir()
+    out.mkdir()
+    (model / "model.safetensors").write_text("")
+    (model / "tok.model").write_text("")
+    for name in out_files:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text("")
+    cfg = OmegaConf.create({"output_dir": str(out), "resume_from_checkpoint": resume, "tokenizer": {"path": str(model / "tok.model")},
+                            "checkpointer": {"checkpoint_dir": str(model), "checkpoint_files": files,
+                                             "output_dir": "${output_dir}", "adapter_checkpoint": adapter}})
+    try:
+        has_adapter = get_adapter_checkpoint_path(out, adapter, resume) is not None
+        read = get_model_checkpoint_path(files, model, out, resume, has_adapter)
+    except (ValueError, TypeError):  # TypeError: resuming into an output_dir without epoch_N (it joins None)
+        read = None
+        has_adapter = adapter is not None
+    missing = missing_model_paths(cfg, str(tmp_path), _select)
+    if read is not None:
+        assert missing == []
+    else:
+        label = RESUMED_FILES_KEY if resume and not has_adapter else FILES_KEY
+        where = out if label == RESUMED_FILES_KEY else model
+        assert missing == [(label, str(where / f)) for f in files]
+
+
+def test_a_resumed_full_finetune_missing_its_checkpoint_is_told_where_torchtune_looks(job_registry, tmp_path):
+    (tmp_path / "r.py").write_text("")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "model.safetensors").write_text("")
+    (tmp_path / "tok.model").write_text("")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "c.yaml").write_text(
+        "output_dir: out\nresume_from_checkpoint: true\ncheckpointer:\n  checkpoint_dir: model\n"
+        "  checkpoint_files: [epoch_0/model.safetensors]\n  output_dir: ${output_dir}\ntokenizer:\n  path: tok.model\n")
+    text = _refusal(f"r.py --config c.yaml output_dir={tmp_path}/out", tmp_path)
+    assert text.startswith("the checkpoint this resumed job reads is not here, so every rank would fail at start-up: "
+                           f"checkpointer.checkpoint_files (read from checkpointer.output_dir: "
+                           f"resume_from_checkpoint=True) {tmp_path}/out/epoch_0/model.safetensors does not exist")
+    assert "tune-magic assets" not in text and text.endswith("Nothing was started")
+    (tmp_path / "out" / "epoch_0").mkdir()
+    (tmp_path / "out" / "epoch_0" / "model.safetensors").write_text("")
+    plan = tune_magic.launch(f"r.py --config c.yaml output_dir={tmp_path}/out", cwd=tmp_path, dry_run=True)  # now where torchtune reads it
+    assert plan.config.endswith("c.yaml")

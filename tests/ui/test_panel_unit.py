@@ -310,6 +310,20 @@ def test_FAKE_sbatch_slurm_fields_preview_sbatch_line_and_script(tmp_path, fake_
     assert box.layout.display == "none" and panel.command_preview.value.startswith("PYTHONUNBUFFERED=1 ")
 
 
+def test_FAKE_sbatch_choosing_local_when_the_default_scheduler_is_slurm_launches_locally(tmp_path, fake_slurm_clients,
+                                                                                           monkeypatch):
+    """The panel passes the scheduler chosen whenever it is not the one a launch uses anyway: with
+    TUNE_MAGIC_SCHEDULER=slurm, choosing local must not give {} (which would submit to SLURM)."""
+    monkeypatch.setenv("TUNE_MAGIC_SCHEDULER", "slurm")
+    panel = Panel(cwd=tmp_path)
+    assert panel.scheduler.value == "slurm" and panel.scheduler_options() == {}
+    panel.scheduler.value = "local"
+    assert panel.scheduler_options() == {"scheduler": "local"}
+    panel.recipe.value, panel.config.value = "lora_finetune", "tiny/lora"
+    assert panel.command_preview.value.startswith("PYTHONUNBUFFERED=1 ") and "lora_finetune.py --config" in panel.command_preview.value
+    assert panel.script_preview.value == ""
+
+
 def test_FAKE_sbatch_launch_passes_the_slurm_fields_to_launch(tmp_path, fake_slurm_clients, monkeypatch):
     from tune_magic.ui import panel as panel_mod
 

@@ -22,6 +22,8 @@ from typing import Any, Sequence
 INPUT_KEYS = ("checkpointer.checkpoint_dir", "tokenizer.path", "tokenizer.merges_file")
 #: The key of the model's files, relative to ``checkpointer.checkpoint_dir``.
 FILES_KEY = "checkpointer.checkpoint_files"
+#: How a missing file of a resumed full fine-tune is named: torchtune reads it from ``output_dir``.
+RESUMED_FILES_KEY = "checkpointer.checkpoint_files (read from checkpointer.output_dir: resume_from_checkpoint=True)"
 
 _DOWNLOAD_RE = re.compile(r"^#\s*(tune download\s.+?)\s*$")
 
@@ -46,15 +48,61 @@ def checkpoint_file_names(value: Any) -> list[str]:
     return []
 
 
+def _truthy(cfg, key: str) -> bool:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        value = OmegaConf.select(cfg, key, throw_on_missing=False)
+    except (OmegaConfBaseException, ValueError):
+        return False
+    return value is True or (isinstance(value, str) and value.strip().lower() == "true")
+
+
+def loads_recipe_state(cfg) -> bool:
+    """Whether the job resumes (torchtune 0.6.1's recipes pass ``resume_from_checkpoint`` to the
+    checkpointer as ``should_load_recipe_state``; the checkpointer's own keys say the same)."""
+    return any(_truthy(cfg, k) for k in ("resume_from_checkpoint", "checkpointer.should_load_recipe_state",
+                                          "checkpointer.resume_from_checkpoint"))
+
+
+def files_dir(cfg, checkpoint_dir: str, cwd: str, select) -> str | None:
+    """The directory torchtune 0.6.1 reads ``checkpointer.checkpoint_files`` from
+    (``get_model_checkpoint_path`` in torchtune/training/checkpointing/_utils.py): the
+    ``checkpoint_dir``, except when resuming without an adapter checkpoint (a full fine-tune),
+    when it is ``checkpointer.output_dir``. An adapter checkpoint is the one
+    ``checkpointer.adapter_checkpoint`` names (relative to ``output_dir``), else
+    ``adapter_model.pt`` in the highest ``epoch_N`` folder of ``output_dir``
+    (``get_adapter_checkpoint_path``). ``None``: resuming into an ``output_dir`` that cannot be
+    resolved (the recipe reports that itself)."""
+    if not loads_recipe_state(cfg):
+        return checkpoint_dir
+    out = select(cfg, "checkpointer.output_dir", cwd)
+    if out is None:
+        return None
+    if select(cfg, "checkpointer.adapter_checkpoint", cwd) is not None:
+        return checkpoint_dir
+    try:
+        epochs = [(int(m[1]), name) for name in os.listdir(out) if (m := re.match(r"^epoch_(\d+)", name))]
+    except OSError:
+        epochs = []
+    if epochs and os.path.exists(os.path.join(out, max(epochs)[1], "adapter_model.pt")):
+        return checkpoint_dir
+    return out
+
+
 def missing_model_paths(cfg, cwd: str, select, errors: list[str] | None = None) -> list[tuple[str, str]]:
     """``(key, path)`` of every model and tokenizer input of ``cfg`` that does not exist here: the
-    :data:`INPUT_KEYS`, and each checkpoint file when its directory exists (a missing directory
-    already says its files are missing).
+    :data:`INPUT_KEYS`, and each checkpoint file where torchtune reads it (:func:`files_dir`: the
+    checkpoint directory, or a resumed full fine-tune's ``output_dir``, keyed
+    :data:`RESUMED_FILES_KEY`) when the checkpoint directory exists (a missing directory already
+    says its files are missing). A job resumed into an ``output_dir`` with no ``epoch_N`` folder
+    fails in torchtune 0.6.1 too (its adapter lookup joins ``None``), so its files count as missing.
 
     Args:
         cfg: the job's config (OmegaConf, overrides applied).
         cwd: the job's working directory (relative paths).
-        select: ``select(cfg, key, cwd, errors) -> absolute path or None`` (the caller's resolver).
+        select: ``select(cfg, key, cwd, errors=None) -> absolute path or None`` (the caller's resolver).
         errors: where a key that cannot be resolved is reported.
     """
     from omegaconf import OmegaConf
@@ -66,12 +114,16 @@ def missing_model_paths(cfg, cwd: str, select, errors: list[str] | None = None) 
         if path is not None and not os.path.exists(path):
             missing.append((key, path))
         if key == INPUT_KEYS[0] and path is not None and os.path.isdir(path):
+            where = files_dir(cfg, path, cwd, select)
+            if where is None:
+                continue
             try:
                 raw = OmegaConf.select(cfg, FILES_KEY, throw_on_missing=False)
                 value = OmegaConf.to_container(raw, resolve=True) if OmegaConf.is_config(raw) else raw
             except (OmegaConfBaseException, ValueError):
                 value = None
-            missing += [(FILES_KEY, p) for p in (os.path.join(path, name) for name in checkpoint_file_names(value))
+            label = FILES_KEY if where == path else RESUMED_FILES_KEY
+            missing += [(label, p) for p in (os.path.join(where, name) for name in checkpoint_file_names(value))
                         if not os.path.exists(p)]
     return missing
 
@@ -110,7 +162,13 @@ def missing_model_error(missing: Sequence[tuple[str, str]], config_path: str | o
     """
     paths = "; ".join(f"{key} {path}" for key, path in missing)
     keys = list(dict.fromkeys(key for key, _ in missing))
-    point = ", ".join(f"{k}=..." for k in keys if k != FILES_KEY) or f"{FILES_KEY}=[...]"
+    if keys == [RESUMED_FILES_KEY]:
+        return (f"the checkpoint this resumed job reads is not here, so {who} would fail at start-up: {paths} "
+                f"{'does' if len(missing) == 1 else 'do'} not exist. A full fine-tune resumed with "
+                "resume_from_checkpoint=True reads checkpointer.checkpoint_files from checkpointer.output_dir "
+                "(torchtune 0.6.1): set output_dir to the run to resume and checkpoint_files to its epoch_N files "
+                "(tune-magic resume JOB does both), or drop resume_from_checkpoint. Nothing was started")
+    point = ", ".join(f"{k}=..." for k in keys if k not in (FILES_KEY, RESUMED_FILES_KEY)) or f"{FILES_KEY}=[...]"
     text = f"the model or tokenizer this config reads is not here, so {who} would fail at start-up: {paths} " \
            f"{'does' if len(missing) == 1 else 'do'} not exist. "
     commands = download_commands(config_path)

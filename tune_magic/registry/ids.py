@@ -7,7 +7,7 @@ import re
 import secrets
 import time
 
-from tune_magic.errors import AmbiguousJobName, PlanError
+from tune_magic.errors import AmbiguousJobName, PlanError, StateDirError
 
 
 _JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -63,7 +63,13 @@ def resolve_job_id(spec: str) -> str:
         malformed = exc
     if malformed is None and os.path.lexists(jobstore.job_dir(spec)):
         return spec
-    named = [r.id for r in jobstore.list_records(jobstore.jobs_root(create=False)) if r.name == spec]
+    try:
+        records = jobstore.list_records(jobstore.jobs_root(create=False))
+    except StateDirError:
+        if malformed is None:
+            return spec  # the caller says why this id cannot be looked at (another user's registry...)
+        raise
+    named = [r.id for r in records if r.name == spec]
     if len(named) == 1:
         return named[0]
     if named:

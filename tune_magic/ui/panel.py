@@ -270,15 +270,17 @@ class Panel(widgets.VBox):
         return tokens + (list(body.words) if self.sweep_switch.value else body.overrides)  # words keep their quotes
 
     def scheduler_options(self) -> dict:
-        """Keyword arguments of :func:`tune_magic.launch` for the chosen scheduler: ``{}`` for local;
-        else ``scheduler`` and the options filled in (0, blank and unticked: not asked)."""
-        if not self._elsewhere():
-            return {}
+        """Keyword arguments of :func:`tune_magic.launch` for the chosen scheduler: ``scheduler`` and
+        the options filled in (0, blank and unticked: not asked); ``{}`` when that is the scheduler a
+        launch uses anyway (:func:`tune_magic.schedulers.default_name`) with no option asked. A
+        scheduler that runs the job here (a plug-in built on the local one) still gets its options."""
         opts: dict = {"scheduler": self.scheduler.value}
         for opt in dict(schedulers.options()).get(self.scheduler.value, ()):
             value = _option_value(opt, self.scheduler_fields[self.scheduler.value][opt.name])
             if value is not None:
                 opts[opt.name] = value
+        if len(opts) == 1 and self.scheduler.value == schedulers.default_name(os.environ):
+            return {}
         return opts
 
     def _gpu_choice(self):
@@ -296,12 +298,13 @@ class Panel(widgets.VBox):
         try:
             if self.sweep_switch.value:
                 notes = self._sweep_preview()
-            elif self._elsewhere():
+            elif self.scheduler_options():  # the chosen scheduler shapes the command: it builds the preview
                 import warnings
 
                 with warnings.catch_warnings(record=True):
                     warnings.simplefilter("always")
-                    plan = launch(self.args(), cwd=self.cwd, dry_run=True, **self.scheduler_options())
+                    plan = launch(self.args(), cwd=self.cwd, dry_run=True, gpus=self._gpu_choice(),
+                                  **self.scheduler_options())
                 hide = (lambda text: text.replace(plan.job_id, JOB_ID_PLACEHOLDER))
                 self.command_preview.value = hide(plan.command_line())
                 self.script_preview.value = hide(plan.batch_script or "")
