@@ -35,10 +35,18 @@ each key of a YAML cell body merged over the config, against it:
   would be a sweep axis (:func:`tune_magic.plan.axes.looks_like_axis`, the one rule: a comma list
   such as ``1e-4,3e-4`` or ``range(1,4)``) is told to add ``--sweep`` or to quote it. A list or mapping where the
   config holds a number or a boolean, a list over a section or a section over a list (merge
-  fails), and a plain value over a section (the section is lost) are refused too; torchtune's own
-  exception stays: ``model=pkg.fn`` for a top-level section with a ``_component_`` sets its
-  ``_component_``. ``null``/``None``, ``${...}`` interpolations and quoted text always pass, and so
-  does anything over a config value that is null or an interpolation.
+  fails), and a plain value over a section (the section is lost) are refused too. A float where the
+  config holds an integer (``model.lora_rank=8.5``; torch stops the job with a ``TypeError``) is
+  refused unless tagged on purpose (``'model.lora_alpha=!!float 16.5'``); an integer where it holds a
+  float passes, and a boolean is not an integer here. ``null``/``None``, ``${...}`` interpolations
+  and quoted text always pass, and so does anything over a config value that is null or an
+  interpolation.
+* **The component shorthand** (torchtune 0.6.1's own, :func:`tune_magic.plan.tuneparse.component_key`):
+  ``optimizer=torch.optim.SGD``, where the config file's top-level ``optimizer`` is a section with a
+  ``_component_``, is checked as ``optimizer._component_=torch.optim.SGD``: the section's other keys
+  stay, so ``optimizer.lr=0.01`` may come before or after it. A ``_component_`` value that is a
+  comma list (``torch.optim.SGD,torch.optim.AdamW``: never importable; add ``--sweep`` for one job
+  each) or a number, boolean, list or mapping is refused.
 
 Nothing here imports torch or starts anything.
 """
@@ -53,6 +61,10 @@ from typing import Any, Sequence
 from tune_magic.errors import PlanError
 from tune_magic.plan.axes import looks_like_axis
 from tune_magic.plan.nearkeys import nearest_keys
+from tune_magic.plan.valuerules import component_problem as _component_problem
+from tune_magic.plan.valuerules import float_for_int as _float_for_int
+from tune_magic.plan.valuerules import kind_of as _kind
+from tune_magic.plan.valuerules import shown as _shown
 
 __all__ = ["CheckResult", "check_overrides", "check_axis_items", "split_override", "load_config"]
 
@@ -157,30 +169,6 @@ def _has_component(node: Any) -> bool:
     return isinstance(node, dict) and _COMPONENT in node
 
 
-def _kind(value: Any) -> str:
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, dict):
-        return "a section"
-    if isinstance(value, list):
-        return "a list"
-    return "text"
-
-
-def _shown(value: Any) -> str:
-    """A config value as a short YAML-ish text: ``0.0003``, ``true``, ``[a, b]``."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, dict):
-        return "{" + ", ".join(map(str, list(value)[:4])) + (", ..." if len(value) > 4 else "") + "}"
-    text = repr(value) if isinstance(value, str) else str(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 @dataclass
 class _Walk:
     """Where a key path ends in a config: ``found`` with its ``value``, or stopped at segment
@@ -256,8 +244,7 @@ def _quoted_forms(key: str, value: str) -> str:
             f"type {shell_typed(key, value)})")
 
 
-def _type_problem(key: str, config_value: Any, value: Any, quoted: bool, *, component_ok: bool,
-                  typed: str | None) -> str | None:
+def _type_problem(key: str, config_value: Any, value: Any, quoted: bool, *, typed: str | None) -> str | None:
     """Why ``value`` (as the recipe reads it) cannot stand where the config holds
     ``config_value``, or ``None``. ``typed`` is the override's text (``None`` for a cell body)."""
     if value is None or config_value is None or _is_interpolation(value) or _is_interpolation(config_value):
@@ -277,12 +264,14 @@ def _type_problem(key: str, config_value: Any, value: Any, quoted: bool, *, comp
             return f"{has}, and the recipe would get the text {value!r}; give {want} (e.g. {example}), or {fix}"
         if isinstance(value, (list, dict)):
             return f"{has}, and the recipe would get {_kind(value)} ({_shown(value)}); give {want} (e.g. {example})"
+        if type(config_value) is int and type(value) is float and not quoted:  # bools are not ints here
+            return _float_for_int(key, config_value, value, typed)
         return None
     if isinstance(config_value, dict):
         if isinstance(value, list):
             return (f"{has}, and a list cannot replace a section (OmegaConf.merge stops the recipe: \"Cannot merge "
                     f"incompatible container types\"); set its keys, e.g. {key}.{next(iter(config_value), 'x')}=...")
-        if isinstance(value, dict) or (component_ok and _has_component(config_value)):
+        if isinstance(value, dict):
             return None
         first = next((k for k in config_value if k != _COMPONENT), _COMPONENT)
         how = (f"to change its component write {key}._component_=..." if _has_component(config_value)
@@ -297,9 +286,10 @@ def _type_problem(key: str, config_value: Any, value: Any, quoted: bool, *, comp
 
 
 def _quoted_text(value: str) -> bool:
-    """Whether an override's value is text on purpose: quoted for YAML or tagged ``!!str``."""
+    """Whether an override's value has its type on purpose: quoted for YAML, or tagged (``!!str``,
+    ``!!float``: a YAML core tag, :data:`tune_magic.plan.overrides.ALLOWED_TAGS`)."""
     v = value.strip()
-    return v[:1] in ("'", '"') or v.startswith("!!str")
+    return v[:1] in ("'", '"') or v.startswith("!!")
 
 
 # -- overrides ----------------------------------------------------------------------------------
@@ -372,8 +362,10 @@ class _Checker:
 
     def _set(self, token: str, kind: str, key: str, value: str) -> None:
         from tune_magic.plan.overrides import recipe_value
+        from tune_magic.plan.tuneparse import component_key
 
-        segments = _segments(key)
+        shorthand = component_key(key, self.yaml_doc) != key  # optimizer=torch.optim.SGD sets its _component_
+        segments = _segments(key) + ([_COMPONENT] if shorthand else [])
         walk = _walk(self.known, segments)
         problem = _structure_problem(segments, walk)
         if problem is not None:
@@ -382,10 +374,13 @@ class _Checker:
             read = recipe_value(key, value)
         except Exception:  # noqa: BLE001 - the value's own check (tune_magic.plan.overrides) says why
             read = _UNREADABLE
+        if segments[-1] == _COMPONENT and read is not _UNREADABLE:
+            why = _component_problem(key, shorthand, read, value)
+            if why is not None:
+                self._refuse(token, why)
         if walk.found:
             if read is not _UNREADABLE:
-                component_ok = len(segments) == 1 and _has_component(self.yaml_doc.get(key))
-                why = _type_problem(key, walk.value, read, _quoted_text(value), component_ok=component_ok, typed=value)
+                why = _type_problem(_path(segments), walk.value, read, _quoted_text(value), typed=value)
                 if why is not None:
                     self._refuse(token, why)
         elif kind == "set":
@@ -432,7 +427,8 @@ def _overlay_nodes(text: str) -> dict[tuple[str, ...], tuple[int, bool]]:
             if not isinstance(k, yaml.ScalarNode):
                 continue
             path = (*prefix, k.value)
-            quoted = isinstance(v, yaml.ScalarNode) and v.style in ("'", '"', "|", ">")
+            quoted = isinstance(v, yaml.ScalarNode) and (
+                v.style in ("'", '"', "|", ">") or text[v.start_mark.index:v.end_mark.index].startswith("!!"))
             found[path] = (k.start_mark.line + 1, quoted)
             walk(v, path)
 
@@ -463,7 +459,7 @@ def _check_overlay(base: dict, overlay: dict, text: str, result: CheckResult) ->
                     visit(cv, value, path)
                     continue
                 quoted = where.get(path, (0, False))[1]
-                why = _type_problem(_path(path), cv, value, quoted, component_ok=False, typed=None)
+                why = _type_problem(_path(path), cv, value, quoted, typed=None)
                 if why is not None:
                     refuse(path, why)
                 continue

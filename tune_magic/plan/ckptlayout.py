@@ -59,31 +59,24 @@ class RecipeState:
 
 
 def load_config(config: str | os.PathLike[str] | None, overrides: Sequence[str]):
-    """The job's config with its overrides, merged as torchtune 0.6.1's parser does; ``None`` without one."""
-    from omegaconf import OmegaConf
+    """The job's config with its overrides, merged exactly as torchtune 0.6.1's parser does
+    (:func:`tune_magic.plan.tuneparse.recipe_config`, the component shorthand included); an empty
+    config without one.
+
+    Raises:
+        PlanError: the config cannot be read or the overrides not applied (the message says which).
+    """
+    import yaml
     from omegaconf.errors import OmegaConfBaseException
 
-    from tune_magic.plan.overrides import torchtune_text
+    from tune_magic.plan.tuneparse import recipe_config
 
     try:
-        cfg = OmegaConf.load(config) if config is not None else OmegaConf.create({})
-        dotlist = []
-        for o in overrides:
-            if o.startswith("~") or "=" not in o:
-                continue
-            k, v = o.split("=", 1)
-            dotlist.append(f"{k}={torchtune_text(k, v)}")
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(dotlist))
-        for deletion in (o[1:] for o in overrides if o.startswith("~")):
-            parent, _, leaf = deletion.rpartition(".")
-            node = OmegaConf.select(cfg, parent) if parent else cfg
-            if node is not None and leaf in node:
-                del node[leaf]
-    except (OmegaConfBaseException, OSError, ValueError) as exc:
+        return recipe_config(config, overrides)
+    except (OmegaConfBaseException, yaml.YAMLError, OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PlanError(f"cannot read the job's config {config} with its overrides ({first}); "
                         "fix the config or the overrides, then resume again") from None
-    return cfg
 
 
 def config_value(cfg, key: str) -> Any:

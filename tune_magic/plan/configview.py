@@ -1,7 +1,7 @@
 """Read where a plan's job will write: its output, metric-log and checkpoint directories.
 
-Pure (no processes): loads the plan's config with OmegaConf, applies the plan's overrides the way
-torchtune's config parser does (dotlist merge, ``~key`` deletes), and resolves three keys. Used to
+Pure (no processes): loads the plan's config with OmegaConf, applies the plan's overrides exactly
+as torchtune 0.6.1's config parser does (:mod:`tune_magic.plan.tuneparse`), and resolves three keys. Used to
 keep concurrent jobs apart and to warn when a config writes outside the job's ``output_dir``.
 """
 
@@ -94,27 +94,22 @@ def _inside(child: str, parent: str) -> bool:
 
 
 def _with_overrides(plan: LaunchPlan):
-    """The plan's config with its overrides applied as torchtune applies them (dotlist merge,
-    ``~key`` deletes), interpolations unresolved.
+    """The plan's config with its overrides applied exactly as torchtune 0.6.1 applies them
+    (:func:`tune_magic.plan.tuneparse.recipe_config`: deletions from the config file first, the
+    component shorthand, then the dotlist merge), interpolations unresolved.
 
     Raises:
         ValueError: the config cannot be read or an override not applied (the message says which).
     """
-    from omegaconf import OmegaConf
+    import yaml
     from omegaconf.errors import OmegaConfBaseException
 
+    from tune_magic.plan.tuneparse import recipe_config
+
     try:
-        cfg = OmegaConf.load(plan.config)
-        dotlist = [o for o in plan.overrides if not o.startswith("~")]
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(dotlist))
-        for deletion in (o[1:] for o in plan.overrides if o.startswith("~")):
-            parent, _, leaf = deletion.rpartition(".")
-            node = OmegaConf.select(cfg, parent) if parent else cfg
-            if node is not None and leaf in node:
-                del node[leaf]
-    except (OmegaConfBaseException, OSError, ValueError) as exc:
+        return recipe_config(plan.config, plan.overrides)
+    except (OmegaConfBaseException, yaml.YAMLError, OSError, ValueError) as exc:
         raise ValueError(f"cannot read config {plan.config} with its overrides ({exc})") from None
-    return cfg
 
 
 def written_paths(plan: LaunchPlan, cwd: str | os.PathLike | None = None) -> list[tuple[str, str]]:

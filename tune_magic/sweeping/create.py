@@ -280,14 +280,16 @@ def _trial_plan(inputs: _Inputs, plan: SweepPlan, index: int, slots: Slots, extr
 
 def _uses_wandb(plan: LaunchPlan) -> bool:
     """Whether the plan's config (with its overrides) logs to Weights & Biases."""
+    import yaml
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    try:
-        cfg = OmegaConf.load(plan.config)
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([o for o in plan.overrides if not o.startswith("~")]))
+    from tune_magic.plan.tuneparse import recipe_config
+
+    try:  # metric_logger=...WandBLogger (torchtune's component shorthand) counts too
+        cfg = recipe_config(plan.config, plan.overrides)
         component = OmegaConf.select(cfg, "metric_logger._component_", default=None)
-    except (OmegaConfBaseException, OSError, ValueError):
+    except (OmegaConfBaseException, yaml.YAMLError, OSError, ValueError):
         return False
     return isinstance(component, str) and component.rsplit(".", 1)[-1] == WANDB_LOGGER
 
