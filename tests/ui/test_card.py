@@ -306,6 +306,25 @@ def test_a_failed_card_shows_the_overrides_it_ran_with_on_one_collapsed_line(mak
     assert card_of(make()).overrides.layout.display == "none"  # none given: no line
 
 
+def test_the_card_shows_torchtunes_component_shorthand_as_given_in_either_order(make, tmp_path):
+    """``optimizer=torch.optim.SGD`` (torchtune 0.6.1 sets optimizer._component_) passes the launch's
+    checks before or after ``optimizer.lr=...``, and the card's line shows the words the recipe got."""
+    from tune_magic.launcher import build_plan
+
+    root = Path(__file__).resolve().parents[2]
+    env = {"HOME": str(tmp_path / "h"), "PATH": os.environ.get("PATH", ""), "TUNE_MAGIC_HOME": str(tmp_path / "tm")}
+    for words in (["optimizer=torch.optim.SGD", "optimizer.lr=0.01"], ["optimizer.lr=0.01", "optimizer=torch.optim.SGD"]):
+        job = make("failed", error="x", returncode=1)
+        plan = build_plan([str(root / "recipes" / "lora_finetune.py"), "--config",
+                           str(root / "recipes" / "configs" / "tiny" / "lora.yaml"), *words], env=env, job_id=job.id)
+        assert plan.overrides[:2] == words and plan.overrides[2].endswith("/" + job.id)
+        update(job, overrides=plan.overrides)
+        value = card_of(job).overrides.value
+        summary = text_of(re.search(r"<summary[^>]*>(.*?)</summary>", value)[1])
+        assert summary == "overrides: " + " ".join(words)  # the per-job output_dir is left out
+        assert [text_of(w) for w in re.findall(r"<div><code>(.*?)</code></div>", value)] == words
+
+
 def test_overrides_of_a_record_written_before_the_field_come_from_its_argv(make):
     job = make("succeeded", argv=["/v/bin/python", "-m", "torch.distributed.run", "--standalone",
                                   "--nproc_per_node", "2", "r.py", "--config", "/c/lora.yaml", "seed=3",
