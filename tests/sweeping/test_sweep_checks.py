@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 from IPython.core.error import UsageError
 
 import tune_magic
@@ -220,3 +221,45 @@ def test_warnings_of_a_dry_run_are_not_raised_as_python_warnings(nothing_registe
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         sweep(f"{TOY} start_loss=1,2 tag=x", dry_run=True)
+
+
+# -- torchtune's component shorthand as a sweep axis (issue 26) ------------------------------------
+
+_ROOT = Path(__file__).resolve().parents[2]
+LORA = f"{_ROOT / 'recipes' / 'lora_finetune.py'} --config {_ROOT / 'recipes' / 'configs' / 'tiny' / 'lora.yaml'}"
+
+
+def test_a_component_axis_gives_one_trial_per_component_keeping_the_sections_keys(ip, capsys, nothing_registered):
+    """``optimizer=torch.optim.SGD,torch.optim.AdamW`` under --sweep: each trial's config (read as
+    torchtune 0.6.1 reads it) has optimizer._component_ set, and lr (set before or after the axis),
+    fused and weight_decay kept."""
+    from tune_magic.plan.tuneparse import recipe_config
+
+    for body in ("optimizer=torch.optim.SGD,torch.optim.AdamW\noptimizer.lr=0.05\n",
+                 "optimizer.lr=0.05\noptimizer=torch.optim.SGD,torch.optim.AdamW\n"):
+        dry = ip.run_cell_magic("tune_run", f"--sweep --dry-run {LORA}", body)
+        capsys.readouterr()
+        assert len(dry) == 2
+        got = [OmegaConf.to_container(recipe_config(p.config, p.overrides), resolve=False)["optimizer"] for p in dry.plans]
+        assert got == [{"_component_": c, "fused": False, "weight_decay": 0.0, "lr": 0.05}
+                       for c in ("torch.optim.SGD", "torch.optim.AdamW")]
+
+
+def test_a_wandb_logger_set_with_the_shorthand_gets_the_sweeps_group(nothing_registered):
+    dry = sweep(f"{LORA} seed=1,2 metric_logger=torchtune.training.metric_logging.WandBLogger", dry_run=True)
+    assert all(any(o.startswith("metric_logger.group=") for o in p.overrides) for p in dry.plans)
+
+
+@pytest.mark.parametrize("axis, parts", [
+    ("model.lora_rank=8,8.5", ["sweep axis model.lora_rank, item 2 (8.5)", "the recipe would get the float 8.5",
+                               "give an integer (e.g. model.lora_rank=8)"]),
+    ("optimizer=torch.optim.SGD,[1]", ["sweep axis optimizer, item 2 ([1])", "as the component"]),
+])
+def test_a_sweep_axis_item_no_recipe_can_run_is_refused_naming_it(axis, parts, ip, nothing_registered):
+    for dry_run in (True, False):
+        with pytest.raises(PlanError) as info:
+            sweep(f"{LORA} {axis}", dry_run=dry_run)
+        for part in parts:
+            assert part in str(info.value), str(info.value)
+    with pytest.raises(UsageError, match=r"item 2 \(8\.5\)" if "8.5" in axis else r"item 2 \(\[1\]\)"):
+        ip.run_cell_magic("tune_run", f"--sweep {LORA}", axis + "\n")
