@@ -100,8 +100,10 @@ def test_launch_config_gives_epochs_and_max_steps_per_epoch(tmp_path):
     assert (dirs.epochs, dirs.max_steps_per_epoch) == (3, None)
     dirs = resolve_dirs(build_plan("r.py --config c.yaml epochs=50 max_steps_per_epoch=20", cwd=tmp_path, job_id="j"))
     assert (dirs.epochs, dirs.max_steps_per_epoch) == (50, 20)
-    for bad in ("epochs=0", "epochs=-2", "epochs=1.5", "epochs=true"):
+    for bad in ("epochs=0", "epochs=-2", "'epochs=!!float 1.5'", "epochs=true"):  # a float only when tagged
         assert resolve_dirs(build_plan(f"r.py --config c.yaml {bad}", cwd=tmp_path, job_id="j")).epochs is None, bad
+    with pytest.raises(PlanError, match=r"the config has epochs: 3 \(an integer\), and the recipe would get the float"):
+        build_plan("r.py --config c.yaml epochs=1.5", cwd=tmp_path, job_id="j")  # a float for an integer: refused
     with pytest.raises(PlanError, match="the config has epochs: 3 .a number."):  # text for a number: refused first
         build_plan("r.py --config c.yaml epochs=many", cwd=tmp_path, job_id="j")
 
