@@ -82,6 +82,7 @@ def test_the_cli_refuses_it_with_a_usage_error(word, parts, nothing_registered):
 @pytest.mark.parametrize("words", [
     ["optimizer.lr=1"],  # an integer for a float key
     ["model.lora_alpha=!!float 16.5"],  # a float on purpose, tagged
+    ["model.lora_alpha=16.5"],  # lora_llama2's own signature says lora_alpha: float (the config writes 16)
     ["compile=1.5"],  # a boolean key is not an integer key (not this rule's)
     ["clip_grad_norm=1.5"],  # null in the config: anything goes
     ["optimizer=torch.optim.SGD", "optimizer.lr=0.01"],  # one component
@@ -96,3 +97,12 @@ def test_under_sweep_the_comma_list_is_an_axis_and_each_item_is_checked(nothing_
     assert len(dry) == 4
     with pytest.raises(PlanError, match=r"sweep axis model.lora_rank, item 2 \(8.5\)"):
         sweep(f"{LORA} model.lora_rank=8,8.5", dry_run=False)
+
+
+def test_a_components_own_signature_decides_whether_a_key_takes_a_float():
+    from tune_magic.plan.valuerules import takes_float
+
+    assert takes_float("torchtune.models.llama2.lora_llama2", "lora_alpha")  # lora_alpha: float
+    assert not takes_float("torchtune.models.llama2.lora_llama2", "lora_rank")  # lora_rank: int
+    assert not takes_float("torchtune.models.llama2.lora_llama2", "no_such_argument")
+    assert not takes_float("no_such_module.fn", "lora_alpha") and not takes_float(None, "lora_alpha")

@@ -63,6 +63,7 @@ from tune_magic.plan.axes import looks_like_axis
 from tune_magic.plan.nearkeys import nearest_keys
 from tune_magic.plan.valuerules import component_problem as _component_problem
 from tune_magic.plan.valuerules import float_for_int as _float_for_int
+from tune_magic.plan.valuerules import takes_float as _takes_float
 from tune_magic.plan.valuerules import kind_of as _kind
 from tune_magic.plan.valuerules import shown as _shown
 
@@ -171,7 +172,8 @@ def _has_component(node: Any) -> bool:
 
 @dataclass
 class _Walk:
-    """Where a key path ends in a config: ``found`` with its ``value``, or stopped at segment
+    """Where a key path ends in a config: ``found`` with its ``value`` (in ``parent``, the section
+    holding it), or stopped at segment
     ``depth`` because ``parent`` (the node reached) is a dict without it (``why == "missing"``), a
     list (``"list"``) or a plain value (``"value"``)."""
 
@@ -191,8 +193,8 @@ def _walk(config: dict, segments: Sequence[str]) -> _Walk:
             return _Walk(False, depth=i, parent=node, why="value")
         if seg not in node:
             return _Walk(False, depth=i, parent=node, why="missing")
-        node = node[seg]
-    return _Walk(True, value=node, depth=len(segments))
+        parent, node = node, node[seg]
+    return _Walk(True, value=node, depth=len(segments), parent=parent if segments else None)
 
 
 def _path(segments: Sequence[str]) -> str:
@@ -244,9 +246,11 @@ def _quoted_forms(key: str, value: str) -> str:
             f"type {shell_typed(key, value)})")
 
 
-def _type_problem(key: str, config_value: Any, value: Any, quoted: bool, *, typed: str | None) -> str | None:
+def _type_problem(key: str, config_value: Any, value: Any, quoted: bool, *, typed: str | None,
+                  section: Any = None) -> str | None:
     """Why ``value`` (as the recipe reads it) cannot stand where the config holds
-    ``config_value``, or ``None``. ``typed`` is the override's text (``None`` for a cell body)."""
+    ``config_value``, or ``None``. ``typed`` is the override's text (``None`` for a cell body);
+    ``section`` the config section holding the key (its ``_component_`` may take a float there)."""
     if value is None or config_value is None or _is_interpolation(value) or _is_interpolation(config_value):
         return None
     has = f"the config has {key}: {_shown(config_value)} ({_kind(config_value)})"
@@ -265,7 +269,9 @@ def _type_problem(key: str, config_value: Any, value: Any, quoted: bool, *, type
         if isinstance(value, (list, dict)):
             return f"{has}, and the recipe would get {_kind(value)} ({_shown(value)}); give {want} (e.g. {example})"
         if type(config_value) is int and type(value) is float and not quoted:  # bools are not ints here
-            return _float_for_int(key, config_value, value, typed)
+            component = section.get("_component_") if isinstance(section, dict) else None
+            if not _takes_float(component, key.rsplit(".", 1)[-1]):
+                return _float_for_int(key, config_value, value, typed)
         return None
     if isinstance(config_value, dict):
         if isinstance(value, list):
@@ -380,7 +386,8 @@ class _Checker:
                 self._refuse(token, why)
         if walk.found:
             if read is not _UNREADABLE:
-                why = _type_problem(_path(segments), walk.value, read, _quoted_text(value), typed=value)
+                why = _type_problem(_path(segments), walk.value, read, _quoted_text(value), typed=value,
+                                    section=walk.parent)
                 if why is not None:
                     self._refuse(token, why)
         elif kind == "set":
@@ -459,7 +466,7 @@ def _check_overlay(base: dict, overlay: dict, text: str, result: CheckResult) ->
                     visit(cv, value, path)
                     continue
                 quoted = where.get(path, (0, False))[1]
-                why = _type_problem(_path(path), cv, value, quoted, typed=None)
+                why = _type_problem(_path(path), cv, value, quoted, typed=None, section=config)
                 if why is not None:
                     refuse(path, why)
                 continue

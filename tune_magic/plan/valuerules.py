@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["kind_of", "shown", "component_problem", "float_for_int"]
+__all__ = ["kind_of", "shown", "component_problem", "float_for_int", "takes_float"]
 
 
 def kind_of(value: Any) -> str:
@@ -52,6 +52,36 @@ def component_problem(key: str, shorthand: bool, value: Any, typed: str) -> str 
         return (f"the recipe would get {kind_of(value)} ({shown(value)}) as the component{said}, which is a dotted "
                 f"path such as torch.optim.SGD; give one, e.g. {key}=torch.optim.SGD")
     return None
+
+
+def takes_float(component: Any, name: str) -> bool:
+    """Whether the component's keyword argument ``name`` is annotated to take a float (``float``,
+    or a union with it): torchtune 0.6.1's LoRA builders take ``lora_alpha: float`` although its
+    configs write ``lora_alpha: 16``. The component's module is imported only here, on the rare
+    path of a float given for an integer (torchtune's model builders import torch, never CUDA);
+    ``False`` when it cannot be imported or says nothing (the rule then refuses, as torch would).
+
+    Args:
+        component: the section's ``_component_`` (a dotted path), anything else gives ``False``.
+        name: the keyword argument (the override's last key).
+    """
+    import importlib
+    import logging
+    import typing
+
+    if not isinstance(component, str) or "." not in component.strip(".") or name.startswith("_"):
+        return False
+    module, _, attr = component.rpartition(".")
+    quiet = logging.getLogger("torchao")  # its import-time "Detected no triton" is noise on a CPU machine
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        hint = typing.get_type_hints(getattr(importlib.import_module(module), attr)).get(name)
+    except Exception:  # noqa: BLE001 - a component we cannot read says nothing; the recipe reports it
+        return False
+    finally:
+        quiet.setLevel(level)
+    return hint is float or (typing.get_origin(hint) is typing.Union and float in typing.get_args(hint))
 
 
 def float_for_int(key: str, config_value: int, value: float, typed: str | None) -> str:
