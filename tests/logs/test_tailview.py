@@ -13,7 +13,7 @@ from tune_magic.logs.failure import describe_failure
 from tune_magic.logs.linefollow import LineFollower
 from tune_magic.logs.lineformat import strip_prefixes
 from tune_magic.logs.tailview import CHECKPOINT_RULE, TailRule, apply_rule, display_tail
-from tune_magic.schedulers.slurm.tail import TAIL_RULES as SLURM_TAIL_RULES
+from tune_magic.schedulers.slurm.exits import TAIL_RULES as SLURM_TAIL_RULES
 
 from jobhelpers import DATA, REPO
 
