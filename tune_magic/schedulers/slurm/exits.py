@@ -72,8 +72,10 @@ from tune_magic.schedulers.slurm import status
 
 
 
-_CANCEL = (r"^slurmstepd(?:-\S+)?: error: \*\*\* (?P<what>JOB|STEP) (?P<id>\S+) ON (?P<node>\S+) CANCELLED AT (?P<at>\S+)"
+_CANCEL = (r"slurmstepd(?:-\S+)?: error: \*\*\* (?P<what>JOB|STEP) (?P<id>\S+) ON (?P<node>\S+) CANCELLED AT (?P<at>\S+)"
            r"(?: DUE TO (?P<why>.+?))? \*\*\*\s*$")
+# not anchored: slurmstepd writes into the same file as the ranks, so its line can land in the middle
+# of a progress bar's line (measured: "1|14|Loss: 0.71428571428slurmstepd-tmnode1: error: *** JOB 59 ...")
 _SRUN = (r"^srun: Job step aborted: Waiting up to \d+ seconds for job step to finish\.\s*$"
          r"|^srun: launch/slurm: _step_signal: Terminating StepId=\S+\s*$"
          r"|^srun: error: \S+: tasks? [\d,\-]+: (?:Killed|Terminated|Exited with exit code \d+)\s*$"
