@@ -22,7 +22,7 @@ The classes outside this module live with their code: ``GpuError`` in
 :mod:`tune_magic.gpus`, ``AmbiguousNameError`` in :mod:`tune_magic.plan.catalog`,
 ``CliError`` in :mod:`tune_magic.ui.clifiles`, ``CorruptRecord`` in :mod:`tune_magic.registry.record`,
 and engine-specific ones in their scheduler's package (``SqueueParseError`` in
-:mod:`tune_magic.schedulers.slurm.squeue`). ``tests/test_errors_tree.py`` checks that every
+:mod:`tune_magic.schedulers.slurm.status`). ``tests/test_errors_tree.py`` checks that every
 exception class the package defines is in this tree.
 
 Each public exception keeps a builtin base as well (``PlanError`` is still a ``ValueError``,

@@ -742,7 +742,7 @@ def test_live_jobs_table_and_panel_layout_in_jupyterlab(third, lab, page, new_jo
         assert any(t.startswith("sbatch --parsable ") and t.endswith("/job.sbatch") for t in slurm["textareas"])
         assert any(t.startswith("#!/bin/bash\n") and "#SBATCH --nodes=2\n" in t for t in slurm["textareas"])
         assert not slurm["endpoint_shown"] and lay["endpoint_shown"]  # the scheduler picks the rendezvous
-        from tune_magic.schedulers.slurm.sinfo import controller_note
+        from tune_magic.schedulers.slurm.options import controller_note
 
         note = controller_note(os.environ)  # what sinfo says here, as the kernel's panel heard it
         assert slurm["scheduler_note"] == (f"slurm: {note}" if note else None), slurm["scheduler_note"]

@@ -13,7 +13,7 @@ from tune_magic.logs.failure import describe_failure
 from tune_magic.logs.linefollow import LineFollower
 from tune_magic.logs.lineformat import strip_prefixes
 from tune_magic.logs.tailview import CHECKPOINT_RULE, TailRule, apply_rule, display_tail
-from tune_magic.schedulers.slurm.tail import TAIL_RULES as SLURM_TAIL_RULES
+from tune_magic.schedulers.slurm.exits import TAIL_RULES as SLURM_TAIL_RULES
 
 from jobhelpers import DATA, REPO
 
@@ -304,6 +304,17 @@ def test_a_slurm_cancel_reads_as_a_stop():
     assert not any(line.startswith(("slurmstepd:", "srun:")) for line in shown)
     # without the scheduler's rules the lines stay as they are
     assert [line for line in display_tail(log) if line.startswith(("slurmstepd:", "srun:"))] == SLURM_CANCEL
+
+
+def test_a_slurm_cancel_line_written_into_a_progress_bars_line_still_reads_as_a_stop():
+    # measured on the two-node test cluster: slurmstepd's line lands mid-line in the shared log
+    log = ["1|13|Loss: 0.7692:   0%|          | 13/100000 [00:02<5:35:56,  4.96it/s]",
+           "1|14|Loss: 0.71428571428slurmstepd-tmnode1: error: *** JOB 59 ON tmnode1 CANCELLED AT 2026-12-03T13:33:09 ***",
+           "srun: forcing job termination",
+           "57143:   0%|          | 14/100000 [00:02<5:35:52,  4.96it/s]", *SIGNAL_TRACEBACK]
+    shown = display_tail(log, rules=SLURM_TAIL_RULES)
+    assert "SLURM cancelled job 59 on tmnode1 at 2026-12-03T13:33:09; srun stopped its tasks" in shown
+    assert not any("slurmstepd" in line or line.startswith("srun:") for line in shown), shown
 
 
 def test_slurm_lines_of_a_time_limit_two_nodes_and_no_cancel():

@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent.parent))
 
 from slurmcluster import start_cluster  # noqa: E402
-from tune_magic.schedulers.slurm.squeue import squeue_argv  # noqa: E402
+from tune_magic.schedulers.slurm.status import squeue_argv  # noqa: E402
 
 OUT = HERE.parent / "data" / "slurm"
 

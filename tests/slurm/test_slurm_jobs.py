@@ -162,7 +162,7 @@ def test_squeue_runs_at_most_once_per_5_s_for_a_listing_and_live_cards(cluster, 
     (wrapper_dir / "squeue").chmod(0o755)
     monkeypatch.setenv("PATH", f"{wrapper_dir}:{os.environ['PATH']}")
     slurm_sched.WATCHER.forget()
-    time.sleep(slurm_sched.queue.interval_s())  # what launching queried is over
+    time.sleep(slurm_sched.status.interval_s())  # what launching queried is over
     count.write_text("")
     cards = [JobCard(J.get_job(j.id), interval_s=0.25) for j in held[:4]]
     t0 = time.monotonic()

@@ -360,7 +360,7 @@ def test_FAKE_sbatch_launch_passes_the_slurm_fields_to_launch(tmp_path, fake_slu
     ("sleep 5", []),  # longer than SINFO_TIMEOUT_S (0.5 s here)
 ])
 def test_FAKE_sinfo_partitions(tmp_path, monkeypatch, script, expected):
-    from tune_magic.schedulers.slurm import sinfo
+    from tune_magic.schedulers.slurm import options as sinfo
 
     (tmp_path / "sinfo").write_text(f"#!/bin/sh\n{script}\n")
     (tmp_path / "sinfo").chmod(0o755)

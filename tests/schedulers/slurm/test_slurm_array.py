@@ -24,7 +24,7 @@ from tune_magic.schedulers.slurm.array import (
     parse_task_list,
     task_output_pattern,
 )
-from tune_magic.schedulers.slurm.squeue import SqueueParseError, parse_squeue_format
+from tune_magic.schedulers.slurm.status import SqueueParseError, parse_squeue_format
 
 from jobhelpers import DATA as TEST_DATA
 

@@ -12,8 +12,8 @@ import pytest
 from tune_magic.errors import PlanError
 from tune_magic.schedulers.base import SchedulerOptions
 from tune_magic.schedulers.slurm.array import array_option, task_output_pattern
-from tune_magic.schedulers.slurm.sbatchcall import sbatch_lines
-from tune_magic.schedulers.slurm.script import array_script, directives
+from tune_magic.schedulers.slurm.submit import sbatch_lines
+from tune_magic.schedulers.slurm.submit import array_script, directives
 
 #: Directory names a user's TUNE_MAGIC_HOME may hold: every one must reach bash literally.
 ODD = ["plain", "with space", "dollar$HOME", "quote'single", 'quote"double', "back`tick`", "semi;colon", "100%"]

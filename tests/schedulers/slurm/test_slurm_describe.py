@@ -1,6 +1,6 @@
 """How the SLURM scheduler reads a job's status from squeue's answer and the job's own log.
 
-The controller is asked at most once per 5 s (tune_magic.schedulers.slurm.queue), so its answer can
+The controller is asked at most once per 5 s (tune_magic.schedulers.slurm.status), so its answer can
 be older than what the batch script already printed. These tests put a parsed squeue answer (the
 plain format squeue prints for SQUEUE_FORMAT) in the watcher's view and a log in a real job directory.
 """
@@ -15,10 +15,10 @@ import pytest
 import os
 
 import tune_magic.schedulers.slurm as S
-from tune_magic.schedulers.slurm import queue
+from tune_magic.schedulers.slurm import status as queue
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.store import JobRecord
-from tune_magic.schedulers.slurm import squeue as sq
+from tune_magic.schedulers.slurm import status as sq
 
 
 def _job(tmp_path: Path, log: str) -> tuple[Path, JobRecord]:
@@ -92,7 +92,7 @@ def test_a_schema_2_record_keeps_its_slurm_fields_through_migration(tmp_path, sq
 def test_a_slurm_jobs_card_collapses_slurms_own_lines_through_its_schedulers_rules(tmp_path):
     from tune_magic.job import Job
     from tune_magic.logs.tailview import display_tail
-    from tune_magic.schedulers.slurm.tail import TAIL_RULES
+    from tune_magic.schedulers.slurm.exits import TAIL_RULES
 
     d, _ = _job(tmp_path, "")
     job = Job(d)

@@ -14,7 +14,7 @@ import pytest
 import tune_magic
 from tune_magic.launcher import build_plan
 from tune_magic.errors import PlanError
-from tune_magic.schedulers.slurm.script import (batch_script, directive_word, directives, output_pattern, sbatch_argv,
+from tune_magic.schedulers.slurm.submit import (batch_script, directive_word, directives, output_pattern, sbatch_argv,
                                                 shell_word)
 
 from jobhelpers import DATA, TOY_CONFIG, TOY_RECIPE, toy_args

@@ -1,4 +1,4 @@
-"""The controller's word on our jobs (tune_magic.schedulers.slurm.queue and .follow), with SLURM's
+"""The controller's word on our jobs (tune_magic.schedulers.slurm.status and .follow), with SLURM's
 clients replaced by scripts first on PATH that print recorded output (tests/data/slurm/) or fail,
 hang or stay silent as a paused or restarting controller does. The same faults against the real
 test cluster: tests/slurm/test_slurm_faults.py."""
@@ -16,9 +16,9 @@ import tune_magic.schedulers.slurm as S
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.outcome import CANCELLED_OUTSIDE
 from tune_magic.registry.store import JobRecord
-from tune_magic.schedulers.slurm import follow, queue
-from tune_magic.schedulers.slurm import squeue as sq
-from tune_magic.schedulers.slurm.tail import srun_error
+from tune_magic.schedulers.slurm import exits as follow, status as queue
+from tune_magic.schedulers.slurm import status as sq
+from tune_magic.schedulers.slurm.exits import srun_error
 
 from jobhelpers import DATA
 

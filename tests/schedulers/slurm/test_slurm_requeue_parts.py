@@ -23,9 +23,9 @@ import tune_magic.schedulers.slurm as S
 from tune_magic.errors import PlanError
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.store import JobRecord
-from tune_magic.schedulers.slurm import queue
+from tune_magic.schedulers.slurm import status as queue
 from tune_magic.schedulers.slurm import requeue as R
-from tune_magic.schedulers.slurm import squeue as sq
+from tune_magic.schedulers.slurm import status as sq
 
 from jobhelpers import toy_args
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tune_magic.schedulers.slurm.squeue import (
+from tune_magic.schedulers.slurm.status import (
     CANCELLED_OUTSIDE,
     SQUEUE_FORMAT,
     Outcome,

@@ -7,8 +7,8 @@ output file is the job's combined log, so following it and the loss card work as
 
 Status comes from the exit file the batch script writes (a job with it never queries squeue),
 else from the controller: one bounded query every few seconds for every live SLURM job at once,
-shared by every card, listing and process (:mod:`.queue`); what it means for a job is
-:mod:`.follow`. A controller that does not answer is no news. ``sacct`` is not needed.
+shared by every card, listing and process (:mod:`.status`); what it means for a job is
+:mod:`.exits`. A controller that does not answer is no news. ``sacct`` is not needed.
 """
 
 from __future__ import annotations
@@ -32,16 +32,12 @@ from tune_magic.paths import home
 from tune_magic.registry.store import PENDING, RUNNING, UNKNOWN, JobRecord
 from tune_magic.registry.status import Status
 from tune_magic.schedulers.base import Scheduler, SchedulerOptions
-from tune_magic.schedulers.slurm.plan import place
-from tune_magic.schedulers.slurm import follow, queue, requeue
+from tune_magic.schedulers.slurm import exits, requeue, status
 from tune_magic.schedulers.slurm import options as sopts
-from tune_magic.schedulers.slurm import squeue as sq
-from tune_magic.schedulers.slurm.script import batch_script, sbatch_argv
-from tune_magic.schedulers.slurm.sbatchcall import (CLIENT_TIMEOUT_S, call_sbatch, parse_sbatch_id, sbatch_lines,
-                                                     submit_env, write_script)
-from tune_magic.schedulers.slurm import arraysweep
+from tune_magic.schedulers.slurm.exits import TAIL_RULES
 from tune_magic.schedulers.slurm.nodelocal import node_local_warnings
-from tune_magic.schedulers.slurm.tail import TAIL_RULES
+from tune_magic.schedulers.slurm.submit import (CLIENT_TIMEOUT_S, ARRAY_SCRIPT, adopt_task, array_text, cancel_array, submit_array, batch_script, call_sbatch,
+                                                parse_sbatch_id, place, sbatch_argv, sbatch_lines, submit_env, write_script)
 
 #: Seconds to wait for scancel (a stop must reach the controller; it answers or fails within this).
 CANCEL_TIMEOUT_S = 30.0
@@ -87,16 +83,16 @@ def _live_ids(conf: str) -> list[str]:
 
 
 #: This process's view of the controller, shared by every job, card and listing (and, on disk, by
-#: every process): :mod:`.queue`.
-WATCHER = queue.QueueWatcher(_live_ids)
+#: every process): :mod:`.status`.
+WATCHER = status.QueueWatcher(_live_ids)
 
 
 def find_by_name(job_id: str, env: Mapping[str, str]) -> tuple[str | None, bool]:
     """SLURM's id of the job submitted as ``tune_magic-<job_id>`` (a launcher killed between
     sbatch and recording the id leaves only the name), or ``None``; and whether squeue answered
-    at all (within :func:`.queue.query_timeout_s`): no answer is no news."""
-    r = queue.run_bounded(["squeue", f"--name=tune_magic-{job_id}", "--states=all", "--noheader", "--format=%i"], env,
-                          queue.query_timeout_s())
+    at all (within :func:`.status.query_timeout_s`): no answer is no news."""
+    r = status.run_bounded(["squeue", f"--name=tune_magic-{job_id}", "--states=all", "--noheader", "--format=%i"], env,
+                          status.query_timeout_s())
     if r is None or r.returncode != 0:
         return None, False
     ids = [line.strip() for line in r.stdout.splitlines() if line.strip().isdigit()]
@@ -126,7 +122,7 @@ class SlurmScheduler(Scheduler):
 
     def status_note(self, env: Mapping[str, str]) -> str | None:
         """sbatch alone says nothing of the controller: ``sinfo`` must answer too."""
-        from tune_magic.schedulers.slurm.sinfo import controller_note
+        from tune_magic.schedulers.slurm.options import controller_note
 
         return controller_note(env)
 
@@ -152,21 +148,21 @@ class SlurmScheduler(Scheduler):
 
     # -- sweeps: one job array ----------------------------------------------------------------
     def submit_sweep(self, sweep) -> None:
-        """The whole sweep as ONE job array, each task one trial (:mod:`.arraysweep`).
+        """The whole sweep as ONE job array, each task one trial (:mod:`.submit`).
 
         Raises:
             PlanError: an array larger than the cluster's ``MaxArraySize``, or sbatch refused it.
             JobStartError: sbatch did not answer in time.
         """
-        arraysweep.submit_array(sweep, script_name=SCRIPT, clients_missing=_CLIENTS_MISSING)
+        submit_array(sweep, script_name=SCRIPT, clients_missing=_CLIENTS_MISSING)
 
     def sweep_dry_run(self, sweep_dir: Path, plans, max_parallel: int, options: SchedulerOptions,
                       cwd: str, env: Mapping[str, str]) -> str | None:
-        """The job array's sbatch command and script (:func:`.arraysweep.array_text`)."""
+        """The job array's sbatch command and script (:func:`.array_text`)."""
         root = jobstore.jobs_root(env, create=False)
-        script = arraysweep.array_text(sweep_dir, [root / p.job_id for p in plans], plans[0], max_parallel, options,
+        script = array_text(sweep_dir, [root / p.job_id for p in plans], plans[0], max_parallel, options,
                                        cwd, SCRIPT)
-        return f"{shlex.join(sbatch_argv(str(sweep_dir / arraysweep.ARRAY_SCRIPT)))}\n\n{script}"
+        return f"{shlex.join(sbatch_argv(str(sweep_dir / ARRAY_SCRIPT)))}\n\n{script}"
 
     def cancel_sweep(self, sweep_dir: Path, record, grace_s: float) -> None:
         """Cancel the array's pending tasks (they never start); each running trial is then
@@ -176,7 +172,7 @@ class SlurmScheduler(Scheduler):
             ControllerUnreachable: scancel could not reach the controller.
         """
         WATCHER.forget()
-        arraysweep.cancel_array(record, self._scancel)
+        cancel_array(record, self._scancel)
 
     # -- launching ----------------------------------------------------------------------------
     def prepare(self, plan, options: SchedulerOptions, env: Mapping[str, str], job_dir: Path) -> dict[str, Any]:
@@ -215,7 +211,7 @@ class SlurmScheduler(Scheduler):
         out = call_sbatch(list(plan.submit_argv), client_env, refused="sbatch refused the job",
                           timed_out=f"sbatch did not answer within {CLIENT_TIMEOUT_S:.0f} s; job {record.id} stays "
                           f"listed and is found in squeue as tune_magic-{record.id} if SLURM took it (else it is "
-                          f"marked failed after {queue.missing_grace_s():.0f} s)")
+                          f"marked failed after {status.missing_grace_s():.0f} s)")
         slurm_id = parse_sbatch_id(out)
         if slurm_id is None:
             slurm_id = find_by_name(record.id, client_env)[0]
@@ -231,14 +227,14 @@ class SlurmScheduler(Scheduler):
     # -- following ----------------------------------------------------------------------------
     def describe(self, job_dir: Path, record: JobRecord) -> dict[str, Any]:
         """Settle from the exit file the batch script wrote, else from the controller's shared
-        answer (:mod:`.queue`; no answer changes nothing), through the outcome rule (:mod:`.follow`)."""
+        answer (:mod:`.status`; no answer changes nothing), through the outcome rule (:mod:`.exits`)."""
         if record.state.is_terminal:
             return {}
         adopted: dict[str, Any] = {}
         if "array_of" in record.backend and not record.backend.get("job_id") \
                 and not jobstore.lock_is_held(job_dir / jobstore.SUPERVISOR_LOCK):
             # a trial of an array whose submitter died before it recorded the array's id
-            adopted = arraysweep.adopt_task(job_dir, record, _client_env(None, record))
+            adopted = adopt_task(job_dir, record, _client_env(None, record))
             record = dataclasses.replace(record, **adopted)
         return {**adopted, **self._describe(job_dir, record)}
 
@@ -251,7 +247,7 @@ class SlurmScheduler(Scheduler):
             fresh = self._fresh_answer(record)
             # a requeue SLURM made after this attempt's script ended: the job goes on (its answer below)
             if not (requeue.requeueable(record) and requeue.requeued_since(fresh.job if fresh else None, attempt)):
-                ended = follow.from_exit_file(job_dir, record, exit_info, self._failure_verdict(record, fresh))
+                ended = exits.from_exit_file(job_dir, record, exit_info, self._failure_verdict(record, fresh))
                 return {**changes, **requeue.last_attempt_ended(job_dir, record, ended)}
         env = _client_env(None, record)
         slurm_id = self.engine_id(record)
@@ -263,24 +259,24 @@ class SlurmScheduler(Scheduler):
             else:
                 slurm_id, answered = find_by_name(record.id, env)
             if slurm_id is None:
-                if answered and time.time() - record.started_at > queue.missing_grace_s():
+                if answered and time.time() - record.started_at > status.missing_grace_s():
                     gone = f"the submission did not complete: squeue lists no job tune_magic-{record.id}"
-                    changes.update(follow.end(record, Evidence(verdict=outcome.FAILED, verdict_reason=gone,
+                    changes.update(exits.end(record, Evidence(verdict=outcome.FAILED, verdict_reason=gone,
                                                                nothing_runs=True)))
                 return changes
             record = dataclasses.replace(record, backend={**record.backend, "job_id": slurm_id})
             changes["backend"] = record.backend
         answer = WATCHER.get(slurm_id, env)
-        if answer.kind == queue.NOT_LISTED and record.backend.get("array_job_id"):
+        if answer.kind == status.NOT_LISTED and record.backend.get("array_job_id"):
             # a task cancelled while pending is gone; its array's record of pending tasks says so
             array = WATCHER.get(str(record.backend["array_job_id"]), env)
-            if array.kind == queue.LISTED and array.job.state == "CANCELLED" and not started:
-                return {**changes, **follow.listed(job_dir, record, array.job, started)}
-        if answer.kind == queue.NOT_LISTED:
-            return {**changes, **follow.not_listed(job_dir, record, slurm_id, answer)}
-        if answer.kind == queue.LISTED:
+            if array.kind == status.LISTED and array.job.state == "CANCELLED" and not started:
+                return {**changes, **exits.listed(job_dir, record, array.job, started)}
+        if answer.kind == status.NOT_LISTED:
+            return {**changes, **exits.not_listed(job_dir, record, slurm_id, answer)}
+        if answer.kind == status.LISTED:
             # a requeued job's log holds its earlier attempt: SLURM's fresh word outvotes it
-            return {**changes, **follow.listed(job_dir, record, answer.job, started)}
+            return {**changes, **exits.listed(job_dir, record, answer.job, started)}
         # no news (no answer, or not asked yet): only what the job itself shows
         if started and state is Status.PENDING and not record.backend.get("restarts"):
             changes.update(status=RUNNING, pending_reason=None)
@@ -295,9 +291,9 @@ class SlurmScheduler(Scheduler):
 
     def queued_s(self, record: JobRecord) -> float:
         """Seconds the job waited in SLURM's queue again after a requeue (not run time)."""
-        return follow.queued_s(record)
+        return exits.queued_s(record)
 
-    def _fresh_answer(self, record: JobRecord) -> queue.Answer | None:
+    def _fresh_answer(self, record: JobRecord) -> status.Answer | None:
         """A fresh answer of the controller on the job (asked once per job's end: an answer from
         before the exit file may predate the failure or a requeue); ``None`` when it does not list it."""
         slurm_id = self.engine_id(record)
@@ -305,15 +301,15 @@ class SlurmScheduler(Scheduler):
             return None
         WATCHER.forget()
         answer = WATCHER.get(slurm_id, _client_env(None, record))
-        return answer if answer.kind == queue.LISTED else None
+        return answer if answer.kind == status.LISTED else None
 
-    def _failure_verdict(self, record: JobRecord, answer: queue.Answer | None) -> tuple[str | None, str | None]:
+    def _failure_verdict(self, record: JobRecord, answer: status.Answer | None) -> tuple[str | None, str | None]:
         """SLURM's own failure verdict on a job that left an exit file (a time limit, a node failure,
         out of memory: the exit file alone can say 0 then), from a fresh ``answer``
         (:meth:`_fresh_answer`); ``(None, None)`` when the controller has none or does not answer."""
         if answer is None:
             return None, None
-        said = sq.job_outcome(answer.job, time_limit=record.scheduler_options.get("time_limit"))
+        said = status.job_outcome(answer.job, time_limit=record.scheduler_options.get("time_limit"))
         if said.verdict in (outcome.TIMEOUT, outcome.NODE_FAIL, outcome.OUT_OF_MEMORY):
             return said.verdict, said.reason
         return None, None
@@ -361,8 +357,8 @@ class SlurmScheduler(Scheduler):
             return
         WATCHER.forget()
         answer = WATCHER.get(slurm_id, env)
-        said = sq.job_outcome(answer.job).status if answer.kind == queue.LISTED else None
-        if answer.kind == queue.NOT_LISTED or (said is not None and said.is_terminal):
+        said = status.job_outcome(answer.job).status if answer.kind == status.LISTED else None
+        if answer.kind == status.NOT_LISTED or (said is not None and said.is_terminal):
             return
         if said is Status.PENDING:
             self._scancel([slurm_id], env)
@@ -385,7 +381,7 @@ class SlurmScheduler(Scheduler):
         Raises:
             ControllerUnreachable: scancel did not reach the controller in time.
         """
-        r = queue.run_bounded(["scancel", *args], env, CANCEL_TIMEOUT_S)
+        r = status.run_bounded(["scancel", *args], env, CANCEL_TIMEOUT_S)
         text = " ".join(((r.stderr or r.stdout) if r is not None else "").split())
         done = r is not None and r.returncode == ALREADY_DONE_EXIT
         if r is None or (r.returncode != 0 and not done and "Invalid job id" not in text and "already" not in text):
@@ -396,21 +392,21 @@ class SlurmScheduler(Scheduler):
     @staticmethod
     def _alive(slurm_id: str, env: Mapping[str, str]) -> bool | None:
         """Whether SLURM still runs or queues the job; ``None`` when it does not answer."""
-        r = queue.run_bounded(sq.squeue_argv([slurm_id], json_output=False), env, queue.query_timeout_s())
-        if r is None or (r.returncode != 0 and not sq.scontrol_invalid_id(r.returncode, r.stderr)):
+        r = status.run_bounded(status.squeue_argv([slurm_id], json_output=False), env, status.query_timeout_s())
+        if r is None or (r.returncode != 0 and not status.scontrol_invalid_id(r.returncode, r.stderr)):
             return None
         try:
-            job = sq.parse_squeue_format(r.stdout if r.returncode == 0 else "").get(slurm_id)
-        except sq.SqueueParseError:
+            job = status.parse_squeue_format(r.stdout if r.returncode == 0 else "").get(slurm_id)
+        except status.SqueueParseError:
             return None
-        return job is not None and sq.job_outcome(job).status in (Status.PENDING, Status.RUNNING, Status.UNKNOWN)
+        return job is not None and status.job_outcome(job).status in (Status.PENDING, Status.RUNNING, Status.UNKNOWN)
 
     def settle_after_cancel(self, job_dir: Path, record: JobRecord) -> dict[str, Any]:
         WATCHER.forget()
         changes = self.describe(job_dir, record)
         if changes.get("status") in (None, RUNNING, PENDING, UNKNOWN):  # our cancel ended it: nothing runs
             evidence, _ = ending.evidence(job_dir, record, None, nothing_runs=True, stop_requested=True)
-            changes.update(follow.end(record, evidence))
+            changes.update(exits.end(record, evidence))
         return changes
 
     def has_live_parts(self, job_dir: Path, record: JobRecord | None) -> bool:

@@ -1,4 +1,7 @@
-"""A sweep as one SLURM job array: the sbatch option, per-task file names, squeue's task ids and
+"""A SLURM job array's words: the sbatch option, per-task file names, squeue's task ids, the
+cluster's array limits, and the one error of reading the SLURM clients' answers. Pure.
+
+A sweep as one SLURM job array: the sbatch option, per-task file names, squeue's task ids and
 the cluster's array limits. Pure.
 
 - :func:`array_option`: ``--array=0-(N-1)%K``, one array task per trial (task index = trial index).
@@ -13,6 +16,9 @@ the cluster's array limits. Pure.
 Formats are those of SLURM 22.05 (src/squeue/print.c ``_print_job_job_id``;
 src/common/slurm_protocol_defs.c ``xlate_array_task_str``; src/slurmd/common/fname.c; src/api/
 config_info.c ``slurm_print_key_pairs``), unchanged in 23.11. Samples: tests/data/slurm/.
+
+The one error of reading the SLURM clients' answers (its own module: both the squeue and the
+job array readers raise it).
 """
 
 from __future__ import annotations
@@ -20,8 +26,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tune_magic.errors import PlanError
-from tune_magic.schedulers.slurm.parseerror import SqueueParseError
+from tune_magic.errors import PlanError, TuneMagicError
+
+
+class SqueueParseError(TuneMagicError, ValueError):
+    """squeue's output is not what this module reads (the message quotes the start of it).
+
+    Not a :class:`~tune_magic.errors.UserError`: the engine answered oddly; the scheduler treats
+    it as "no answer", which never ends a job."""
+
 
 #: Environment for squeue so a pending array record's task list is never cut: without it SLURM
 #: prints at most 64 characters of it (``0,2,4,...``), and ``squeue -r`` expands the cut text.

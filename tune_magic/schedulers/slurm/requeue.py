@@ -2,7 +2,7 @@
 requeues itself before its time limit: attempts, their exit files, and the resume of each.
 
 SLURM starts a requeued batch job again under the same job id, with ``SLURM_RESTART_COUNT`` set
-to the number of requeues so far; the batch script (:mod:`.script`) calls its run number the
+to the number of requeues so far; the batch script (:mod:`.submit`) calls its run number the
 attempt (``attempt = SLURM_RESTART_COUNT + 1``).
 
 - Each attempt writes its own exit file (:func:`exit_file_name`): ``exit_code`` for the first
@@ -85,7 +85,7 @@ def directive_options(*, requeue: bool, resume_on_timeout: int | None, time_limi
 @dataclass(frozen=True)
 class ScriptParts:
     """What a requeueable job adds to its batch script (:func:`script_parts`; used by
-    :func:`.script.batch_script`).
+    :func:`.submit.batch_script`).
 
     Attributes:
         prelude: bash lines after ``job_dir=``: the attempt number, its exit file (``$exit_file``),
@@ -255,12 +255,12 @@ def requeueable(record: JobRecord) -> bool:
 
 
 def requeued_since(job, attempt: int) -> bool:
-    """Whether the controller's fresh word on the job (a :class:`.squeue.SlurmJob`, or ``None``:
+    """Whether the controller's fresh word on the job (a :class:`.status.SlurmJob`, or ``None``:
     no answer) shows a requeue after attempt ``attempt`` ended: a restart count that reached it
     (squeue's JSON), or the job queued again (a requeued flag or ``PENDING``: the plain format has
     no restart count)."""
     from tune_magic.registry.status import Status
-    from tune_magic.schedulers.slurm import squeue as sq
+    from tune_magic.schedulers.slurm import status as sq
 
     if job is None:
         return False

@@ -1,12 +1,15 @@
-"""What became of a SLURM job: its exit file first, else the controller's word, through the one
+"""What became of a SLURM job (its exit file, else the controller's word), and SLURM's own lines
+in its log as a card shows them.
+
+What became of a SLURM job: its exit file first, else the controller's word, through the one
 outcome rule (:func:`tune_magic.registry.outcome.decide`).
 
 - The exit file the batch script writes settles the job whenever it appears (also after
   ``unknown``), with SLURM's own failure verdict (a time limit, a node failure) when the controller
   gives one, and srun's own error line when srun itself failed.
-- A controller that does not answer is no news: the status stays (:mod:`.queue`).
+- A controller that does not answer is no news: the status stays (:mod:`.status`).
 - A job the controller no longer knows (a confirmed "not listed") is ``unknown``, then ``failed``
-  only after :func:`.queue.missing_answers` such answers over :func:`.queue.missing_grace_s`
+  only after :func:`.status.missing_answers` such answers over :func:`.status.missing_grace_s`
   seconds, and never while its log still grows (processes of the job write it).
 - A requeued job (SLURM's restart count went up) is ``pending`` with SLURM's reason while SLURM has
   it queued, whatever its log from the first attempt shows; the time it waits there is kept in
@@ -14,25 +17,108 @@ outcome rule (:func:`tune_magic.registry.outcome.decide`).
 
 Fields this module keeps in the record's ``backend``: ``job_id``, ``restarts``, ``queued_at``,
 ``waited_s``, ``missing_since``, ``missing_answers``, ``missing_answer_at``.
+
+SLURM's own lines in a job's log, as a card's tail shows them (:mod:`tune_magic.logs.tailview`). Pure.
+
+When a SLURM job is cancelled (``scancel``: a user's stop through tune_magic, or anyone's), or
+ends at its time limit, ``slurmstepd`` and ``srun`` write into the job's output file (SLURM 22.05)::
+
+    slurmstepd: error: *** JOB 7 ON n1 CANCELLED AT 2026-12-01T10:00:00 ***
+    srun: Job step aborted: Waiting up to 12 seconds for job step to finish.
+    srun: launch/slurm: _step_signal: Terminating StepId=7.0
+    srun: error: n1: task 0: Killed
+
+(``*** STEP 7.0 ON n1 CANCELLED AT ... ***`` for a step, ``... DUE TO TIME LIMIT ***`` and other
+reasons at the end; one ``slurmstepd`` line per node, written ``slurmstepd-n1:`` by some nodes, one
+``srun: error`` line per node's tasks). A stop through tune_magic (``scancel --signal=TERM
+--full``) often ends before SLURM cancels anything: torchrun's agents get SIGTERM and stop their
+workers, and srun reports each node's task as it exits (measured on the two-node test cluster)::
+
+    torch.distributed.elastic.multiprocessing.api.SignalException: Process 10879 got signal: 15
+    srun: error: tmnode1: task 0: Exited with exit code 1
+    srun: launch/slurm: _step_signal: Terminating StepId=1.0
+    srun: error: tmnode2: task 1: Exited with exit code 1
+
+Read as they stand these lines look like a crash. :data:`TAIL_RULES` shows them as one line, where
+the last of them was (a stop closes the tail), as the local tail shows torchrun's
+``SignalException`` traceback:
+``SLURM cancelled job 7 on n1 at 2026-12-01T10:00:00; srun stopped its tasks``, or, without a
+cancel line, torchrun's stop line (:data:`tune_magic.logs.tailview.SIGNAL_NOTE`) alone. ``srun``
+lines with neither among them (a task killed or failed for another reason) are shown as they are.
+
+When ``srun`` itself fails (it could not start the job's step, e.g. ``srun: error: Unable to create
+step for job 26: More processors requested than permitted`` for an inherited
+``SRUN_CPUS_PER_TASK``), :func:`srun_error` finds its own line, which a failed job's card then
+shows first instead of the bare exit code.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 from tune_magic.logs import ending
+from tune_magic.logs.tailview import SIGNAL_NOTE, TailRule
 from tune_magic.registry import outcome
 from tune_magic.registry import store as jobstore
-from tune_magic.registry.outcome import Evidence, decide
+from tune_magic.registry.outcome import decide, Evidence
 from tune_magic.registry.record import JobRecord
 from tune_magic.registry.status import Status
-from tune_magic.schedulers.slurm import queue
-from tune_magic.schedulers.slurm import squeue as sq
-from tune_magic.schedulers.slurm.tail import srun_error
+from tune_magic.schedulers.slurm import status
+
+
+
+_CANCEL = (r"slurmstepd(?:-\S+)?: error: \*\*\* (?P<what>JOB|STEP) (?P<id>\S+) ON (?P<node>\S+) CANCELLED AT (?P<at>\S+)"
+           r"(?: DUE TO (?P<why>.+?))? \*\*\*\s*$")
+# not anchored: slurmstepd writes into the same file as the ranks, so its line can land in the middle
+# of a progress bar's line (measured: "1|14|Loss: 0.71428571428slurmstepd-tmnode1: error: *** JOB 59 ...")
+_SRUN = (r"^srun: Job step aborted: Waiting up to \d+ seconds for job step to finish\.\s*$"
+         r"|^srun: launch/slurm: _step_signal: Terminating StepId=\S+\s*$"
+         r"|^srun: error: \S+: tasks? [\d,\-]+: (?:Killed|Terminated|Exited with exit code \d+)\s*$"
+         r"|^srun: forcing job termination\s*$")
+
+
+def _cancel_summary(matches: list[re.Match], prefix: str) -> list[str]:
+    """One line for a cancelled job (and torchrun's stop line, once), or torchrun's stop line alone
+    for a stop SLURM cancelled nothing of; the lines themselves when neither is among them."""
+    cancels = [m for m in matches if m["what"]]
+    notes = list(dict.fromkeys(m.string for m in matches if m["note"]))  # one per node: shown once
+    if not cancels:
+        return notes or [prefix + m.string for m in matches]
+    first = cancels[0]
+    nodes = ", ".join(dict.fromkeys(m["node"] for m in cancels))
+    job = first["id"] if first["what"] == "JOB" else f"step {first['id']}"
+    why = f" ({first['why'].lower()})" if first["why"] else ""
+    stopped = "; srun stopped its tasks" if len(cancels) + len(notes) < len(matches) else ""
+    return [f"{prefix}SLURM cancelled job {job} on {nodes} at {first['at']}{why}{stopped}", *notes]
+
+
+#: slurmstepd's cancel lines, torchrun's stop line and srun's lines that follow them, as one line.
+CANCEL_RULE = TailRule(name="SLURM cancel", member=re.compile(f"{_CANCEL}|{_SRUN}|(?P<note>{SIGNAL_NOTE.pattern})"),
+                       summary=_cancel_summary, at_last=True)
+
+#: The rules a SLURM job's card tail adds to :func:`tune_magic.logs.tailview.display_tail`.
+TAIL_RULES = (CANCEL_RULE,)
+
+
+# srun's report of a task's end (a consequence of a failure elsewhere, never the cause itself)
+_TASK_END = re.compile(r"^srun: error: \S+: tasks? [\d,\-]+: ")
+_SRUN_OWN = re.compile(r"^srun: (?:error|fatal): ")
+
+
+def srun_error(text: str) -> str | None:
+    """srun's own first error line in a job's log (``srun: error: Unable to create step ...``),
+    not its reports of tasks that ended; ``None`` when there is none."""
+    for line in text.splitlines():
+        line = line.rsplit("\r", 1)[-1].strip()
+        if _SRUN_OWN.match(line) and not _TASK_END.match(line) and not re.match(_SRUN, line):
+            return line
+    return None
+
 
 _MISSING_KEYS = ("missing_since", "missing_answers", "missing_answer_at")
 
@@ -70,12 +156,12 @@ def from_exit_file(job_dir: Path, record: JobRecord, exit_info, verdict: tuple[s
     return {**end(record, evidence, exit_info.ended_at), "pending_reason": None}
 
 
-def listed(job_dir: Path, record: JobRecord, job: sq.SlurmJob, started: bool) -> dict[str, Any]:
+def listed(job_dir: Path, record: JobRecord, job: status.SlurmJob, started: bool) -> dict[str, Any]:
     """The controller lists the job: its queue state, or its end (SLURM's verdict) when it ended
     without an exit file (the exit file, written just before, wins when it turns up first)."""
     stop = jobstore.stop_was_requested(job_dir, record)
     time_limit = record.scheduler_options.get("time_limit")
-    said = sq.job_outcome(job, stopped_by_us=stop, time_limit=time_limit)
+    said = status.job_outcome(job, stopped_by_us=stop, time_limit=time_limit)
     changes: dict[str, Any] = {"nodes": list(job.nodes)} if job.nodes else {}
     backend = {k: v for k, v in record.backend.items() if k not in _MISSING_KEYS}  # it is listed again
     now = time.time()
@@ -109,10 +195,10 @@ def listed(job_dir: Path, record: JobRecord, job: sq.SlurmJob, started: bool) ->
     return changes
 
 
-def not_listed(job_dir: Path, record: JobRecord, slurm_id: str, answer: queue.Answer) -> dict[str, Any]:
+def not_listed(job_dir: Path, record: JobRecord, slurm_id: str, answer: status.Answer) -> dict[str, Any]:
     """The controller answered and knows no such job, and it left no exit code: ``unknown`` (or
     ``stopped`` when a stop was asked), then ``failed`` saying so once the answers leaving it out
-    have come :func:`.queue.missing_answers` times over :func:`.queue.missing_grace_s` seconds. A
+    have come :func:`.status.missing_answers` times over :func:`.status.missing_grace_s` seconds. A
     log that still grows means processes of the job run: the wait starts again from its last write."""
     backend = dict(record.backend)
     now = time.time()
@@ -131,7 +217,7 @@ def not_listed(job_dir: Path, record: JobRecord, slurm_id: str, answer: queue.An
         since = written
     backend.update(missing_since=since, missing_answers=count)
     changes: dict[str, Any] = {}
-    if not running and now - since > queue.missing_grace_s() and count >= queue.missing_answers():
+    if not running and now - since > status.missing_grace_s() and count >= status.missing_answers():
         gone = (f"SLURM no longer lists job {slurm_id} and it left no exit code in {job_dir}; its outcome "
                 "cannot be known")
         changes = end(record, Evidence(verdict=outcome.FAILED, verdict_reason=gone, nothing_runs=True,
