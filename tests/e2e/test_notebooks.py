@@ -302,6 +302,25 @@ def test_resume_notebook(stop_leftovers, tiny_assets):
     jobs_text = {line.split()[0]: line for line in stdout(nb, "jobs").splitlines()[1:] if line.strip()}
     assert jobs_text[first.id].endswith(f"resumed by {resumed.id}")
     assert jobs_text[resumed.id].endswith(f"resume of {first.id} from epoch_{k}/")
+    # what the text says is what the cells show
+    md = {c_.get("id"): c_.source for c_ in nb.cells if c_.cell_type == "markdown"}
+    assert "`epoch_2/` after step\n192" in md["launch-md"] and "checkpoint saved: epoch_2 " in card
+    assert all((Path(first.output_dir) / f"epoch_{e}").is_dir() for e in range(3))
+    assert "(step 66: `epoch_0/`" in md["launch-md"] and step >= 66
+    assert "`%tune_stop` says the job is `stopped`" in md["launch-md"] and stdout(nb, "stopped").endswith(" stopped\n")
+    assert "card (`succeeded`, step 192/192)" in md["curve-md"] and "succeeded" in card.splitlines()[0]
+    assert "`resumed by` the new one" in md["curve-md"] and "`resume of`\nthe stopped one `from epoch_0/`" in md["curve-md"]
+    if k == 0:  # the text's numbers are those of a stop in epoch 2 (a very fast machine may pass epoch_1/ first)
+        claims = md["preflight-md"]
+        assert "`epoch_0/` (1 of 3 epochs done, global step 64)" in claims
+        assert "(1 of 3 epochs done, global step 64)" in preflight.splitlines()[0]
+        assert "the resumed run starts at step 65" in claims and "  the resumed run starts at step 65\n" in preflight
+        assert "are lost and done again" in claims and ", done again\n" in preflight
+        assert "the\ncase is `exact`" in claims and "  case: exact: " in preflight
+        assert "`resumed job ... from epoch_0/ at step 64`" in md["curve-md"]
+        assert f"resumed job {first.id} from epoch_0/ at step 64" in card
+        assert "steps 1-64 from the stopped run" in md["curve-md"] and "and 65-192 from the resumed one" in md["curve-md"]
+        assert lines[:2] == ["stopped run: steps 1-64, 64 points", "resumed run: steps 65-192, 128 points"]
     for c_ in nb.cells:
         if c_.cell_type == "code":
             assert not any(o.output_type == "error" for o in c_.outputs), c_.source
