@@ -110,3 +110,15 @@ def registry_problem(root: Path) -> str | None:
         if rec.state.is_live and not J.Job(d, rec)._sched().has_live_parts(d, rec):
             return f"{d.name} is {rec.status} with no live process"
     return None
+
+
+def own_python_warnings(plan, env) -> list[str]:
+    """The node-local warning a multi-node plan rightly gets for this test run's own interpreter:
+    ``[]``, or one line when ``sys.executable`` (the clone's venv) is under ``/tmp``, ``/dev/shm`` or
+    ``$TMPDIR``, where the other nodes of a real cluster would not have it. Tests that count or
+    compare a SLURM plan's warnings allow exactly this one, so they pass wherever the clone lives
+    (tests/test_clone_location.py runs them with an interpreter under /tmp)."""
+    from tune_magic.schedulers.slurm.nodelocal import node_local_warnings
+
+    return [w for w in node_local_warnings(plan, env, home="/", python=sys.executable)
+            if w.startswith("the Python every node runs, ")]

@@ -302,6 +302,64 @@ def test_resume_notebook(stop_leftovers, tiny_assets):
     jobs_text = {line.split()[0]: line for line in stdout(nb, "jobs").splitlines()[1:] if line.strip()}
     assert jobs_text[first.id].endswith(f"resumed by {resumed.id}")
     assert jobs_text[resumed.id].endswith(f"resume of {first.id} from epoch_{k}/")
+    # what the text says is what the cells show
+    md = {c_.get("id"): c_.source for c_ in nb.cells if c_.cell_type == "markdown"}
+    assert "`epoch_2/` after step\n192" in md["launch-md"] and "checkpoint saved: epoch_2 " in card
+    assert all((Path(first.output_dir) / f"epoch_{e}").is_dir() for e in range(3))
+    assert "(step 66: `epoch_0/`" in md["launch-md"] and step >= 66
+    assert "`%tune_stop` says the job is `stopped`" in md["launch-md"] and stdout(nb, "stopped").endswith(" stopped\n")
+    assert "card (`succeeded`, step 192/192)" in md["curve-md"] and "succeeded" in card.splitlines()[0]
+    assert "`resumed by` the new one" in md["curve-md"] and "`resume of`\nthe stopped one `from epoch_0/`" in md["curve-md"]
+    if k == 0:  # the text's numbers are those of a stop in epoch 2 (a very fast machine may pass epoch_1/ first)
+        claims = md["preflight-md"]
+        assert "`epoch_0/` (1 of 3 epochs done, global step 64)" in claims
+        assert "(1 of 3 epochs done, global step 64)" in preflight.splitlines()[0]
+        assert "the resumed run starts at step 65" in claims and "  the resumed run starts at step 65\n" in preflight
+        assert "are lost and done again" in claims and ", done again\n" in preflight
+        assert "the\ncase is `exact`" in claims and "  case: exact: " in preflight
+        assert "`resumed job ... from epoch_0/ at step 64`" in md["curve-md"]
+        assert f"resumed job {first.id} from epoch_0/ at step 64" in card
+        assert "steps 1-64 from the stopped run" in md["curve-md"] and "and 65-192 from the resumed one" in md["curve-md"]
+        assert lines[:2] == ["stopped run: steps 1-64, 64 points", "resumed run: steps 65-192, 128 points"]
     for c_ in nb.cells:
         if c_.cell_type == "code":
             assert not any(o.output_type == "error" for o in c_.outputs), c_.source
+
+
+#: What a real sinfo prints where SLURM is installed but no controller's configuration is reachable
+#: (Debian's slurm-wlm 22.05 without a slurm.conf, measured here).
+NO_CONTROLLER = ("sinfo: error: _establish_config_source: failed to fetch config\n"
+                 "sinfo: fatal: Could not establish a configuration source\n")
+
+
+def test_FAKE_sinfo_cluster_notebook_asks_for_a_controller_says_what_to_do_and_submits_nothing(
+        stop_leftovers, tiny_assets, tmp_path, monkeypatch):
+    """cluster.ipynb asks the SLURM scheduler, as the panel does (available(), then status_note(): a
+    controller must answer sinfo), before it submits. With SLURM's clients on PATH but no controller
+    answering (a FAKE sinfo that fails as the real one does, a FAKE sbatch that records any call),
+    it says why and what to do, and its cells only show the plans: nothing is submitted or
+    registered."""
+    bin_dir = tmp_path / "slurm-bin"
+    bin_dir.mkdir()
+    called = tmp_path / "sbatch-called"
+    (bin_dir / "sinfo").write_text(f"#!/bin/sh\ncat >&2 <<'END'\n{NO_CONTROLLER}END\nexit 1\n")
+    (bin_dir / "sbatch").write_text(f"#!/bin/sh\ntouch {called}\nexit 3\n")
+    for f in ("sinfo", "sbatch"):
+        (bin_dir / f).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")  # inherited by the kernel
+    monkeypatch.delenv("TUNE_MAGIC_DRY_RUN", raising=False)
+    monkeypatch.delenv("TUNE_MAGIC_SCHEDULER", raising=False)
+    before = {r.id for r in jobstore.list_records()}
+    nb = execute("cluster", stop_leftovers)
+    said = stdout(nb, "setup").splitlines()
+    assert said[0] == ("no SLURM to submit to: sbatch is here, but no SLURM controller answers (Could not establish "
+                       "a configuration source): a job sent to slurm would not start"), said
+    assert said[1].startswith("what to do: run this notebook where your cluster's controller answers `sinfo`")
+    assert "TUNE_MAGIC_DRY_RUN=1" in said[1] and len(said) == 2
+    for cid in ("two-nodes", "dry-run"):  # the plans: the sbatch line, then the batch script
+        assert stdout(nb, cid).startswith("sbatch --parsable "), stdout(nb, cid)
+    assert "#SBATCH --nodes=2" in stdout(nb, "two-nodes") and "#SBATCH --gpus-per-node=8" in stdout(nb, "dry-run")
+    assert stdout(nb, "two-nodes-result") == "" and stdout(nb, "array-sweep-result") == ""  # no Job, no Sweep
+    assert "nodes: 2  processes per node: 8  rendezvous: scheduler" in stdout(nb, "dry-run-result")
+    assert not called.exists(), "sbatch was called: the notebook submitted with no controller answering"
+    assert {r.id for r in jobstore.list_records()} == before

@@ -15,7 +15,7 @@ from tune_magic.launcher import build_plan
 from tune_magic.registry.store import JobRecord, ProcessRef
 from tune_magic.ui.panel import Panel
 
-from jobhelpers import write_fake_nvidia_smi
+from jobhelpers import own_python_warnings, write_fake_nvidia_smi
 
 
 @pytest.fixture
@@ -291,7 +291,9 @@ def test_FAKE_sbatch_slurm_fields_preview_sbatch_line_and_script(tmp_path, fake_
     assert panel.script_preview.value == plan.batch_script.replace(plan.job_id, "<job-id>")
     # this test's home is under /tmp: the preview warns of it, with the same <job-id> as the preview
     warned = [html.unescape(w) for w in re.findall(r"<div class='tm-warning'[^>]*>(.*?)</div>", panel.error.value)]
-    assert warned == [w.replace(plan.job_id, "<job-id>") for w in plan.warnings] and len(warned) == 2, warned
+    # (and of this run's own Python when the clone and its venv are under /tmp too)
+    expected = 2 + len(own_python_warnings(plan, os.environ))
+    assert warned == [w.replace(plan.job_id, "<job-id>") for w in plan.warnings] and len(warned) == expected, warned
     assert warned[0].startswith(f"output_dir {os.environ['TUNE_MAGIC_HOME']}/runs/tiny_lora/<job-id> "), warned
     line = panel.command_preview.value
     assert line.startswith("sbatch --parsable ") and line.endswith("/jobs/<job-id>/job.sbatch"), line
