@@ -247,3 +247,20 @@ def test_a_step_whose_metric_lines_two_reads_gave_keeps_them_all(tmp_path):
         f.write("Step 3 | lr:0.002 \n")
     t.advance()
     assert t.summary.metrics == {"loss": 0.5, "lr": 0.002} and t.summary.step == 3
+
+
+def test_a_summary_that_read_less_of_the_same_log_never_replaces_one_that_read_more(tmp_path):
+    # a reader caught the job up to step 3 while its supervisor, a poll behind, still had step 1:
+    # the supervisor's write must not take the table back to step 1 (seen: 3, 1, 3)
+    from tune_magic.logs.summary import Summary, read_summary, write_summary
+
+    ahead = Summary(step=3, log_offset=300, log_ident=[1, 2], metrics_offset=90, metrics_path="m.txt")
+    behind = Summary(step=1, log_offset=100, log_ident=[1, 2], metrics_offset=30, metrics_path="m.txt")
+    assert write_summary(tmp_path, ahead)
+    assert not write_summary(tmp_path, behind) and read_summary(tmp_path).step == 3
+    further = Summary(step=4, log_offset=400, log_ident=[1, 2], metrics_offset=90, metrics_path="m.txt")
+    assert write_summary(tmp_path, further) and read_summary(tmp_path).step == 4
+    other_file = Summary(step=1, log_offset=10, log_ident=[1, 3])  # the log was recreated: starts over
+    assert write_summary(tmp_path, other_file) and read_summary(tmp_path).step == 1
+    assert write_summary(tmp_path, ahead) and write_summary(tmp_path, behind, forward_only=False)  # the end's write
+    assert read_summary(tmp_path).step == 1

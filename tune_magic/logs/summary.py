@@ -162,13 +162,32 @@ def read_summary(job_dir: Path) -> Summary | None:
         return None
 
 
-def write_summary(job_dir: Path, summary: Summary) -> bool:
-    """Replace the job's summary; return whether it was written (failures are ignored)."""
+def write_summary(job_dir: Path, summary: Summary, *, forward_only: bool = True) -> bool:
+    """Replace the job's summary; return whether it was written (failures are ignored).
+
+    Two processes may catch the same job's summary up (its supervisor every few seconds, and a
+    reader, e.g. a table in another kernel, while the supervisor was not yet holding its lock), so
+    with ``forward_only`` a summary that read less of the same files than the one on disk is not
+    written: what a table shows never goes back (a step 3, 1, 3 was seen). The supervisor's last
+    write, with the job's end, passes ``forward_only=False``."""
+    if forward_only:
+        current = read_summary(job_dir)
+        if current is not None and _behind(summary, current):
+            return False
     try:
         jobstore.write_atomic(job_dir / SUMMARY, summary.to_json(), fsync=False)
         return True
     except OSError:
         return False
+
+
+def _behind(new: Summary, current: Summary) -> bool:
+    """Whether ``new`` read less than ``current`` of the same log and metric file."""
+    if new.log_ident != current.log_ident or new.metrics_path != current.metrics_path:
+        return False
+    reads = [(new.log_offset, current.log_offset), (new.metrics_offset, current.metrics_offset),
+             *((new.rank_offsets.get(k, 0), v) for k, v in current.rank_offsets.items())]
+    return all(a <= b for a, b in reads) and any(a < b for a, b in reads)
 
 
 def _read_records(path: Path, offset: int, budget: int, final: bool) -> tuple[list[str], int] | None:

@@ -379,7 +379,7 @@ class Supervisor:
         self.tracker.record.error = self.record.error or (decide(evidence) or Outcome(FAILED)).reason
         while self.tracker.advance(final=True):
             pass
-        write_summary(self.dir, self.tracker.summary)
+        write_summary(self.dir, self.tracker.summary, forward_only=False)
         self._final(evidence)
 
     def _wait_orphaned_agent(self) -> int | None:
