@@ -354,3 +354,20 @@ def test_a_stop_slurm_cancelled_nothing_of_reads_as_a_stop():
     # a task that failed on its own (no stop among the lines) is shown as it is
     assert display_tail(["x", "srun: error: n2: task 1: Exited with exit code 1"], rules=SLURM_TAIL_RULES) == [
         "x", "srun: error: n2: task 1: Exited with exit code 1"]
+
+
+# -- issue 26: the card's tail begins at a meaningful line, in the log's order ---------------------
+
+# torchao 0.11's words at import without Triton, as `python -c "import torchao"` prints them here
+NO_TRITON = "WARNING:torchao.kernel.intmm:Warning: Detected no triton, on systems without Triton certain kernels will not work"
+
+
+def test_torchaos_no_triton_warning_is_noise_and_dropped():
+    raw = _lines_of(DATA / "lora_2proc_5steps" / "output.log")
+    assert raw.count(NO_TRITON) == 2  # the log keeps it: once per process
+    assert not any("triton" in line for line in display_tail(raw))
+    # with torchrun's rank prefix (--tee) too, and a line that only mentions triton stays
+    tee = _lines_of(DATA / "tee3_filter0_metrics.log")
+    assert any(line.startswith("[default0]:" + NO_TRITON) for line in tee)
+    assert not any("Detected no triton" in line for line in display_tail(tee))
+    assert display_tail(["triton kernels compiled", NO_TRITON]) == ["triton kernels compiled"]

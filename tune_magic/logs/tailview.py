@@ -22,7 +22,8 @@ line; a card's few lines are there to say what the job is doing, so here:
   end when it is older than the lines shown;
 * noise every job prints is dropped: torchrun's ``OMP_NUM_THREADS`` banner (torch 2.x
   ``torch.distributed.run``) and torch's ``'set_vital' is deprecated`` warning with its source
-  line (``torch/__init__.py``'s ``__getattr__``, called by torchdata's ``StatefulDataLoader``);
+  line (``torch/__init__.py``'s ``__getattr__``, called by torchdata's ``StatefulDataLoader``), and
+  torchao's ``Detected no triton`` warning (:data:`NO_TRITON_RULE`);
 * each checkpoint save's INFO lines (torchtune 0.6.1's checkpoint client, checkpointers and
   recipes, see :data:`CHECKPOINT_RULE`) become one line such as
   ``checkpoint saved: epoch_1 (3 files, 0.15 GiB) in 1.20 s``;
@@ -225,7 +226,17 @@ SET_VITAL_RULE = TailRule(
     summary=lambda matches, prefix: [],
 )
 
-BUILTIN_RULES = (SET_VITAL_RULE, CHECKPOINT_RULE)
+#: torchao's warning at import on a machine without Triton (torchao 0.11 ``torchao/kernel/intmm.py``,
+#: through Python's ``logging``: ``WARNING:torchao.kernel.intmm:Warning: Detected no triton, ...``),
+#: printed once per process by every job that imports torchtune: nothing to act on, so dropped.
+NO_TRITON_RULE = TailRule(
+    name="torchao without triton",
+    member=re.compile(r"^WARNING:torchao\.kernel\.intmm:Warning: Detected no triton, on systems without Triton "
+                      r"certain kernels will not work\s*$"),
+    summary=lambda matches, prefix: [],
+)
+
+BUILTIN_RULES = (SET_VITAL_RULE, NO_TRITON_RULE, CHECKPOINT_RULE)
 
 
 def _drop_omp_banner(lines: list[str]) -> list[str]:
