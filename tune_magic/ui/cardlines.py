@@ -25,11 +25,24 @@ def shown_overrides(words: Sequence[str], job_id: str) -> list[str]:
 
 def overrides_text(words: Sequence[str], width: int | None = OVERRIDES_LINE_CHARS) -> str:
     """``overrides: w1 w2 ...`` (each word quoted as a shell would need it, :func:`shlex.join`),
-    cut to ``width`` characters with ``…`` (``None``: never cut); ``""`` for no words."""
+    at most ``width`` characters (``None``: never cut); ``""`` for no words.
+
+    A line that does not fit is cut between two overrides, never inside one (a resumed job's
+    ``checkpointer.checkpoint_dir=/long/path`` cut mid-path reads as a wrong value), and ends with
+    ``… (+N more)``; the first override is shown whole even when it alone is longer."""
     if not words:
         return ""
-    text = "overrides: " + shlex.join(words)
-    return text if width is None or len(text) <= width else text[:width].rstrip() + " …"
+    quoted = [shlex.quote(w) for w in words]
+    text = "overrides: " + " ".join(quoted)
+    if width is None or len(text) <= width:
+        return text
+    shown = ["overrides:", quoted[0]]
+    for i, word in enumerate(quoted[1:], start=1):
+        rest = f" … (+{len(quoted) - i - 1} more)" if i < len(quoted) - 1 else ""
+        if len(" ".join(shown + [word])) + len(rest) > width:
+            break
+        shown.append(word)
+    return " ".join(shown) + f" … (+{len(quoted) - len(shown) + 1} more)"
 
 
 def overrides_html(words: Sequence[str]) -> str:
