@@ -39,7 +39,7 @@ def _age(row) -> tuple:
 
 class TableRows:
     """Row placement, "show all" and optional columns of a jobs table (a mixin of ``JobsTable``,
-    which provides ``_slots``, ``_gone``, ``rows``, ``summaries``, ``jobs``, ``_hidden``, ``limit``,
+    which provides ``_slots``, ``_gone``, ``rows``, ``summaries``, ``jobs``, ``_hidden``, ``limit``, ``_still_listed``,
     ``_header``, ``grid``, ``more``, ``_new_slot``, ``_fill`` and ``_top_up``)."""
 
     #: The fixed columns before the optional ones, and the Stop column after them.
@@ -145,8 +145,8 @@ class TableRows:
             self.limit = None
             hidden, self._hidden = self._hidden, []
             for job in hidden:
-                if job.id in self._gone or not job.dir.is_dir():
-                    continue
+                if job.id in self._gone or not job.dir.is_dir() or not self._still_listed(job):
+                    continue  # removed, or the filter no longer lists it (a --running table's job ended)
                 try:
                     self._fill(self._new_slot(), job)
                 except Exception:  # noqa: BLE001 - removed or unreadable meanwhile: the others still shown

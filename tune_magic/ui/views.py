@@ -317,7 +317,9 @@ class JobsTable(TableRows, widgets.VBox):
     :data:`TABLE_INTERVAL_S` seconds: rows of jobs not yet ended are re-read from each job's record
     and summary (:meth:`Job.summary`: never its whole log), and a table of all jobs adds the rows of
     jobs that appeared since (one ``stat`` of the registry a second while nothing changes) and hides
-    those removed. The thread only sets widget traits; it never prints.
+    those removed. A filtered table keeps its filter: a row whose job no longer matches (a
+    ``--running`` table's job that ended) leaves, and the newest matching job behind "show all"
+    takes its place. The thread only sets widget traits; it never prints.
 
     Args:
         listed: the jobs to show (default: every job, and jobs launched later appear too).
@@ -338,7 +340,9 @@ class JobsTable(TableRows, widgets.VBox):
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
         self._slots: list[_Row] = []
-        self._gone: set[str] = set()  # ids removed from the registry while shown
+        # ids of rows hidden while shown: removed from the registry, or no longer listed by the
+        # filter (a --running table's job that ended)
+        self._gone: set[str] = set()
         self._filter = replace(filter, last=None) if filter is not None else None
         self.limit = filter.last if filter is not None and filter.last else limit
         self._hidden: list[Job] = []  # jobs behind "show all", newest first
@@ -500,12 +504,46 @@ class JobsTable(TableRows, widgets.VBox):
                 self._find_new()
             if self._waiting:
                 self._recheck_waiting()
+            left = False
             for row in self._slots:
                 if row.job is not None and not row.done and row.job.id not in self._gone:
                     try:
                         self._show(row)
+                        if self._filter is not None and not self._filter.matches(row.job):
+                            self._leave(row)
+                            left = True
                     except Exception:  # noqa: BLE001 - one unreadable job must not stop the others
                         continue
+            if left:
+                self._refill()
+
+    def _still_listed(self, job: Job) -> bool:
+        """Whether the filter lists ``job`` as its record now says (an unreadable one: no)."""
+        if self._filter is None:
+            return True
+        try:
+            return self._filter.matches(job.refresh())
+        except Exception:  # noqa: BLE001 - removed or unreadable: not listed
+            return False
+
+    def _leave(self, row: _Row) -> None:
+        """Hide the row of a job the filter no longer lists (a ``--running`` table's job ended):
+        the table keeps its filter; the row is free for another job (sets traits only)."""
+        self._gone.add(row.job.id)
+        for w in row.widgets():
+            w.layout.display = "none"
+
+    def _refill(self) -> None:
+        """After rows left: drop the jobs behind "show all" that no longer match, let the newest
+        that still do take the free rows, and say so when none is left (sets traits only)."""
+        self._hidden = [j for j in self._hidden if self._still_listed(j)]
+        while self._hidden and (self.limit is None or len(self._shown_rows()) < self.limit):
+            if not self._place(self._hidden[0]):
+                break
+        if not self._shown_rows() and self._filter.narrows:
+            self.note.value = f"<span class='tm-hint'>no {html.escape(self._filter.describe())} (yet)</span>"
+            self.note.layout.display = None
+        self._rearrange()
 
     def _run(self) -> None:
         while not self._stop_event.wait(TABLE_INTERVAL_S):
