@@ -517,34 +517,6 @@ class JobsTable(TableRows, widgets.VBox):
             if left:
                 self._refill()
 
-    def _still_listed(self, job: Job) -> bool:
-        """Whether the filter lists ``job`` as its record now says (an unreadable one: no)."""
-        if self._filter is None:
-            return True
-        try:
-            return self._filter.matches(job.refresh())
-        except Exception:  # noqa: BLE001 - removed or unreadable: not listed
-            return False
-
-    def _leave(self, row: _Row) -> None:
-        """Hide the row of a job the filter no longer lists (a ``--running`` table's job ended):
-        the table keeps its filter; the row is free for another job (sets traits only)."""
-        self._gone.add(row.job.id)
-        for w in row.widgets():
-            w.layout.display = "none"
-
-    def _refill(self) -> None:
-        """After rows left: drop the jobs behind "show all" that no longer match, let the newest
-        that still do take the free rows, and say so when none is left (sets traits only)."""
-        self._hidden = [j for j in self._hidden if self._still_listed(j)]
-        while self._hidden and (self.limit is None or len(self._shown_rows()) < self.limit):
-            if not self._place(self._hidden[0]):
-                break
-        if not self._shown_rows() and self._filter.narrows:
-            self.note.value = f"<span class='tm-hint'>no {html.escape(self._filter.describe())} (yet)</span>"
-            self.note.layout.display = None
-        self._rearrange()
-
     def _run(self) -> None:
         while not self._stop_event.wait(TABLE_INTERVAL_S):
             try:
