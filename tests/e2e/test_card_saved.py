@@ -60,7 +60,8 @@ def saved(tmp_path):
     job = None
     try:
         # nbclient keeps the widgets' state in the notebook's metadata (store_widget_state, its default)
-        NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+        NotebookClient(nb, timeout=300, kernel_name="python3",
+                       resources={"metadata": {"path": str(tmp_path)}}).execute()
         path = tmp_path / "saved_card.ipynb"
         nbformat.write(nb, path)
         nbformat.write(nb, ARTIFACTS / "saved_card.ipynb")

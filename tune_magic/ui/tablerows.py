@@ -39,8 +39,8 @@ def _age(row) -> tuple:
 
 class TableRows:
     """Row placement, "show all" and optional columns of a jobs table (a mixin of ``JobsTable``,
-    which provides ``_slots``, ``_gone``, ``rows``, ``summaries``, ``jobs``, ``_hidden``, ``limit``, ``_filter``, ``note``,
-    ``_header``, ``grid``, ``more``, ``_new_slot``, ``_fill`` and ``_top_up``)."""
+    which provides ``_slots``, ``_gone``, ``rows``, ``summaries``, ``jobs``, ``_hidden``, ``limit``,
+    ``_filter``, ``note``, ``_header``, ``grid``, ``more``, ``_new_slot``, ``_fill`` and ``_top_up``)."""
 
     #: The fixed columns before the optional ones, and the Stop column after them.
     FIXED = ("id", "name", "status", "step", "loss", "elapsed")

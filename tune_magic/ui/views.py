@@ -59,8 +59,9 @@ class JobCard(widgets.VBox):
     whole traceback, :meth:`Job.failure`), ``header`` (HTML: name/id, status, the engine's id of the
     job (``SLURM ID 7``), GPUs, endpoint, output_dir; above them a line, hidden while the card is
     live, saying that its kernel is gone, :func:`~tune_magic.ui.cardlines.gone_html`),
-    ``overrides`` (HTML: the overrides the job ran with, one collapsed line, :mod:`tune_magic.ui.cardlines`), ``notes`` (HTML, small: nodes of a multi-node or SLURM job, launch warnings,
-    a lost log), ``progress`` (HTML: where the run is: epoch of epochs, step of steps, loss, steps
+    ``overrides`` (HTML: the overrides the job ran with, one collapsed line,
+    :mod:`tune_magic.ui.cardlines`), ``notes`` (HTML, small: nodes of a multi-node or SLURM job,
+    launch warnings, a lost log), ``progress`` (HTML: where the run is: epoch of epochs, step of steps, loss, steps
     this epoch, elapsed, ETA, throughput; "waiting for the first step", "waiting in the queue:
     <reason>", "saving checkpoint…"), ``chart`` (bqplot Figure, hidden until the first loss) with
     ``loss_line`` (its Lines mark: ``x`` steps, ``y`` losses) and ``x_axis`` (integer ticks),
