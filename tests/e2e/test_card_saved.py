@@ -89,7 +89,7 @@ def test_a_saved_cards_bundle_and_widget_state_say_its_kernel_is_gone(saved):
     assert "tune-magic-card" in card["_dom_classes"]
     children = [state[c.removeprefix("IPY_MODEL_")]["state"] for c in card["children"]]
     header = next(c["value"] for c in children if "tm-header" in c.get("value", ""))
-    assert "<div class='tm-gone'" in header and gone_text(job_id) in header
+    assert "<div class='tm-gone'" in header and f"<code style='white-space:nowrap'>%tune_logs {job_id}</code>" in header
     assert ".tune-magic-card .tm-gone{display:none}" in header
     assert ".tune-magic-card.jupyter-widgets-disconnected .tm-gone{display:block}" in header
 
@@ -155,3 +155,59 @@ def test_a_reopened_card_says_its_kernel_is_gone_in_jupyterlab(saved, tmp_path, 
                 browser.close()
     finally:
         lab.shutdown()
+
+
+@pytest.mark.timeout(420)
+def test_a_live_card_says_its_kernel_is_gone_when_its_kernel_dies(tmp_path, chromium_exe, monkeypatch):
+    # the same line on a card drawn live, once its kernel died: the server restarts it, and
+    # ipywidgets marks every view of the old kernel's models disconnected
+    import json
+
+    import psutil
+
+    from playwright.sync_api import sync_playwright
+    from test_browser import _notebook
+
+    from waiting import wait_for
+
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "live.ipynb").write_text(json.dumps(_notebook([("code", src) for _, src in CELLS[:2]])))
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "jupyter-data"))
+    LAB_ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    lab = Lab(root, tmp_path)
+    job_id = None
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium_exe, headless=True, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.goto(lab.url("/lab/tree/live.ipynb?reset"), timeout=120 * 1000)
+                page.locator(".jp-StatusBar-Widget", has_text=re.compile(r"\|\s*Idle")).first.wait_for(
+                    timeout=120 * 1000)
+                page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
+                page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+                card = page.locator(".tune-magic-card").first
+                card.locator(".tm-status", has_text="running").wait_for(timeout=120 * 1000)
+                job_id = card.locator(".tm-header code").first.inner_text().strip()
+                gone = card.locator(".tm-gone")
+                assert gone.is_hidden() and card.locator("button", has_text="Stop").is_visible()  # live
+                # the kernel dies (SIGKILL); the server restarts it and tells the page
+                (kernel,) = lab.api("GET", "/api/kernels")
+                (proc,) = [pr for pr in psutil.process_iter(["cmdline"])
+                           if any(f"kernel-{kernel['id']}.json" in a for a in pr.info["cmdline"] or ())]
+                proc.kill()
+                wait_for(gone.is_visible, 60, interval=0.5, what="the card to say its kernel is gone",
+                         describe=card.inner_text)
+                assert " ".join(gone.inner_text().split()) == gone_text(job_id)
+                assert card.locator("button", has_text="Stop").is_hidden()
+                page.screenshot(path=str(ARTIFACTS / "restarted.png"))
+            finally:
+                browser.close()
+    finally:
+        lab.shutdown()
+        if job_id:
+            job = get_job(job_id)
+            if job.status.is_live:
+                job.stop(grace_s=2)

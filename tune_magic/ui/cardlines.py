@@ -107,8 +107,12 @@ def gone_hint(job_id: str) -> str:
 def gone_html(job_id: str) -> str:
     """The card's hidden "kernel is gone" line and the CSS that shows it on a disconnected card
     (see the comment above), for the top of the card's header; all escaped."""
+    text = html.escape(gone_text(job_id))
+    for command in (f"%tune_logs {job_id}", f"tune-magic logs {job_id} --follow"):
+        # a command never breaks at its hyphens ("tune-magic logs JOB -" / "-follow")
+        text = text.replace(html.escape(command), f"<code style='white-space:nowrap'>{html.escape(command)}</code>")
     return (f"{_GONE_CSS}<div class='tm-gone' style='color:#8a6d3b;font-weight:bold;margin-bottom:4px;"
-            f"white-space:normal;line-height:1.4'>{html.escape(gone_text(job_id))}</div>")
+            f"white-space:normal;line-height:1.4'>{text}</div>")
 
 
 def fallback_html(job_id: str, card_text: str) -> str:
