@@ -441,3 +441,23 @@ def test_a_resumed_cards_long_overrides_line_is_cut_between_whole_overrides(make
     # the first override is shown whole even alone longer than the line, and a fitting line is whole
     assert overrides_text([words[2], "seed=1"], width=40) == f"overrides: {words[2]} … (+1 more)"
     assert overrides_text(words[:2]) == "overrides: max_steps_per_epoch=12 optimizer.lr=1e-2"
+
+
+def test_a_cards_bundle_and_header_say_what_to_do_once_its_kernel_is_gone(make):
+    # issue 26: a saved card froze at "running · ETA ..." with nothing saying its kernel was gone
+    from tune_magic.ui.cardlines import gone_hint, gone_text
+
+    job = make("running")
+    card = card_of(job)
+    bundle = card._repr_mimebundle_()
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == card.model_id  # live: the widget
+    fallback = text_of(bundle["text/html"])
+    assert gone_text(job.id) in fallback and card.text() in fallback  # what a frontend without it shows
+    assert f"%tune_logs {job.id}" in gone_text(job.id) and f"tune-magic logs {job.id} --follow" in gone_text(job.id)
+    assert bundle["text/plain"] == card.text() + "\n" + gone_hint(job.id)
+    # the header's line: hidden on a live card, shown by the CSS on a disconnected one
+    line = re.search(r"<div class='tm-gone'[^>]*>(.*?)</div>", card.header.value)
+    assert text_of(line[1]) == gone_text(job.id)
+    assert ".tune-magic-card .tm-gone{display:none}" in card.header.value
+    assert ".tune-magic-card.jupyter-widgets-disconnected .tm-gone{display:block}" in card.header.value
+    assert re.search(r"<span class='tm-status'[^>]*>([^<]*)</span>", card.header.value)[1] == "running"
