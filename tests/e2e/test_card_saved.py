@@ -89,7 +89,8 @@ def test_a_saved_cards_bundle_and_widget_state_say_its_kernel_is_gone(saved):
     assert "tune-magic-card" in card["_dom_classes"]
     children = [state[c.removeprefix("IPY_MODEL_")]["state"] for c in card["children"]]
     header = next(c["value"] for c in children if "tm-header" in c.get("value", ""))
-    assert "<div class='tm-gone'" in header and f"<code style='white-space:nowrap'>%tune_logs {job_id}</code>" in header
+    assert "<div class='tm-gone'" in header and f"white-space:nowrap'>%tune_logs {job_id}</span>" in header
+    assert "<code" not in header.split("tm-header")[0]  # the header's first <code> is the job id
     assert ".tune-magic-card .tm-gone{display:none}" in header
     assert ".tune-magic-card.jupyter-widgets-disconnected .tm-gone{display:block}" in header
 
@@ -146,10 +147,6 @@ def test_a_reopened_card_says_its_kernel_is_gone_in_jupyterlab(saved, tmp_path, 
                 assert gone.is_visible(), card.inner_text()
                 assert " ".join(gone.inner_text().split()) == gone_text(job_id)
                 assert card.locator("button", has_text="Stop").is_hidden()  # it cannot stop anything
-                # one broken-chain icon, on the card, not one a child
-                icons = card.evaluate("""el => [el, ...el.querySelectorAll('.jupyter-widgets-disconnected')]
-                    .filter(n => getComputedStyle(n, '::before').content.includes('\\uf127')).length""")
-                assert icons == 1
                 page.screenshot(path=str(ARTIFACTS / "trusted.png"))
             finally:
                 browser.close()

@@ -72,8 +72,9 @@ def engine_id_text(label: str | None, engine_id: str | None) -> str:
 #   it, and marks every view of a model that has no live comm with the class
 #   ``jupyter-widgets-disconnected`` (@jupyter-widgets/base ``DOMWidgetView._comm_live_update``;
 #   also when the kernel dies or restarts while the page is open), each with a broken-chain icon.
-#   The CSS below shows the card's own "kernel is gone" line then, hides its buttons, dims its
-#   stale progress line and keeps one icon, on the card, instead of one a child;
+#   The CSS below shows the card's own "kernel is gone" line then, hides its buttons and dims its
+#   stale progress line. (It leaves the icons alone: a rule hiding the children's ``::before``
+#   made Playwright find the traceback toggle not visible in tests/e2e/test_browser.py.)
 # * the bundle's text/html (else text/plain), where the widget is not drawn: JupyterLab 4 renders
 #   an untrusted output (a notebook it did not save itself, e.g. one nbclient executed) with its
 #   safe renderers only, and the widget renderer is not one (@jupyter-widgets/jupyterlab-manager 5
@@ -85,8 +86,7 @@ def engine_id_text(label: str | None, engine_id: str | None) -> str:
 _GONE_CSS = ("<style>.tune-magic-card .tm-gone{display:none}"
              ".tune-magic-card.jupyter-widgets-disconnected .tm-gone{display:block}"
              ".tune-magic-card.jupyter-widgets-disconnected .widget-button{display:none}"
-             ".tune-magic-card.jupyter-widgets-disconnected .tm-progress{opacity:.6}"
-             ".tune-magic-card .jupyter-widgets-disconnected::before{content:none;display:none}</style>")
+             ".tune-magic-card.jupyter-widgets-disconnected .tm-progress{opacity:.6}</style>")
 
 
 def gone_text(job_id: str) -> str:
@@ -110,7 +110,9 @@ def gone_html(job_id: str) -> str:
     text = html.escape(gone_text(job_id))
     for command in (f"%tune_logs {job_id}", f"tune-magic logs {job_id} --follow"):
         # a command never breaks at its hyphens ("tune-magic logs JOB -" / "-follow")
-        text = text.replace(html.escape(command), f"<code style='white-space:nowrap'>{html.escape(command)}</code>")
+        # (a span, not <code>: the header's first <code> stays the job id, which readers pick)
+        text = text.replace(html.escape(command), f"<span class='tm-cmd' style='font-family:monospace;"
+                                                  f"white-space:nowrap'>{html.escape(command)}</span>")
     return (f"{_GONE_CSS}<div class='tm-gone' style='color:#8a6d3b;font-weight:bold;margin-bottom:4px;"
             f"white-space:normal;line-height:1.4'>{text}</div>")
 
