@@ -365,3 +365,56 @@ def test_a_stop_slurm_cancelled_nothing_of_reads_as_a_stop():
     # a task that failed on its own (no stop among the lines) is shown as it is
     assert display_tail(["x", "srun: error: n2: task 1: Exited with exit code 1"], rules=SLURM_TAIL_RULES) == [
         "x", "srun: error: n2: task 1: Exited with exit code 1"]
+
+
+# -- issue 26: the card's tail begins at a meaningful line, in the log's order ---------------------
+
+# torchao 0.11's words at import without Triton, as `python -c "import torchao"` prints them here
+NO_TRITON = "WARNING:torchao.kernel.intmm:Warning: Detected no triton, on systems without Triton certain kernels will not work"
+
+
+def test_torchaos_no_triton_warning_is_noise_and_dropped():
+    raw = _lines_of(DATA / "lora_2proc_5steps" / "output.log")
+    assert raw.count(NO_TRITON) == 2  # the log keeps it: once per process
+    assert not any("triton" in line for line in display_tail(raw))
+    # with torchrun's rank prefix (--tee) too, and a line that only mentions triton stays
+    tee = _lines_of(DATA / "tee3_filter0_metrics.log")
+    assert any(line.startswith("[default0]:" + NO_TRITON) for line in tee)
+    assert not any("Detected no triton" in line for line in display_tail(tee))
+    assert display_tail(["triton kernels compiled", NO_TRITON]) == ["triton kernels compiled"]
+
+
+def test_torchtunes_config_dump_is_one_line_and_a_cut_dump_is_dropped():
+    # torchtune 0.6.1's log_config: "Running <Recipe> with resolved config:", a blank line, the YAML
+    raw = _lines_of(DATA / "lora_2proc_5steps" / "output.log")
+    head = raw.index("INFO:torchtune.utils._logging:Running LoRAFinetuneRecipe with resolved config:")
+    yaml_end = raw.index("", head + 2)
+    assert raw[head + 2] == "assets_dir: /tmp/tmh/assets" and yaml_end - head - 2 == 74
+    shown = display_tail(raw)
+    assert ("INFO:torchtune.utils._logging:Running LoRAFinetuneRecipe with resolved config: (74 lines, in the full log)"
+            in shown)
+    assert not any(line.startswith(("assets_dir:", "  num_heads:", "tune_magic_home:")) for line in shown)
+    # a window that opens inside the dump (its head older than the lines read) begins after it
+    for start in (head + 3, head + 40, yaml_end - 3):
+        window = display_tail(raw[start:], 15)
+        assert window[0] == "DEBUG:torchtune.utils._logging:Setting manual seed to local seed 0. Local seed is seed + rank = 0 + 0"
+    # YAML-looking lines that are no dump stay: a traceback's, and a run of "key: value" lines mid-log
+    crash = ["Traceback (most recent call last):", '  File "r.py", line 1, in <module>', "RuntimeError: boom"]
+    assert display_tail(crash) == crash
+    assert display_tail(["step 1", "lr: 0.1", "loss: 2.0"]) == ["step 1", "lr: 0.1", "loss: 2.0"]
+    unsorted = ["step: 3", "loss: 2.0", "lr: 0.1", "", "done"]  # not to_yaml's sorted keys
+    assert display_tail(unsorted) == unsorted
+
+
+def test_the_last_step_comes_before_the_checkpoint_saved_after_it_as_in_the_log():
+    raw = _lines_of(DATA / "lora_2proc_5steps" / "output.log")
+    save = next(i for i, line in enumerate(raw) if "Saving checkpoint. Retrieving full model state dict" in line)
+    # the log: step 5's bar (the save's first line glued after it), the save, then tqdm's closing redraw
+    assert "1|5|Loss: 5.453219890594482: 100%" in raw[save] and raw[-1].startswith("1|5|Loss: 5.453219890594482: 100%")
+    shown = display_tail(raw)
+    assert shown[-2:] == ["1|5|Loss: 5.453219890594482: 100%|██████████| 5/5 [00:01<00:00,  4.63it/s]",
+                          "checkpoint saved: epoch_0 (4 files, < 0.01 GiB) in 0.02 s"]
+    # a new step after the save is drawn after it
+    later = raw + ["2|6|Loss: 5.1: 20%|██        | 1/5 [00:00<00:01,  2.20it/s]"]
+    assert display_tail(later)[-2:] == ["checkpoint saved: epoch_0 (4 files, < 0.01 GiB) in 0.02 s",
+                                        "2|6|Loss: 5.1: 20%|██        | 1/5 [00:00<00:01,  2.20it/s]"]

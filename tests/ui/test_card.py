@@ -23,6 +23,8 @@ from tune_magic.registry import store as jobstore
 from tune_magic.logs.failure import FailureReason
 from tune_magic.job import Job
 from tune_magic.registry.store import JobRecord
+from tune_magic.plan.ckptlayout import RECIPE_STATE
+from tune_magic.ui.cardlines import OVERRIDES_LINE_CHARS, overrides_text
 from tune_magic.ui.views import JobCard, int_ticks, step_domain
 from tune_magic.ui.watch import JobSnapshot
 
@@ -437,3 +439,44 @@ def test_a_job_that_succeeded_though_a_stop_came_says_so_plainly(make):
     assert card.resume_control.layout.display == "none"  # nothing to resume
     assert card.text().splitlines()[1] == f"succeeded: {STOPPED_AFTER_END}" and "error:" not in card.text()
     assert end_line(job).endswith(f"succeeded · {STOPPED_AFTER_END}")
+
+
+def test_a_resumed_cards_long_overrides_line_is_cut_between_whole_overrides(make):
+    # a resumed LoRA job's words: the user's, then what the resume sets (tune_magic.plan.resume)
+    words = ["max_steps_per_epoch=12", "optimizer.lr=1e-2", "dataset.data_files=/home/user/data/alpaca_subset.json",
+             "resume_from_checkpoint=True", "checkpointer.adapter_checkpoint=epoch_0/adapter_model.pt",
+             f"checkpointer.recipe_checkpoint={RECIPE_STATE}"]
+    job = make("running")
+    update(job, overrides=words)
+    card = card_of(job)
+    summary = text_of(re.search(r"<summary[^>]*>(.*?)</summary>", card.overrides.value)[1])
+    assert summary == ("overrides: max_steps_per_epoch=12 optimizer.lr=1e-2 dataset.data_files=/home/user/data/"
+                       "alpaca_subset.json resume_from_checkpoint=True … (+2 more)")
+    assert len(summary) <= OVERRIDES_LINE_CHARS
+    shown = summary.removeprefix("overrides: ").removesuffix(" … (+2 more)").split(" ")
+    assert shown == words[:4]  # whole overrides only, none cut mid-word
+    assert [text_of(w) for w in re.findall(r"<div><code>(.*?)</code></div>", card.overrides.value)] == words
+    assert summary in card.text().splitlines()
+    # the first override is shown whole even alone longer than the line, and a fitting line is whole
+    assert overrides_text([words[2], "seed=1"], width=40) == f"overrides: {words[2]} … (+1 more)"
+    assert overrides_text(words[:2]) == "overrides: max_steps_per_epoch=12 optimizer.lr=1e-2"
+
+
+def test_a_cards_bundle_and_header_say_what_to_do_once_its_kernel_is_gone(make):
+    # issue 26: a saved card froze at "running · ETA ..." with nothing saying its kernel was gone
+    from tune_magic.ui.cardlines import gone_hint, gone_text
+
+    job = make("running")
+    card = card_of(job)
+    bundle = card._repr_mimebundle_()
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == card.model_id  # live: the widget
+    fallback = text_of(bundle["text/html"])
+    assert gone_text(job.id) in fallback and card.text() in fallback  # what a frontend without it shows
+    assert f"%tune_logs {job.id}" in gone_text(job.id) and f"tune-magic logs {job.id} --follow" in gone_text(job.id)
+    assert bundle["text/plain"] == card.text() + "\n" + gone_hint(job.id)
+    # the header's line: hidden on a live card, shown by the CSS on a disconnected one
+    line = re.search(r"<div class='tm-gone'[^>]*>(.*?)</div>", card.header.value)
+    assert text_of(line[1]) == gone_text(job.id)
+    assert ".tune-magic-card .tm-gone{display:none}" in card.header.value
+    assert ".tune-magic-card.jupyter-widgets-disconnected .tm-gone{display:block}" in card.header.value
+    assert re.search(r"<span class='tm-status'[^>]*>([^<]*)</span>", card.header.value)[1] == "running"

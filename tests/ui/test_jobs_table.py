@@ -329,3 +329,45 @@ def test_a_table_built_with_an_engine_id_job_shows_its_column_from_the_start(roo
     assert [re.sub(r"<[^>]+>", "", h.value.replace("<br>", " / ")) for h in table._header[6:9]
             if h.layout.display is None] == ["started", "SLURM ID / nodes"]  # one scheduler listed: no scheduler column
     assert re.sub(r"<[^>]+>", " ", table.rows["s-slurm"]["engine"].value).split() == ["99", "n1"]
+
+
+def test_a_running_listing_keeps_its_filter_as_its_jobs_end(root):
+    # issue 26: a `%tune_jobs --running` table listed every job's end in place, and "show all"
+    # brought back ended jobs; it lists live jobs only, as its jobs end and new ones start
+    from tune_magic.ui.listing import JobFilter
+
+    t0 = time.time() - 600
+    make(root, "a-ok", name="lr-1", started=t0)
+    make(root, "b-failed", name="lr-2", status="failed", error="rank 0: boom", started=t0 + 1)
+    for i in range(4):
+        make(root, f"r{i}", name=f"run-{i}", status="running", supervised=True, step=1, loss=1.0, started=t0 + 10 + i)
+    table = JobsTable(filter=JobFilter(running=True, last=2))  # live: its refresher thread runs
+    try:
+        assert [j.id for j in table.jobs] == ["r3", "r2"] and table.more.description == "show all (2 more)"
+        jobstore.update(root / "r3", status="succeeded", returncode=0, ended_at=time.time())
+        jobstore.update(root / "r1", status="failed", returncode=1, ended_at=time.time(), error="rank 0: late")
+        # r3 leaves; r0, the newest live job behind "show all", takes its place (r1 ended meanwhile)
+        wait_for(lambda: [j.id for j in table.jobs] == ["r2", "r0"], 10, what="the ended jobs to leave",
+                 describe=lambda: table.text())
+        assert [line.split()[0] for line in table.text().splitlines()[1:]] == ["r2", "r0"]
+        assert "r3" not in table.rows and "succeeded" not in table.text() and "failed" not in table.text()
+        make(root, "r4", name="run-4", status="running", supervised=True, step=1, loss=1.0)
+        wait_for(lambda: [j.id for j in table.jobs] == ["r4", "r2"], 10, what="a new live job to be listed",
+                 describe=lambda: table.text())
+        table.more.click()  # every live job: the ended ones stay out
+        assert [j.id for j in table.jobs] == ["r4", "r2", "r0"]
+        for job_id in ("r4", "r2", "r0"):
+            jobstore.update(root / job_id, status="stopped", returncode=-15, ended_at=time.time())
+        wait_for(lambda: table.jobs == [], 10, what="every row to leave", describe=lambda: table.text())
+        assert table.note.layout.display is None and "no live jobs (yet)" in html.unescape(table.note.value)
+    finally:
+        table.close()
+    # --running --failed: a live job that fails stays, one that succeeds leaves
+    make(root, "s1", status="running", supervised=True, step=1, loss=1.0)
+    make(root, "s2", status="running", supervised=True, step=1, loss=1.0)
+    both = JobsTable(live=False, filter=JobFilter(running=True, failed=True))
+    jobstore.update(root / "s1", status="failed", returncode=1, ended_at=time.time(), error="rank 0: x")
+    jobstore.update(root / "s2", status="succeeded", returncode=0, ended_at=time.time())
+    both.refresh_once()
+    assert "s1" in [j.id for j in both.jobs] and "s2" not in [j.id for j in both.jobs]
+    assert both.summaries["s1"][1] == "failed"

@@ -22,10 +22,17 @@ line; a card's few lines are there to say what the job is doing, so here:
   end when it is older than the lines shown;
 * noise every job prints is dropped: torchrun's ``OMP_NUM_THREADS`` banner (torch 2.x
   ``torch.distributed.run``) and torch's ``'set_vital' is deprecated`` warning with its source
-  line (``torch/__init__.py``'s ``__getattr__``, called by torchdata's ``StatefulDataLoader``);
+  line (``torch/__init__.py``'s ``__getattr__``, called by torchdata's ``StatefulDataLoader``), and
+  torchao's ``Detected no triton`` warning (:data:`NO_TRITON_RULE`);
 * each checkpoint save's INFO lines (torchtune 0.6.1's checkpoint client, checkpointers and
   recipes, see :data:`CHECKPOINT_RULE`) become one line such as
   ``checkpoint saved: epoch_1 (3 files, 0.15 GiB) in 1.20 s``;
+* torchtune's resolved-config dump at start-up (torchtune 0.6.1 ``config/_utils.py``
+  ``log_config``: the config as YAML, often a hundred lines) becomes its first line with a count;
+  the rest of a dump whose first line is older than the lines shown is dropped;
+* the bar (its latest redraw) stands where its step was first drawn: tqdm's closing redraw of the
+  last step comes after the lines printed at that step's end (the checkpoint save), which come
+  after the step in the card as in the run;
 * callers add rules of their own (:class:`TailRule`), e.g. a scheduler's lines for a cancelled job.
 """
 
@@ -225,7 +232,17 @@ SET_VITAL_RULE = TailRule(
     summary=lambda matches, prefix: [],
 )
 
-BUILTIN_RULES = (SET_VITAL_RULE, CHECKPOINT_RULE)
+#: torchao's warning at import on a machine without Triton (torchao 0.11 ``torchao/kernel/intmm.py``,
+#: through Python's ``logging``: ``WARNING:torchao.kernel.intmm:Warning: Detected no triton, ...``),
+#: printed once per process by every job that imports torchtune: nothing to act on, so dropped.
+NO_TRITON_RULE = TailRule(
+    name="torchao without triton",
+    member=re.compile(r"^WARNING:torchao\.kernel\.intmm:Warning: Detected no triton, on systems without Triton "
+                      r"certain kernels will not work\s*$"),
+    summary=lambda matches, prefix: [],
+)
+
+BUILTIN_RULES = (SET_VITAL_RULE, NO_TRITON_RULE, CHECKPOINT_RULE)
 
 
 def _drop_omp_banner(lines: list[str]) -> list[str]:
@@ -364,6 +381,60 @@ def _collapse(lines: list[str]) -> list[str]:
     return [line + _COUNT.format(n) if n > 1 else line for line, n in zip(shown, counts)]
 
 
+# torchtune 0.6.1's config dump (config/_utils.py log_config, rank 0 only): one INFO record
+# "Running <Recipe> with resolved config:\n\n<OmegaConf.to_yaml(cfg)>", i.e. this line, a blank line,
+# the YAML (sorted keys, no blank lines), and the blank line its trailing newline leaves
+_CONFIG_HEAD_RE = re.compile(r"(?:^|:)Running (\w+) with resolved config:\s*$")
+# a line of that YAML: "key: value", "key:", an indented line of either, or a "- item"
+_YAML_LINE_RE = re.compile(r"^\s*(?:- )?[A-Za-z_][\w.\-]*:(?: .*)?$|^\s*- \S")
+
+
+def _yaml_run(lines: Sequence[str], i: int) -> int:
+    """End (exclusive) of the run of YAML lines from ``lines[i]``."""
+    while i < len(lines) and _YAML_LINE_RE.match(strip_prefixes(lines[i])[2]):
+        i += 1
+    return i
+
+
+def _collapse_config_dump(lines: list[str]) -> list[str]:
+    """torchtune's resolved-config dump as one line (``... with resolved config: (84 lines, in the
+    full log)``); the rest of a dump whose first line is older than the lines shown is dropped, so
+    the tail begins at a line of the run (e.g. "Setting manual seed"), not at ``  num_heads: 4``."""
+    out: list[str] = []
+    i = 0
+    start = next((k for k, line in enumerate(lines) if strip_prefixes(line)[2].strip()), len(lines))
+    end = _yaml_run(lines, start)
+    # the tail opens inside a dump: its YAML runs up to the blank line the dump ends with, and its
+    # unindented keys are in sorted order (to_yaml's sort_keys), which other "word: ..." lines
+    # (slurmstepd's, a recipe's "loss: 2.0") hardly are
+    top = [strip_prefixes(line)[2].split(":", 1)[0] for line in lines[start:end]
+           if not strip_prefixes(line)[2][:1].isspace() and not strip_prefixes(line)[2].startswith("- ")]
+    if (end - start >= 3 and end < len(lines) and not strip_prefixes(lines[end])[2].strip()
+            and all(a < b for a, b in zip(top, top[1:]))):
+        i = end
+    while i < len(lines):
+        line = lines[i]
+        if "resolved config" in line and _CONFIG_HEAD_RE.search(strip_prefixes(line)[2]):
+            j = i + 1
+            while j < len(lines) and not strip_prefixes(lines[j])[2].strip():
+                j += 1  # the blank line between the header and the YAML
+            end = _yaml_run(lines, j)
+            if end > j:
+                n = end - j
+                out.append(f"{line.rstrip()} ({n} line{'s' if n != 1 else ''}, in the full log)")
+                i = end
+                continue
+        out.append(line)
+        i += 1
+    return out
+
+
+def _bar_key(text: str) -> str:
+    """What a bar shows apart from its time and rate (``1|5|Loss: 5.45: 100%|███| 5/5``): two
+    redraws with one key show the same step."""
+    return text.split(" [", 1)[0].strip()
+
+
 def display_tail(lines: Sequence[str], n: int | None = None, *, rules: Sequence[TailRule] = (),
                  failure=None) -> list[str]:
     """The card's form of a log's last lines (see the module docstring).
@@ -382,9 +453,18 @@ def display_tail(lines: Sequence[str], n: int | None = None, *, rules: Sequence[
         The lines to show, oldest first.
     """
     items = _split_bars(lines)
-    last_bar = max((i for i, (is_bar, _) in enumerate(items) if is_bar), default=-1)
-    kept = [text for i, (is_bar, text) in enumerate(items) if not is_bar or i == last_bar]
-    kept = _failure_last(_drop_omp_banner(kept), failure)
+    bars = [i for i, (is_bar, _) in enumerate(items) if is_bar]
+    kept = [text for is_bar, text in items if not is_bar]
+    if bars:
+        # the latest redraw is shown where its step was first drawn: tqdm redraws the bar when
+        # it closes, after the lines the step's end printed (a checkpoint save), so the step comes
+        # before them, as the run did it
+        at = len(bars) - 1
+        while at > 0 and _bar_key(items[bars[at - 1]][1]) == _bar_key(items[bars[-1]][1]):
+            at -= 1
+        before = sum(1 for i in range(bars[at]) if not items[i][0])
+        kept.insert(before, items[bars[-1]][1])
+    kept = _failure_last(_collapse_config_dump(_drop_omp_banner(kept)), failure)
     kept = _drop_signal_tracebacks(kept)
     for rule in (*BUILTIN_RULES, *rules):
         kept = apply_rule(kept, rule)

@@ -25,11 +25,24 @@ def shown_overrides(words: Sequence[str], job_id: str) -> list[str]:
 
 def overrides_text(words: Sequence[str], width: int | None = OVERRIDES_LINE_CHARS) -> str:
     """``overrides: w1 w2 ...`` (each word quoted as a shell would need it, :func:`shlex.join`),
-    cut to ``width`` characters with ``…`` (``None``: never cut); ``""`` for no words."""
+    at most ``width`` characters (``None``: never cut); ``""`` for no words.
+
+    A line that does not fit is cut between two overrides, never inside one (a resumed job's
+    ``checkpointer.checkpoint_dir=/long/path`` cut mid-path reads as a wrong value), and ends with
+    ``… (+N more)``; the first override is shown whole even when it alone is longer."""
     if not words:
         return ""
-    text = "overrides: " + shlex.join(words)
-    return text if width is None or len(text) <= width else text[:width].rstrip() + " …"
+    quoted = [shlex.quote(w) for w in words]
+    text = "overrides: " + " ".join(quoted)
+    if width is None or len(text) <= width:
+        return text
+    shown = ["overrides:", quoted[0]]
+    for i, word in enumerate(quoted[1:], start=1):
+        rest = f" … (+{len(quoted) - i - 1} more)" if i < len(quoted) - 1 else ""
+        if len(" ".join(shown + [word])) + len(rest) > width:
+            break
+        shown.append(word)
+    return " ".join(shown) + f" … (+{len(quoted) - len(shown) + 1} more)"
 
 
 def overrides_html(words: Sequence[str]) -> str:
@@ -49,3 +62,63 @@ def engine_id_text(label: str | None, engine_id: str | None) -> str:
     if not engine_id:
         return ""
     return f"{label or 'engine id'} {engine_id}"
+
+
+# -- a card whose kernel is gone (issue 26) ------------------------------------------------------
+#
+# A saved notebook keeps a card in two forms, and a frontend shows one:
+# * its widget, where the notebook also saved the widgets' state (JupyterLab's "Save Widget State",
+#   nbclient's store_widget_state): ipywidgets 8 draws it from that state with no kernel behind
+#   it, and marks every view of a model that has no live comm with the class
+#   ``jupyter-widgets-disconnected`` (@jupyter-widgets/base ``DOMWidgetView._comm_live_update``;
+#   also when the kernel dies or restarts while the page is open), each with a broken-chain icon.
+#   The CSS below shows the card's own "kernel is gone" line then, hides its buttons and dims its
+#   stale progress line. (It leaves the icons alone: a rule hiding the children's ``::before``
+#   made Playwright find the traceback toggle not visible in tests/e2e/test_browser.py.)
+# * the bundle's text/html (else text/plain), where the widget is not drawn: JupyterLab 4 renders
+#   an untrusted output (a notebook it did not save itself, e.g. one nbclient executed) with its
+#   safe renderers only, and the widget renderer is not one (@jupyter-widgets/jupyterlab-manager 5
+#   registers it with ``safe: false``); nbconvert, nbviewer and GitHub without widget state too.
+#
+# A trusted notebook saved without widget state (JupyterLab's default) shows JupyterLab's own
+# "Error displaying widget: model not found": the widget renderer is chosen and draws nothing else.
+
+_GONE_CSS = ("<style>.tune-magic-card .tm-gone{display:none}"
+             ".tune-magic-card.jupyter-widgets-disconnected .tm-gone{display:block}"
+             ".tune-magic-card.jupyter-widgets-disconnected .widget-button{display:none}"
+             ".tune-magic-card.jupyter-widgets-disconnected .tm-progress{opacity:.6}</style>")
+
+
+def gone_text(job_id: str) -> str:
+    """What a card says once its kernel is gone: that it was live there and shows job ``job_id``
+    as it was then, and the two ways to see the job again (the magic and the CLI)."""
+    return (f"This card was live in a kernel that is gone: it shows job {job_id} as it was then. "
+            f"See the job again with %tune_logs {job_id} in a notebook (after %load_ext tune_magic), "
+            f"or tune-magic logs {job_id} --follow in a terminal.")
+
+
+def gone_hint(job_id: str) -> str:
+    """The card's text/plain last line: true where the kernel runs on (terminal IPython prints the
+    text/plain) and where it is gone (a saved notebook read as text)."""
+    return (f"(this card is live only in the kernel that showed it; once that kernel is gone, see job {job_id} "
+            f"again with %tune_logs {job_id} in a notebook or tune-magic logs {job_id} --follow in a terminal)")
+
+
+def gone_html(job_id: str) -> str:
+    """The card's hidden "kernel is gone" line and the CSS that shows it on a disconnected card
+    (see the comment above), for the top of the card's header; all escaped."""
+    text = html.escape(gone_text(job_id))
+    for command in (f"%tune_logs {job_id}", f"tune-magic logs {job_id} --follow"):
+        # a command never breaks at its hyphens ("tune-magic logs JOB -" / "-follow")
+        # (a span, not <code>: the header's first <code> stays the job id, which readers pick)
+        text = text.replace(html.escape(command), f"<span class='tm-cmd' style='font-family:monospace;"
+                                                  f"white-space:nowrap'>{html.escape(command)}</span>")
+    return (f"{_GONE_CSS}<div class='tm-gone' style='color:#8a6d3b;font-weight:bold;margin-bottom:4px;"
+            f"white-space:normal;line-height:1.4'>{text}</div>")
+
+
+def fallback_html(job_id: str, card_text: str) -> str:
+    """The card's text/html for frontends that do not draw its widget: the "kernel is gone" line,
+    then ``card_text`` (the card as text when it was shown), escaped."""
+    return (f"<div class='tm-card-gone'><p><b>{html.escape(gone_text(job_id))}</b></p>"
+            f"<pre>{html.escape(card_text)}</pre></div>")

@@ -40,7 +40,7 @@ def _age(row) -> tuple:
 class TableRows:
     """Row placement, "show all" and optional columns of a jobs table (a mixin of ``JobsTable``,
     which provides ``_slots``, ``_gone``, ``rows``, ``summaries``, ``jobs``, ``_hidden``, ``limit``,
-    ``_header``, ``grid``, ``more``, ``_new_slot``, ``_fill`` and ``_top_up``)."""
+    ``_filter``, ``note``, ``_header``, ``grid``, ``more``, ``_new_slot``, ``_fill`` and ``_top_up``)."""
 
     #: The fixed columns before the optional ones, and the Stop column after them.
     FIXED = ("id", "name", "status", "step", "loss", "elapsed")
@@ -138,6 +138,34 @@ class TableRows:
         if now_listed:
             self._rearrange()
 
+    def _still_listed(self, job) -> bool:
+        """Whether the filter lists ``job`` as its record now says (an unreadable one: no)."""
+        if self._filter is None:
+            return True
+        try:
+            return self._filter.matches(job.refresh())
+        except Exception:  # noqa: BLE001 - removed or unreadable: not listed
+            return False
+
+    def _leave(self, row) -> None:
+        """Hide the row of a job the filter no longer lists (a ``--running`` table's job ended):
+        the table keeps its filter; the row is free for another job (sets traits only)."""
+        self._gone.add(row.job.id)
+        for w in row.widgets():
+            w.layout.display = "none"
+
+    def _refill(self) -> None:
+        """After rows left: drop the jobs behind "show all" that no longer match, let the newest
+        that still do take the free rows, and say so when none is left (sets traits only)."""
+        self._hidden = [j for j in self._hidden if self._still_listed(j)]
+        while self._hidden and (self.limit is None or len(self._shown_rows()) < self.limit):
+            if not self._place(self._hidden[0]):
+                break
+        if not self._shown_rows() and self._filter.narrows:
+            self.note.value = f"<span class='tm-hint'>no {html.escape(self._filter.describe())} (yet)</span>"
+            self.note.layout.display = None
+        self._rearrange()
+
     def show_all(self) -> None:
         """Show every job behind "show all" (creates their rows: call from the kernel's thread, as a
         click on the button does); the table has no limit from then on."""
@@ -145,8 +173,8 @@ class TableRows:
             self.limit = None
             hidden, self._hidden = self._hidden, []
             for job in hidden:
-                if job.id in self._gone or not job.dir.is_dir():
-                    continue
+                if job.id in self._gone or not job.dir.is_dir() or not self._still_listed(job):
+                    continue  # removed, or the filter no longer lists it (a --running table's job ended)
                 try:
                     self._fill(self._new_slot(), job)
                 except Exception:  # noqa: BLE001 - removed or unreadable meanwhile: the others still shown

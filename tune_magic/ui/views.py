@@ -22,7 +22,7 @@ from tune_magic.registry import store as jobstore
 from tune_magic.gpus import gpus_label
 from tune_magic.job import Job, jobs
 from tune_magic.registry.status import Status
-from tune_magic.ui.cardlines import engine_id_text, overrides_html, overrides_text
+from tune_magic.ui.cardlines import engine_id_text, fallback_html, gone_hint, gone_html, overrides_html, overrides_text
 from tune_magic.ui import tablecols
 from tune_magic.ui.listing import JobFilter, newest_first
 from tune_magic.ui.tablerows import TABLE_ROWS, TABLE_STYLE, TableRows, dir_stamp
@@ -57,9 +57,11 @@ class JobCard(widgets.VBox):
     shown for a failed job: its first line is the job's ``error``; for a stopped one: "stopped by
     the user"), ``traceback`` (Accordion, collapsed, holding ``traceback_html``: a failed job's
     whole traceback, :meth:`Job.failure`), ``header`` (HTML: name/id, status, the engine's id of the
-    job (``SLURM ID 7``), GPUs, endpoint, output_dir), ``overrides`` (HTML: the overrides the job ran
-    with, one collapsed line, :mod:`tune_magic.ui.cardlines`), ``notes`` (HTML, small: nodes of a multi-node or SLURM job, launch warnings,
-    a lost log), ``progress`` (HTML: where the run is: epoch of epochs, step of steps, loss, steps
+    job (``SLURM ID 7``), GPUs, endpoint, output_dir; above them a line, hidden while the card is
+    live, saying that its kernel is gone, :func:`~tune_magic.ui.cardlines.gone_html`),
+    ``overrides`` (HTML: the overrides the job ran with, one collapsed line,
+    :mod:`tune_magic.ui.cardlines`), ``notes`` (HTML, small: nodes of a multi-node or SLURM job,
+    launch warnings, a lost log), ``progress`` (HTML: where the run is: epoch of epochs, step of steps, loss, steps
     this epoch, elapsed, ETA, throughput; "waiting for the first step", "waiting in the queue:
     <reason>", "saving checkpoint…"), ``chart`` (bqplot Figure, hidden until the first loss) with
     ``loss_line`` (its Lines mark: ``x`` steps, ``y`` losses) and ``x_axis`` (integer ticks),
@@ -131,7 +133,8 @@ class JobCard(widgets.VBox):
             bits.append(f"rendezvous <code class='tm-endpoint'>{html.escape(snap.endpoint)}</code>")
         if snap.output_dir:
             bits.append(f"<code>{html.escape(snap.output_dir)}</code>")
-        _set(self.header, f"<div class='tm-header' style='{_CARD_WRAP}'>" + " · ".join(bits) + "</div>")
+        _set(self.header, gone_html(snap.job_id) + f"<div class='tm-header' style='{_CARD_WRAP}'>"
+             + " · ".join(bits) + "</div>")
         _set(self.overrides, overrides_html(snap.overrides))
         _show(self.overrides, bool(snap.overrides))
         notes = snap.notes()
@@ -221,8 +224,12 @@ class JobCard(widgets.VBox):
         return "\n".join(lines + list(snap.tail[-5:]))
 
     def _repr_mimebundle_(self, **kwargs):
+        """The widget, and for frontends that cannot draw it (a saved notebook whose kernel is gone:
+        :mod:`tune_magic.ui.cardlines`) text/html and text/plain saying so, with the card's text."""
         bundle = super()._repr_mimebundle_(**kwargs)
-        bundle["text/plain"] = self.text()
+        text = self.text()
+        bundle["text/plain"] = text + "\n" + gone_hint(self.job.id)
+        bundle["text/html"] = fallback_html(self.job.id, text)
         return bundle
 
     def close(self) -> None:
@@ -317,7 +324,9 @@ class JobsTable(TableRows, widgets.VBox):
     :data:`TABLE_INTERVAL_S` seconds: rows of jobs not yet ended are re-read from each job's record
     and summary (:meth:`Job.summary`: never its whole log), and a table of all jobs adds the rows of
     jobs that appeared since (one ``stat`` of the registry a second while nothing changes) and hides
-    those removed. The thread only sets widget traits; it never prints.
+    those removed. A filtered table keeps its filter: a row whose job no longer matches (a
+    ``--running`` table's job that ended) leaves, and the newest matching job behind "show all"
+    takes its place. The thread only sets widget traits; it never prints.
 
     Args:
         listed: the jobs to show (default: every job, and jobs launched later appear too).
@@ -338,7 +347,9 @@ class JobsTable(TableRows, widgets.VBox):
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
         self._slots: list[_Row] = []
-        self._gone: set[str] = set()  # ids removed from the registry while shown
+        # ids of rows hidden while shown: removed from the registry, or no longer listed by the
+        # filter (a --running table's job that ended)
+        self._gone: set[str] = set()
         self._filter = replace(filter, last=None) if filter is not None else None
         self.limit = filter.last if filter is not None and filter.last else limit
         self._hidden: list[Job] = []  # jobs behind "show all", newest first
@@ -500,12 +511,18 @@ class JobsTable(TableRows, widgets.VBox):
                 self._find_new()
             if self._waiting:
                 self._recheck_waiting()
+            left = False
             for row in self._slots:
                 if row.job is not None and not row.done and row.job.id not in self._gone:
                     try:
                         self._show(row)
+                        if self._filter is not None and not self._filter.matches(row.job):
+                            self._leave(row)
+                            left = True
                     except Exception:  # noqa: BLE001 - one unreadable job must not stop the others
                         continue
+            if left:
+                self._refill()
 
     def _run(self) -> None:
         while not self._stop_event.wait(TABLE_INTERVAL_S):
