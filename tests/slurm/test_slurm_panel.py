@@ -13,7 +13,8 @@ import pytest
 from tune_magic.ui.panel import Panel
 from tune_magic.schedulers import slurm as slurm_sched
 
-from jobhelpers import TOY_CONFIG, TOY_RECIPE
+import tune_magic
+from jobhelpers import TOY_CONFIG, TOY_RECIPE, own_python_warnings
 from waiting import wait_for
 
 pytestmark = pytest.mark.slurm
@@ -47,8 +48,12 @@ def test_panel_launches_one_two_node_job_on_the_cluster(cluster, tmp_path):
         (job,) = panel.launched
         home = os.environ["TUNE_MAGIC_HOME"]
         warned = re.findall(r"<div class='tm-warning'[^>]*>(.*?)</div>", panel.error.value)
+        # and the one for this run's own interpreter when the clone lives under /tmp
+        own = own_python_warnings(tune_magic.launch(f"{TOY_RECIPE} --config {TOY_CONFIG}", scheduler="slurm", nodes=2,
+                                                    dry_run=True, env=dict(os.environ)), os.environ)
         assert [w.split(" is under ")[0] for w in warned] == [f"output_dir {home}/runs/toy/{job.id}",
-                                                              f"TUNE_MAGIC_HOME {home}"], panel.error.value
+                                                              f"TUNE_MAGIC_HOME {home}",
+                                                              *(w.split(" is under ")[0] for w in own)], panel.error.value
         assert re.sub(r"<div class='tm-warning'[^>]*>.*?</div>", "", panel.error.value) == ""  # nothing else
         assert job.scheduler == "slurm" and job.num_nodes == 2 and job.name == "from the panel"
         # what was submitted is what the preview showed, with the job's own id

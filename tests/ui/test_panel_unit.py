@@ -192,7 +192,7 @@ def test_compare_chart_has_integer_ticks_a_legend_apart_and_full_names(tmp_path)
         panel.compare.value = (ids[1],)
         assert len(panel.chart.marks) == 1 and panel.legend.value.count("tm-legend-item") == 1
     finally:
-        panel.close()
+        panel.close(timeout=None)  # a refresh under load may outlast 2 s, then write a summary
         for i in ids:
             jobstore.remove_tree(jobstore.job_dir(i))
 
@@ -216,9 +216,31 @@ def test_an_ended_job_is_charted_as_soon_as_it_is_chosen(tmp_path):
         assert panel._watchers[ids[0]]._thread is None
         assert panel.chart.layout.display is None and panel.chart_note.value == ""
     finally:
-        panel.close()
+        panel.close(timeout=None)  # a refresh under load may outlast 2 s, then write a summary
         for i in ids:
             jobstore.remove_tree(jobstore.job_dir(i))
+
+
+def test_close_without_a_timeout_waits_for_the_refresh_under_way(tmp_path, monkeypatch):
+    # CI: a refresh outlasting close()'s 2 s wrote a job's summary after the test removed its directory
+    import threading
+    from tune_magic.ui import views
+
+    started, ended = {}, {}  # per table: other tests' panels may still be refreshing
+
+    def slow_refresh(self):
+        started.setdefault(id(self), threading.Event()).set()
+        time.sleep(2.5)
+        ended.setdefault(id(self), threading.Event()).set()
+
+    monkeypatch.setattr(views, "TABLE_INTERVAL_S", 0.05)
+    monkeypatch.setattr(views.JobsTable, "refresh_once", slow_refresh)
+    panel = Panel(cwd=tmp_path)
+    me = id(panel.jobs_table)
+    from waiting import wait_for
+    wait_for(lambda: me in started, timeout=10, interval=0.05, what="the panel's table refreshing")
+    panel.close(timeout=None)
+    assert ended[me].is_set() and not panel.jobs_table._thread.is_alive()
 
 
 # --- SLURM fields (FAKE sbatch and sinfo: no SLURM cluster in a unit test) ------------------------

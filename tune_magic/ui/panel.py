@@ -500,13 +500,18 @@ class Panel(widgets.VBox):
             if list(self._x_axis.tick_values) != ticks:
                 self._x_axis.tick_values = ticks
 
-    def close(self) -> None:
-        """Stop the chart's watchers and the table's refresher (jobs keep running); close the widgets."""
+    def close(self, timeout: float | None = 2.0) -> None:
+        """Stop the chart's watchers and the table's refresher (jobs keep running); close the widgets.
+
+        Args:
+            timeout: seconds to wait for the table's refresh under way to end; the chart's
+                watchers are not waited for. ``None``: wait for both, so nothing writes to a job's
+                directory afterwards."""
         for w in getattr(self, "_watchers", {}).values():
-            w.stop(timeout=0)
+            w.stop(timeout=None if timeout is None else 0)
         table = getattr(self, "jobs_table", None)
         if table is not None:
-            table.close()
+            table.close(timeout)
         super().close()
 
 

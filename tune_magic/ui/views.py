@@ -545,10 +545,11 @@ class JobsTable(TableRows, widgets.VBox):
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
-    def close(self) -> None:
-        """Stop refreshing and close the widgets."""
+    def close(self, timeout: float | None = 2.0) -> None:
+        """Stop refreshing (waiting up to ``timeout`` seconds, ``None``: until the refresh under way
+        has ended) and close the widgets."""
         if hasattr(self, "_stop_event"):
-            self.stop()
+            self.stop(timeout)
         for w in getattr(self, "_header", []) + [w for r in getattr(self, "_slots", []) for w in r.widgets()]:
             w.close()
         super().close()
