@@ -154,7 +154,6 @@ def _snap(steps, losses):
 
 
 def test_compare_chart_has_integer_ticks_a_legend_apart_and_full_names(tmp_path):
-    from tune_magic.job import get_job
 
     long_name = "learning-rate-sweep-" + "x" * 30  # 50 characters: the picker cuts at 40 and says so
     ids = []
