@@ -120,3 +120,25 @@ def test_after_our_stop_squeues_job_launch_failure_is_a_stop_not_a_failure(tmp_p
     rec2.status = "running"
     jobstore.write_record(d2, rec2)
     assert S.SlurmScheduler().describe(d2, rec2)["status"] == "failed"
+
+
+@pytest.mark.parametrize("line", [
+    "42|COMPLETED|None|2|tmnode[1-2]|10:00|tune_magic-j1",  # listed as ended
+    None,  # not listed any more
+])
+def test_an_exit_file_written_while_the_controller_answered_wins(tmp_path, monkeypatch, line):
+    # CI (a paused controller): the script wrote its exit file after describe() looked for it and
+    # before squeue's slow answer came; the record's end time was then describe()'s own clock
+    d, rec = _job(tmp_path, "node tmnode1 10.0.0.1\n")
+    rec = jobstore.update(d, status="running")
+    wrote_at = time.time() - 3.0
+
+    def slow_answer(slurm_id, env):
+        jobstore.write_atomic(d / jobstore.EXIT_CODE, f'{{"returncode": 0, "ended_at": {wrote_at}}}'.encode())
+        if line is None:
+            return queue.Answer(queue.NOT_LISTED, at=time.time())
+        return queue.Answer(queue.LISTED, job=sq.parse_squeue_format(line)["42"], at=time.time())
+
+    monkeypatch.setattr(S.WATCHER, "get", slow_answer)
+    changes = S.SlurmScheduler().describe(d, rec)
+    assert (changes["status"], changes["returncode"], changes["ended_at"]) == ("succeeded", 0, wrote_at), changes
