@@ -257,7 +257,7 @@ def run(quick: bool) -> list[dict]:
         project=f"{fmt(med('table'))} median", anchor=f"{fmt(med('table_anchor'))} median (200 one-step jobs)",
         ratio_text=f"{r_table}", goal=f"≤ {GOAL_TABLE}×", met=r_table is not None and r_table <= GOAL_TABLE,
         how=(f"fresh `python -c` per sample, timed inside it after the imports (`tune_magic`, `views`): "
-             f"`jobs()` then `JobsTable(listed, limit=None)` (every row, as after "show all"); summaries present (as the supervisor leaves them); 1 warm-up, "
+             f"`jobs()` then `JobsTable(listed, limit=None)` (every row, as after 'show all'); summaries present (as the supervisor leaves them); 1 warm-up, "
              f"then {n_table} alternating rounds"),
         spread_text=f"{spread(secs('table'))}; anchor {spread(secs('table_anchor'))}",
         note=common, data={"project_s": secs("table"), "anchor_s": secs("table_anchor")}))
