@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import os
 import re
+import threading
 import time
 
 import psutil
@@ -13,9 +14,11 @@ import pytest
 from tune_magic.registry import store as jobstore
 from tune_magic.launcher import build_plan
 from tune_magic.registry.store import JobRecord, ProcessRef
+from tune_magic.ui import views
 from tune_magic.ui.panel import Panel
 
 from jobhelpers import own_python_warnings, write_fake_nvidia_smi
+from waiting import wait_for
 
 
 @pytest.fixture
@@ -154,7 +157,6 @@ def _snap(steps, losses):
 
 
 def test_compare_chart_has_integer_ticks_a_legend_apart_and_full_names(tmp_path):
-
     long_name = "learning-rate-sweep-" + "x" * 30  # 50 characters: the picker cuts at 40 and says so
     ids = []
     for i, name in enumerate((long_name, "lr 2e-3")):
@@ -222,9 +224,6 @@ def test_an_ended_job_is_charted_as_soon_as_it_is_chosen(tmp_path):
 
 def test_close_without_a_timeout_waits_for_the_refresh_under_way(tmp_path, monkeypatch):
     # CI: a refresh outlasting close()'s 2 s wrote a job's summary after the test removed its directory
-    import threading
-    from tune_magic.ui import views
-
     started, ended = {}, {}  # per table: other tests' panels may still be refreshing
 
     def slow_refresh(self):
@@ -236,7 +235,6 @@ def test_close_without_a_timeout_waits_for_the_refresh_under_way(tmp_path, monke
     monkeypatch.setattr(views.JobsTable, "refresh_once", slow_refresh)
     panel = Panel(cwd=tmp_path)
     me = id(panel.jobs_table)
-    from waiting import wait_for
     wait_for(lambda: me in started, timeout=10, interval=0.05, what="the panel's table refreshing")
     panel.close(timeout=None)
     assert ended[me].is_set() and not panel.jobs_table._thread.is_alive()

@@ -242,7 +242,8 @@ class SlurmScheduler(Scheduler):
         """:meth:`describe` of a record that names its SLURM id if anything does."""
         state = record.state
         changes, started = self._from_log(job_dir, record)
-        ended = self._from_exit_file(job_dir, record)
+        exit_info, attempt = requeue.current_exit(job_dir, record)
+        ended = self._from_exit_file(job_dir, record, exit_info, attempt)
         if ended is not None:
             return {**changes, **ended}
         env = _client_env(None, record)
@@ -268,22 +269,27 @@ class SlurmScheduler(Scheduler):
             array = WATCHER.get(str(record.backend["array_job_id"]), env)
             if array.kind == status.LISTED and array.job.state == "CANCELLED" and not started:
                 return {**changes, **exits.listed(job_dir, record, array.job, started)}
+        if exit_info is None and answer.kind in (status.NOT_LISTED, status.LISTED):
+            # the script may have ended while the controller answered (a query may take seconds):
+            # its own exit code and end time win over the controller's word
+            ended = self._from_exit_file(job_dir, record, *requeue.current_exit(job_dir, record))
+            if ended is not None:
+                return {**changes, **ended}
         if answer.kind == status.NOT_LISTED:
-            return {**changes, **self._unless_exit_file(job_dir, record,
-                                                        exits.not_listed(job_dir, record, slurm_id, answer))}
+            return {**changes, **exits.not_listed(job_dir, record, slurm_id, answer)}
         if answer.kind == status.LISTED:
             # a requeued job's log holds its earlier attempt: SLURM's fresh word outvotes it
-            return {**changes, **self._unless_exit_file(job_dir, record,
-                                                        exits.listed(job_dir, record, answer.job, started))}
+            return {**changes, **exits.listed(job_dir, record, answer.job, started)}
         # no news (no answer, or not asked yet): only what the job itself shows
         if started and state is Status.PENDING and not record.backend.get("restarts"):
             changes.update(status=RUNNING, pending_reason=None)
         return changes
 
-    def _from_exit_file(self, job_dir: Path, record: JobRecord) -> dict[str, Any] | None:
-        """The end the current attempt's exit file says (``None``: no exit file, or SLURM requeued
-        the job after this attempt's script ended, so it goes on)."""
-        exit_info, attempt = requeue.current_exit(job_dir, record)
+    def _from_exit_file(self, job_dir: Path, record: JobRecord, exit_info: jobstore.ExitInfo | None,
+                        attempt: int) -> dict[str, Any] | None:
+        """The end the current attempt's exit file (``exit_info``, of attempt ``attempt``) says;
+        ``None``: no exit file, or SLURM requeued the job after this attempt's script ended, so it
+        goes on."""
         if exit_info is None:
             return None
         fresh = self._fresh_answer(record)
@@ -291,15 +297,6 @@ class SlurmScheduler(Scheduler):
             return None
         ended = exits.from_exit_file(job_dir, record, exit_info, self._failure_verdict(record, fresh))
         return requeue.last_attempt_ended(job_dir, record, ended)
-
-    def _unless_exit_file(self, job_dir: Path, record: JobRecord, said: dict[str, Any]) -> dict[str, Any]:
-        """``said`` (the controller's end of the job), unless the exit file turned up while the
-        controller answered (a query may take seconds): the script's own exit code and end time win
-        over an end, or an ``unknown``, made of the controller's word."""
-        if "ended_at" not in said and said.get("status") != Status.UNKNOWN:
-            return said
-        late = self._from_exit_file(job_dir, record)
-        return said if late is None else late
 
     def job_note(self, record: JobRecord) -> str | None:
         """``"SLURM not answering since HH:MM"`` for a job not ended while the controller does not
