@@ -164,7 +164,7 @@ def _rss_kib() -> tuple[int, int]:
 
 def follow_worker(log: str) -> None:
     """Run in a fresh process: follow ``log`` until caught up; print a JSON result."""
-    from tune_magic.logs.follow import JobMetricsFollower
+    from tune_magic.logs.metricfollow import JobMetricsFollower
 
     base, _ = _rss_kib()
     t0 = time.perf_counter()

@@ -84,7 +84,7 @@ def _cleanup(home: Path) -> list[str]:
     from tune_magic import job as jobctl
     from tune_magic.registry import store as jobstore
 
-    from tune_magic.sweeping.handle import stop_running_sweeps
+    from tune_magic.sweeping.sweep import stop_running_sweeps
 
     found += [f"sweep {sweep_id} still running: {counts}" for sweep_id, counts in stop_running_sweeps(3)]
     for record in jobstore.list_records(jobs_dir):

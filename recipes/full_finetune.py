@@ -22,7 +22,7 @@ fine-tunes do (the model read from ``output_dir``)::
         checkpointer.checkpoint_files=[epoch_1/model-00001-of-00001.safetensors] \
         checkpointer.recipe_checkpoint=recipe_state/recipe_state.pt
 
-(``tune_magic.plan.resume.preflight`` gives these for a job.)
+(``tune_magic.checkpoints.preflight.preflight`` gives these for a job.)
 """
 
 import sys
@@ -38,7 +38,7 @@ from tune_magic.recipes import _common
 
 log = utils.get_logger("DEBUG")
 
-#: Read by tune_magic's resume pre-flight (tune_magic.plan.resume): torchtune 0.6.1's full
+#: Read by tune_magic's resume pre-flight (tune_magic.checkpoints.preflight): torchtune 0.6.1's full
 #: fine-tune resume layout and keys, exact resume.
 TUNE_MAGIC_RESUME = "full"
 

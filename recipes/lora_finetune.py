@@ -21,7 +21,7 @@ with the merged HF weights (``model-00001-of-00001.safetensors``), ``adapter_mod
     ... resume_from_checkpoint=True checkpointer.adapter_checkpoint=epoch_1/adapter_model.pt \
         checkpointer.recipe_checkpoint=recipe_state/recipe_state.pt
 
-(``tune_magic.plan.resume.preflight`` gives these for a job.)
+(``tune_magic.checkpoints.preflight.preflight`` gives these for a job.)
 """
 
 import sys
@@ -47,7 +47,7 @@ from tune_magic.recipes import _common
 
 log = utils.get_logger("DEBUG")
 
-#: Read by tune_magic's resume pre-flight (tune_magic.plan.resume): torchtune 0.6.1's LoRA resume
+#: Read by tune_magic's resume pre-flight (tune_magic.checkpoints.preflight): torchtune 0.6.1's LoRA resume
 #: layout and keys, exact resume.
 TUNE_MAGIC_RESUME = "lora"
 

@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 
 import tune_magic.job as J
-import tune_magic.launcher as L
-from tune_magic.plan.resume import RECIPE_STATE, ResumePreflight, preflight
+import tune_magic.job.launch as L
+from tune_magic.checkpoints.preflight import RECIPE_STATE, ResumePreflight, preflight
 
 from waiting import wait_for
 

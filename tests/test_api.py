@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from tune_magic.launcher import build_plan
+from tune_magic.job.launch import build_plan
 from tune_magic.ui.watch import progress_summary
 
 

@@ -1,6 +1,6 @@
 """The README and docs/ say only what is true of the code: every tune-magic command and magic they
 show parses with the real parsers (the CLI's argparse parsers and tune_magic.plan.options' own
-options, the magics' magic_arguments parsers, torchrun's words through tune_magic.plan.words), every
+options, the magics' magic_arguments parsers, torchrun's words through tune_magic.plan.launchwords), every
 option they name exists, every code block parses (shell words with shlex, Python with ast after
 IPython's own input transformation, YAML with yaml, TOML with tomllib), every internal link and
 anchor resolves, the README stays a newcomer's page (under 12 KB), and its two set-up commands are
@@ -74,7 +74,7 @@ def _parse_only(check_words: bool):
 
 
 def _generic(kind: str) -> tuple:
-    from tune_magic.launcher import launch_options
+    from tune_magic.job.launch import launch_options
     from tune_magic.plan import options as launchopts
 
     return launch_options({"run": launchopts.RUN, "cmd": launchopts.CMD, "resume": launchopts.RESUME}[kind])
@@ -112,7 +112,7 @@ def cli_flags(command: str) -> set[str]:
 def check_cli(words: list[str]) -> None:
     """Parse ``tune-magic WORDS`` with the real parsers; fail on any error."""
     from tune_magic.plan import options as launchopts
-    from tune_magic.plan.words import tokenise
+    from tune_magic.plan.launchwords import tokenise
     from tune_magic.ui import cli
 
     command, rest = words[0], words[1:]
@@ -155,7 +155,7 @@ def magic_flags(magic: str) -> set[str]:
 def check_magic(magic: str, words: list[str]) -> None:
     """Parse ``%magic WORDS`` as the magic does; fail on any error."""
     from tune_magic.plan import options as launchopts
-    from tune_magic.plan.words import tokenise
+    from tune_magic.plan.launchwords import tokenise
     from tune_magic.ui.magics import TuneMagics
 
     if magic == "tune_run":

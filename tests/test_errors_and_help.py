@@ -11,8 +11,8 @@ from tune_magic import errors
 from tune_magic.ui import cli
 from tune_magic import gpus
 from tune_magic import job as jobctl
-from tune_magic import launcher
-import tune_magic.launcher as L
+from tune_magic.job import launch as launcher
+import tune_magic.job.launch as L
 from tune_magic import errors
 from tune_magic.ui.magics import empty_cell_to_line
 

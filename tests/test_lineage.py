@@ -1,4 +1,4 @@
-"""A job's lineage (tune_magic.lineage, Job.lineage, Job.lineage_metrics): jobs that resumed one
+"""A job's lineage (tune_magic.checkpoints.lineage, Job.lineage, Job.lineage_metrics): jobs that resumed one
 another, their metrics as one run, the notes and marks listings and cards show. Records and logs
 are written here by hand (FAKE: no process ran) in the formats real jobs write."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import tune_magic
-from tune_magic import lineage as L
+from tune_magic.checkpoints import lineage as L
 from tune_magic.logs.points import MetricPoint
 from tune_magic.registry import store as jobstore
 

@@ -1,4 +1,4 @@
-"""The resume pipeline's checks and plan (tune_magic.resuming), on jobs written by hand (FAKE: no
+"""The resume pipeline's checks and plan (tune_magic.job.resume), on jobs written by hand (FAKE: no
 process ran; their output_dirs hold what the stand-in recipe saves). Only dry runs here: nothing is
 launched. Real resumes: tests/e2e/test_resume_api.py."""
 
@@ -186,4 +186,4 @@ def test_a_cell_body_config_is_handed_on_as_text(root, tmp_path):
 def test_job_resume_and_the_public_api_are_one(root, tmp_path):
     fake_job(root, "a", toy_checkpoint(tmp_path / "out"))
     assert tune_magic.get_job("a").resume(dry_run=True).args == tune_magic.resume("a", dry_run=True).args
-    assert sys.modules["tune_magic.resuming"].resume is tune_magic.resume
+    assert sys.modules["tune_magic.job.resume"].resume is tune_magic.resume

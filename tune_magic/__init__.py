@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _API = {
-    "build_plan": "launcher",
+    "build_plan": "job.launch",
     "LaunchPlan": "plan.model",
     "PlanError": "errors",
     "TuneMagicError": "errors",
@@ -23,23 +23,23 @@ _API = {
     "Status": "registry.status",
     "home": "paths",
     "make_assets": "assets",
-    "launch": "launcher",
+    "launch": "job.launch",
     "jobs": "job",
     "get_job": "job",
-    "stop_jobs": "stopping",
+    "stop_jobs": "job.stopping",
     "Job": "job",
     "JobNotFound": "errors",
     "AmbiguousJobName": "errors",
     "LaunchWarning": "errors",
     "Panel": "ui.panel",
-    "resume": "resuming",
-    "ResumePlan": "resuming",
+    "resume": "job.resume",
+    "ResumePlan": "job.resume",
     "NothingToResume": "errors",
     "sweep": "sweeping.create",
-    "Sweep": "sweeping.handle",
-    "sweeps": "sweeping.handle",
-    "get_sweep": "sweeping.handle",
-    "revive_sweeps": "sweeping.handle",
+    "Sweep": "sweeping.sweep",
+    "sweeps": "sweeping.sweep",
+    "get_sweep": "sweeping.sweep",
+    "revive_sweeps": "sweeping.sweep",
 }
 
 __all__ = sorted(_API) + ["load_ipython_extension"]

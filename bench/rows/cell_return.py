@@ -32,7 +32,7 @@ def run(quick: bool) -> list[dict]:
     from IPython.testing.globalipapp import start_ipython
 
     import tune_magic.job as jobctl
-    import tune_magic.launcher as L
+    import tune_magic.job.launch as L
     from tune_magic import build_plan
     from tune_magic.registry.ids import new_job_id
 

@@ -17,7 +17,7 @@ almost nothing on disk):
   ``adapter_config.json``, and a recipe state with the adapters' optimizer state.
 
 Project: a fresh ``python -c`` process per sample, timed inside it from before ``from
-tune_magic.plan.resume import preflight`` to ``preflight(...)`` returning (imports included: the
+tune_magic.checkpoints.preflight import preflight`` to ``preflight(...)`` returning (imports included: the
 first resume in a kernel pays them); it also checks the answer (epoch_1, the 30 shards pinned) and
 that torch was never imported. Anchor: a fresh process timing ``os.stat`` of every file under the
 ``output_dir`` (``os.walk``), the least any look at the checkpoints costs. One warm-up of each, then
@@ -53,7 +53,7 @@ LORA_RANK = 16
 PROJECT = textwrap.dedent("""
     import json, sys, time
     t = time.perf_counter()
-    from tune_magic.plan.resume import preflight
+    from tune_magic.checkpoints.preflight import preflight
     p = preflight(sys.argv[1], sys.argv[2], config=sys.argv[3])
     s = time.perf_counter() - t
     print(json.dumps({"s": s, "epoch": p.epoch, "files": len(p.files), "case": p.case,
@@ -274,7 +274,7 @@ def run(quick: bool) -> list[dict]:
                 KEY, NUMBER + suffix, f"{METRIC}, {'full fine-tune' if kind == 'full' else 'LoRA'}",
                 project=f"{fmt(pm, digits=4)} median", anchor=f"{fmt(am, digits=4)} median (`os.stat` of all {facts['files']} files)",
                 ratio_text=f"{ratio(pm, am, 1)}", goal=f"≤ {GOAL_S} s", met=met,
-                how=(f"fresh `python -c` per sample, timed inside from before `from tune_magic.plan.resume import "
+                how=(f"fresh `python -c` per sample, timed inside from before `from tune_magic.checkpoints.preflight import "
                      f"preflight` to its return; anchor a fresh process walking and stat-ing the output_dir; "
                      f"1 warm-up each, then {n} alternated rounds"),
                 spread_text=f"{spread(p_s, digits=4)}; anchor {spread(a_s, digits=4)}",

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 import tune_magic.job as J
-import tune_magic.launcher as L
+import tune_magic.job.launch as L
 from tune_magic import faultpoints
 from tune_magic.registry import store as jobstore
 from tune_magic.schedulers.local import procs
@@ -172,7 +172,7 @@ def test_deleted_job_directory_is_recreated_and_the_job_stays_stoppable(cleanup_
 LAUNCHER = """
 import sys
 import tune_magic.job as J
-import tune_magic.launcher as L
+import tune_magic.job.launch as L
 from tune_magic import faultpoints
 L.launch(sys.argv[1])
 """

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import tune_magic.job as J
-import tune_magic.launcher as L
+import tune_magic.job.launch as L
 from tune_magic.gpus import GpuError
 from tune_magic.ui.watch import JobWatcher
 

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 import tune_magic.job as J
-import tune_magic.launcher as L
+import tune_magic.job.launch as L
 from tune_magic.schedulers.local import procs
 from tune_magic import errors
 from tune_magic.registry import store as jobstore
@@ -171,7 +171,7 @@ def test_rank1_crash_is_failed_with_rank_and_message(cleanup_jobs):
 LAUNCHER = """
 import sys, time
 import tune_magic.job as J
-import tune_magic.launcher as L
+import tune_magic.job.launch as L
 from tune_magic.schedulers.local import procs
 from tune_magic import errors
 job = L.launch(sys.argv[1])

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import tune_magic.job as J
-import tune_magic.launcher as L
+import tune_magic.job.launch as L
 from tune_magic.errors import PlanError
 from tune_magic.gpus import GpuError
 
@@ -39,7 +39,7 @@ CHILD = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
     import tune_magic.job as J
-    import tune_magic.launcher as L
+    import tune_magic.job.launch as L
 
     gate, me, args, gpus = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] or None
     WIDEN_S = float(sys.argv[5])
@@ -194,7 +194,7 @@ def test_a_fixed_port_used_by_a_running_job_is_refused(cleanup_jobs):
     import socket
 
     import tune_magic.job as J
-    import tune_magic.launcher as L
+    import tune_magic.job.launch as L
     from tune_magic.errors import PlanError
     from jobhelpers import toy_args
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-import tune_magic.launcher as L
+import tune_magic.job.launch as L
 
 pytestmark = pytest.mark.e2e
 

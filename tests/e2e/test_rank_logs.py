@@ -7,9 +7,9 @@ import os
 import subprocess
 from pathlib import Path
 
-from tune_magic.launcher import build_plan
+from tune_magic.job.launch import build_plan
 from tune_magic.logs.failure import describe_failure
-from tune_magic.logs.follow import JobMetricsFollower
+from tune_magic.logs.metricfollow import JobMetricsFollower
 from tune_magic.logs.logfiles import rank_log_files, read_rank_logs
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"

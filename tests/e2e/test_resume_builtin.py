@@ -25,7 +25,7 @@ from __future__ import annotations
 import pytest
 
 from resumehelpers import assert_same, copy_checkpoint, preflight_of, run_job, series
-from tune_magic.plan import resume as R
+from tune_magic.checkpoints import preflight as R
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from resumehelpers import assert_same, copy_checkpoint, preflight_of, run_job, series, wait_for_file
-from tune_magic.plan import resume as R
+from tune_magic.checkpoints import preflight as R
 
 pytestmark = pytest.mark.e2e
 
@@ -76,7 +76,7 @@ def test_two_processes_resume_exactly(tiny_assets, tmp_path, tmp_path_factory, c
 
 
 def test_a_run_stopped_by_sigterm_in_epoch_3_resumes_in_place(tiny_assets, tmp_path, tmp_path_factory, cleanup_jobs):
-    import tune_magic.launcher as L
+    import tune_magic.job.launch as L
     from resumehelpers import OFFLINE
     import os
 

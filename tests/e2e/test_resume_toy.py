@@ -11,7 +11,7 @@ import pytest
 from jobhelpers import TOY_CONFIG, TOY_RECIPE
 from resumehelpers import run_job, series
 from tune_magic.errors import PlanError
-from tune_magic.plan import resume as R
+from tune_magic.checkpoints import preflight as R
 
 pytestmark = pytest.mark.e2e
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import tune_magic.job as J
-import tune_magic.launcher as L
+import tune_magic.job.launch as L
 from tune_magic.registry import store as jobstore
 
 from jobhelpers import toy_args

@@ -1,4 +1,4 @@
-"""What a job's own files say about its end (tune_magic.logs.ending): here, the failed-resume line of a
+"""What a job's own files say about its end (tune_magic.logs.endevidence): here, the failed-resume line of a
 resumed run, found in a log of any size from the current attempt on."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tune_magic.logs import ending
+from tune_magic.logs import endevidence as ending
 from tune_magic.registry.store import JobRecord
 
 LINE = ("[rank0]:WARNING:torchtune.utils._logging:Failed to load distributed checkpoint: shape mismatch. "

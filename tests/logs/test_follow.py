@@ -1,4 +1,4 @@
-"""Tests for tune_magic.logs.follow: incremental reading, merging, discovery, serialisers.
+"""Tests for tune_magic.logs.metricfollow: incremental reading, merging, discovery, serialisers.
 
 Expected values are written by hand, never computed by the code under test.
 """
@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tune_magic.logs.export import points_to_csv, points_to_frame, points_to_json
-from tune_magic.logs.follow import JobMetricsFollower
+from tune_magic.logs.metricfollow import JobMetricsFollower
 from tune_magic.logs.linefollow import LineFollower
 from tune_magic.logs.logfiles import find_metric_file
 from tune_magic.logs.metricstore import MetricStore

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tune_magic.logs.follow import JobMetricsFollower
+from tune_magic.logs.metricfollow import JobMetricsFollower
 
 from jobhelpers import DATA as TEST_DATA
 

@@ -23,7 +23,7 @@ from tune_magic.logs.lineformat import (
 from tune_magic.logs.parse import LogParser
 from tune_magic.logs.points import MetricPoint
 from tune_magic.logs.readers import parse_disklogger_line, parse_file, parse_jsonl_line, parse_text
-from tune_magic.logs.records import RecordSplitter
+from tune_magic.logs.splitter import RecordSplitter
 
 from jobhelpers import DATA
 

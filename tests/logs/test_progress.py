@@ -10,7 +10,7 @@ import pytest
 from tune_magic.errors import PlanError
 
 from tune_magic.registry import store as jobstore
-from tune_magic.launcher import build_plan
+from tune_magic.job.launch import build_plan
 from tune_magic.plan.configview import resolve_dirs
 from tune_magic.registry.store import CorruptRecord, JobRecord
 from tune_magic.logs.progress import (SAVED, SAVING, UNDECIDED, Bar, checkpoint_state, fmt_duration, fmt_rate, parse_bar,

@@ -1,4 +1,4 @@
-"""The card's form of a log's last lines (tune_magic.logs.tailview): display only."""
+"""The card's form of a log's last lines (tune_magic.logs.cardtail): display only."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from tune_magic.logs.failure import describe_failure
 from tune_magic.logs.linefollow import LineFollower
 from tune_magic.logs.lineformat import strip_prefixes
-from tune_magic.logs.tailview import CHECKPOINT_RULE, TailRule, apply_rule, display_tail
+from tune_magic.logs.cardtail import CHECKPOINT_RULE, TailRule, apply_rule, display_tail
 from tune_magic.schedulers.slurm.exits import TAIL_RULES as SLURM_TAIL_RULES
 
 from jobhelpers import DATA, REPO

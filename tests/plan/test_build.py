@@ -16,7 +16,7 @@ import pytest
 from tune_magic.plan import catalog
 from tune_magic.plan.model import JOB_ID_PLACEHOLDER
 from tune_magic.errors import PlanError
-from tune_magic.launcher import build_plan
+from tune_magic.job.launch import build_plan
 
 BUILTIN = "lora_finetune_distributed --config llama3_2/1B_lora"
 TT_ROOT = Path(importlib.util.find_spec("torchtune").origin).parent.parent  # site-packages

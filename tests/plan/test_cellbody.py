@@ -141,7 +141,7 @@ def test_a_value_with_spaces_reaches_the_recipe_as_one_argument(tmp_path):
     from omegaconf import OmegaConf
     from torchtune.config._utils import _merge_yaml_and_cli_args
 
-    from tune_magic.launcher import build_plan
+    from tune_magic.job.launch import build_plan
 
     body = parse_cell_body("max_steps_per_epoch=4\nmetric_logger.name=my run\n")
     env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}

@@ -1,4 +1,4 @@
-"""tune_magic.plan.ckptfiles: torch.save zip files and safetensors headers read without torch.
+"""tune_magic.checkpoints.files: torch.save zip files and safetensors headers read without torch.
 
 Files are written by real torch.save / safetensors here (the test process may import torch; the
 module under test never does, checked in a fresh interpreter)."""
@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tune_magic.plan.ckptfiles import (
+from tune_magic.checkpoints.files import (
     CheckpointFileError,
     Opaque,
     TensorStub,
@@ -155,7 +155,7 @@ def test_a_pickle_that_would_run_code_runs_none(tmp_path):
 def test_reading_never_imports_torch(tmp_path):
     path = _save({"epochs_run": 1, "t": torch.ones(2)}, tmp_path / "rs.pt")
     st = _safetensors(tmp_path)
-    code = ("import sys\nfrom tune_magic.plan.ckptfiles import read_torch_file, read_safetensors_header\n"
+    code = ("import sys\nfrom tune_magic.checkpoints.files import read_torch_file, read_safetensors_header\n"
             f"assert read_torch_file({str(path)!r}).obj['epochs_run'] == 1\n"
             f"assert read_safetensors_header({str(st)!r}).data_bytes == 406\n"
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))\n")

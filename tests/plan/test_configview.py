@@ -3,10 +3,10 @@
 import pytest
 
 import tune_magic.job as J
-import tune_magic.launcher as L
+import tune_magic.job.launch as L
 from tune_magic.registry import store as jobstore
 from tune_magic.errors import PlanError
-from tune_magic.launcher import build_plan
+from tune_magic.job.launch import build_plan
 from tune_magic.plan.configview import resolve_dirs
 
 

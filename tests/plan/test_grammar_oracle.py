@@ -19,7 +19,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tune_magic.errors import PlanError
-from tune_magic.launcher import build_plan
+from tune_magic.job.launch import build_plan
 from tune_magic.plan.configview import resolve_dirs
 from tune_magic.plan.tuneparse import recipe_config
 
@@ -147,7 +147,7 @@ def test_what_torchtune_refuses_we_refuse_before_anything_starts(words, env):
 def test_resume_reads_the_jobs_config_through_the_shorthand():
     """Resume's checkpoint layout (plan.ckptlayout.load_config) reads the checkpointer a job ran
     with as torchtune did: the recipe-test argv's FullModelTorchTuneCheckpointer, its keys kept."""
-    from tune_magic.plan.ckptlayout import config_value, load_config
+    from tune_magic.checkpoints.layout import config_value, load_config
 
     cfg = load_config(LORA, TT_RECIPE_TEST)
     assert config_value(cfg, "checkpointer._component_") == "torchtune.training.FullModelTorchTuneCheckpointer"

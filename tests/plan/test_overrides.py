@@ -17,7 +17,7 @@ import pytest
 from tune_magic.plan import overrides
 from tune_magic.plan.cellbody import parse_cell_body
 from tune_magic.errors import PlanError
-from tune_magic.launcher import build_plan
+from tune_magic.job.launch import build_plan
 
 BUILTIN = "lora_finetune_distributed --config llama3_2/1B_lora"
 

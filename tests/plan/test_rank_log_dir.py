@@ -10,7 +10,7 @@ import os
 import pytest
 
 from tune_magic.plan.model import JOB_DIR_PLACEHOLDER
-from tune_magic.launcher import build_plan
+from tune_magic.job.launch import build_plan
 
 BUILTIN = "lora_finetune_distributed --config llama3_2/1B_lora"
 

@@ -1,12 +1,12 @@
 """What a resume launches again, read from a record's fields or, for records of earlier releases,
-from its command (tune_magic.plan.relaunch). Pure."""
+from its command (tune_magic.checkpoints.relaunch). Pure."""
 
 from __future__ import annotations
 
 import pytest
 
 from tune_magic.errors import PlanError
-from tune_magic.plan.relaunch import given_torchrun_options, original_overrides, relaunch_argv
+from tune_magic.checkpoints.relaunch import given_torchrun_options, original_overrides, relaunch_argv
 
 PY = "/venv/bin/python"
 ARGV = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--redirects", "3",
@@ -42,7 +42,7 @@ def test_relaunch_argv_replaces_the_trailing_overrides_only():
 
 
 def test_the_next_attempts_command_for_a_requeued_batch_script(tmp_path, monkeypatch):
-    """``python -m tune_magic.plan.relaunch JOB_DIR``: the command that continues from the last
+    """``python -m tune_magic.checkpoints.relaunch JOB_DIR``: the command that continues from the last
     checkpoint, or (``--from-start-if-none``) from the beginning when none was saved."""
     import json
     import subprocess
@@ -56,7 +56,7 @@ def test_the_next_attempts_command_for_a_requeued_batch_script(tmp_path, monkeyp
     rec = fake_job(root, "j", out)
 
     def run(*flags):
-        p = subprocess.run([sys.executable, "-m", "tune_magic.plan.relaunch", str(root / "j"), *flags],
+        p = subprocess.run([sys.executable, "-m", "tune_magic.checkpoints.relaunch", str(root / "j"), *flags],
                            capture_output=True, text=True, timeout=60)
         return p.returncode, json.loads(p.stdout)
 
@@ -72,6 +72,6 @@ def test_the_next_attempts_command_for_a_requeued_batch_script(tmp_path, monkeyp
                                        "checkpointer.checkpoint_files=[epoch_0/model-00001-of-00001.safetensors]",
                                        "checkpointer.recipe_checkpoint=recipe_state/recipe_state.pt"]
     assert data["overrides"][-3:] == data["argv"][-3:] and data["summary"].startswith("Resume toy_recipe from epoch_0/")
-    p = subprocess.run([sys.executable, "-m", "tune_magic.plan.relaunch", str(tmp_path / "nope")], capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "tune_magic.checkpoints.relaunch", str(tmp_path / "nope")], capture_output=True,
                        text=True, timeout=60)
     assert p.returncode == 2 and "cannot read the job's record" in p.stderr

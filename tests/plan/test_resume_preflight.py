@@ -1,4 +1,4 @@
-"""The resume pre-flight (tune_magic.plan.resume) on real directory layouts written here.
+"""The resume pre-flight (tune_magic.checkpoints.preflight) on real directory layouts written here.
 
 Each layout is what torchtune 0.6.1's FullModelHFCheckpointer leaves under ``output_dir``:
 ``epoch_K/`` (``model-0000i-of-0000N.safetensors`` + ``model.safetensors.index.json``, LoRA's
@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import save_file
 
 from tune_magic.errors import NothingToResume, PlanError
-from tune_magic.plan import resume as R
+from tune_magic.checkpoints import preflight as R
 
 REPO = Path(__file__).resolve().parents[2]
 TT_RECIPES = Path(__import__("importlib").util.find_spec("torchtune").origin).parents[1] / "recipes"
@@ -447,7 +447,7 @@ def test_checkpointer_output_dir_elsewhere_is_where_checkpoints_are_read(tmp_pat
 
 def test_the_preflight_never_imports_torch(full_run):
     out, cfg = full_run
-    code = ("import sys\nfrom tune_magic.plan.resume import preflight\n"
+    code = ("import sys\nfrom tune_magic.checkpoints.preflight import preflight\n"
             f"p = preflight({FULL_SINGLE!r}, {str(out)!r}, config={str(cfg)!r})\n"
             "assert p.epoch == 1\nassert 'torch' not in sys.modules\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tune_magic.errors import PlanError
-from tune_magic.launcher import build_plan
-from tune_magic.plan.words import check_override
+from tune_magic.job.launch import build_plan
+from tune_magic.plan.launchwords import check_override
 from tune_magic.plan.shellwords import Word, split_words
 from tune_magic.plan.axes import looks_like_axis, parse_range, refused_axis_key, split_items, word_axis
 from tune_magic.plan.sweep import MAX_TRIALS, parse_max_trials, plan_sweep, short_keys

@@ -149,7 +149,7 @@ def test_a_sweep_never_shares_a_rendezvous():
 
 
 def test_the_rendezvous_check_reads_the_launch_grammars_options():
-    from tune_magic.plan.words import split_args, tokenise as _tokenise
+    from tune_magic.plan.launchwords import split_args, tokenise as _tokenise
 
     parsed = _tokenise(split_args("--rdzv_endpoint=node0:29400 --nproc-per-node 2 lora_finetune --config c seed=1"))
     with pytest.raises(PlanError, match="--rdzv-endpoint would give every trial"):

@@ -62,7 +62,7 @@ from omegaconf import OmegaConf
 
 # torchtune's logger (torchtune.utils.get_logger with logging's default format), as the recipes print
 LOG_PREFIX = "INFO:torchtune.utils._logging:"
-# tune_magic's resume pre-flight reads this (tune_magic.plan.resume): full fine-tune layout and keys
+# tune_magic's resume pre-flight reads this (tune_magic.checkpoints.preflight): full fine-tune layout and keys
 TUNE_MAGIC_RESUME = "full"
 SHARD = "model-00001-of-00001.safetensors"
 RECIPE_STATE = "recipe_state/recipe_state.pt"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 import tune_magic
-from tune_magic.lineage import notes
+from tune_magic.checkpoints.lineage import notes
 from tune_magic.registry import attempts as A
 from tune_magic.schedulers import slurm as slurm_sched
 

@@ -120,7 +120,7 @@ def test_a_submitter_killed_after_sbatch_leaves_trials_that_find_their_tasks_by_
     import sys
 
     from tune_magic import faultpoints
-    from tune_magic.sweeping.handle import Sweep
+    from tune_magic.sweeping.sweep import Sweep
 
     before = set(sweepstore.list_dirs())
     p = subprocess.run([sys.executable, "-c", SUBMITTER, toy_args("start_loss=1,2,3", "steps=2", nproc=1), str(tmp_path)],

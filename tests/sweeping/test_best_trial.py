@@ -15,7 +15,7 @@ from tune_magic.registry import store as jobstore
 from tune_magic.registry import sweepstore
 from tune_magic.registry.store import JobRecord
 from tune_magic.registry.sweeprecord import STARTED, SweepRecord, TrialState
-from tune_magic.sweeping.handle import Sweep
+from tune_magic.sweeping.sweep import Sweep
 
 SWEEP_ID = "sweep-20261201-100000-abcdef"
 LOSSES = {0: [2.0, 0.9, 1.0], 1: [2.0, 0.5, 1.0], 2: [3.0, 2.0, 1.5]}

@@ -16,7 +16,7 @@ from tune_magic.registry import store as jobstore
 from tune_magic.registry import sweepstore
 from tune_magic.registry.store import JobRecord, ProcessRef
 from tune_magic.registry.sweeprecord import NOT_STARTED, QUEUED, STARTED, SweepRecord, TrialState
-from tune_magic.sweeping import process
+from tune_magic.sweeping import start as process
 from tune_magic.sweeping.runner import Runner
 
 from jobhelpers import TOY_CONFIG, TOY_RECIPE, write_fake_nvidia_smi
@@ -172,7 +172,7 @@ def test_listings_start_no_process_and_revive_is_the_step_that_does(home, tmp_pa
     assert process.needs_runner(sweepstore.read(d))
 
     import tune_magic
-    from tune_magic.sweeping.handle import Sweep
+    from tune_magic.sweeping.sweep import Sweep
 
     tune_magic.jobs()
     (listed,) = tune_magic.sweeps()

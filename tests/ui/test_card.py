@@ -23,7 +23,7 @@ from tune_magic.registry import store as jobstore
 from tune_magic.logs.failure import FailureReason
 from tune_magic.job import Job
 from tune_magic.registry.store import JobRecord
-from tune_magic.plan.ckptlayout import RECIPE_STATE
+from tune_magic.checkpoints.layout import RECIPE_STATE
 from tune_magic.ui.cardlines import OVERRIDES_LINE_CHARS, overrides_text
 from tune_magic.ui.views import JobCard, int_ticks, step_domain
 from tune_magic.ui.watch import JobSnapshot
@@ -311,7 +311,7 @@ def test_a_failed_card_shows_the_overrides_it_ran_with_on_one_collapsed_line(mak
 def test_the_card_shows_torchtunes_component_shorthand_as_given_in_either_order(make, tmp_path):
     """``optimizer=torch.optim.SGD`` (torchtune 0.6.1 sets optimizer._component_) passes the launch's
     checks before or after ``optimizer.lr=...``, and the card's line shows the words the recipe got."""
-    from tune_magic.launcher import build_plan
+    from tune_magic.job.launch import build_plan
 
     root = Path(__file__).resolve().parents[2]
     env = {"HOME": str(tmp_path / "h"), "PATH": os.environ.get("PATH", ""), "TUNE_MAGIC_HOME": str(tmp_path / "tm")}
@@ -442,7 +442,7 @@ def test_a_job_that_succeeded_though_a_stop_came_says_so_plainly(make):
 
 
 def test_a_resumed_cards_long_overrides_line_is_cut_between_whole_overrides(make):
-    # a resumed LoRA job's words: the user's, then what the resume sets (tune_magic.plan.resume)
+    # a resumed LoRA job's words: the user's, then what the resume sets (tune_magic.checkpoints.preflight)
     words = ["max_steps_per_epoch=12", "optimizer.lr=1e-2", "dataset.data_files=/home/user/data/alpaca_subset.json",
              "resume_from_checkpoint=True", "checkpointer.adapter_checkpoint=epoch_0/adapter_model.pt",
              f"checkpointer.recipe_checkpoint={RECIPE_STATE}"]

@@ -39,7 +39,7 @@ def test_the_magics_dry_run_prints_each_warning_once_and_python_warns_nothing(ip
 
 
 def test_the_api_warns_at_the_callers_line_never_at_a_file_of_tune_magic(job_registry):
-    import tune_magic.launcher
+    import tune_magic.job.launch
 
     package = os.path.dirname(tune_magic.__file__)
 
@@ -53,7 +53,7 @@ def test_the_api_warns_at_the_callers_line_never_at_a_file_of_tune_magic(job_reg
         warn_launch(["a", "b", "a"])  # from this file: attributed to it
     assert [(str(w.message), w.filename) for w in caught] == [("a", __file__), ("b", __file__)]
     assert not any(w.filename.startswith(package) for w in caught)
-    assert tune_magic.launcher.warn_launch is warn_launch
+    assert tune_magic.job.launch.warn_launch is warn_launch
 
 
 @pytest.mark.e2e

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from tune_magic.registry import store as jobstore
-from tune_magic.launcher import build_plan
+from tune_magic.job.launch import build_plan
 from tune_magic.registry.store import JobRecord, ProcessRef
 from tune_magic.ui import views
 from tune_magic.ui.panel import Panel

@@ -1,7 +1,7 @@
 """Read a growing text file incrementally, like ``tail -F``, in bounded memory: :class:`LineFollower`.
 
 No threads: a caller polls. The text is cut into records and display lines by
-:class:`~tune_magic.logs.records.RecordSplitter`; :class:`~tune_magic.logs.follow.JobMetricsFollower`
+:class:`~tune_magic.logs.splitter.RecordSplitter`; :class:`~tune_magic.logs.metricfollow.JobMetricsFollower`
 parses what it reads.
 """
 
@@ -14,7 +14,7 @@ from collections import deque
 from pathlib import Path
 from typing import Iterator
 
-from tune_magic.logs.records import DEFAULT_MAX_LINE_CHARS, RecordSplitter
+from tune_magic.logs.splitter import DEFAULT_MAX_LINE_CHARS, RecordSplitter
 
 __all__ = ["LineFollower"]
 
@@ -27,7 +27,7 @@ class LineFollower:
     Each :meth:`poll` reads the bytes appended since the previous one (at most ``poll_bytes``,
     ``chunk_bytes`` per read), decodes UTF-8 incrementally (``errors="replace"``, so a
     multibyte character split across reads is kept whole and invalid bytes become U+FFFD),
-    and cuts the text with :class:`~tune_magic.logs.records.RecordSplitter` (``\\r`` redraws
+    and cuts the text with :class:`~tune_magic.logs.splitter.RecordSplitter` (``\\r`` redraws
     replace the current line, ``\\r\\n`` is a newline, ANSI removed, segments capped at
     ``max_line_chars``).
 
@@ -102,7 +102,7 @@ class LineFollower:
 
     def iter_chunks(self) -> Iterator[tuple[list[str], str]]:
         """As :meth:`iter_poll`, one read chunk at a time in
-        :meth:`~tune_magic.logs.records.RecordSplitter.feed_plain` form: ``(records, plain run)``,
+        :meth:`~tune_magic.logs.splitter.RecordSplitter.feed_plain` form: ``(records, plain run)``,
         which :meth:`~tune_magic.logs.parse.LogParser.parse_plain` reads without splitting the run.
 
         Raises:

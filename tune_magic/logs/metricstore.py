@@ -1,6 +1,6 @@
 """Merged metric series, one value per (metric name, step), kept compactly: :class:`MetricStore`.
 
-Fed by :class:`~tune_magic.logs.follow.JobMetricsFollower` (and :func:`~tune_magic.logs.export.points_to_frame`)
+Fed by :class:`~tune_magic.logs.metricfollow.JobMetricsFollower` (and :func:`~tune_magic.logs.export.points_to_frame`)
 with the parser's :class:`~tune_magic.logs.points.MetricBatch`; read by the card's charts (:meth:`MetricStore.series`).
 """
 

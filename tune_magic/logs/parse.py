@@ -1,6 +1,6 @@
 """Parse torchtune training logs into metric points, incrementally: :class:`LogParser`.
 
-Records come from :class:`~tune_magic.logs.records.RecordSplitter` (lines and ``\\r`` segments, ANSI
+Records come from :class:`~tune_magic.logs.splitter.RecordSplitter` (lines and ``\\r`` segments, ANSI
 removed); their formats (DiskLogger ``Step N | ...`` lines, JSON lines, the tqdm progress bar,
 ``Writing logs to``, torch's line prefixes) are described in :mod:`tune_magic.logs.lineformat`.
 Uniform DiskLogger blocks take the column-wise fast path of :mod:`tune_magic.logs.columns`.
@@ -140,7 +140,7 @@ class LogParser:
 
         Args:
             records: lines or ``\\r`` segments without terminators (as
-                :class:`~tune_magic.logs.records.RecordSplitter` gives).
+                :class:`~tune_magic.logs.splitter.RecordSplitter` gives).
             into: batch to append to; a new one by default.
 
         Returns:
@@ -169,7 +169,7 @@ class LogParser:
 
     def parse_plain(self, text: str, into: MetricBatch | None = None) -> MetricBatch:
         """Parse a run of complete plain lines joined by ``"\\n"`` (see
-        :meth:`~tune_magic.logs.records.RecordSplitter.feed_plain`).
+        :meth:`~tune_magic.logs.splitter.RecordSplitter.feed_plain`).
 
         Same points as :meth:`parse` of the run's non-blank lines, without first splitting
         the run into a list: uniform DiskLogger pieces of about :data:`PIECE_CHARS` go

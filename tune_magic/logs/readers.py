@@ -1,7 +1,7 @@
 """Parse a whole line, text or file at once, through :class:`~tune_magic.logs.parse.LogParser`.
 
 The one-shot readers: for tests, benchmarks and a metric file read to its end. A job that is still
-writing is followed incrementally instead (:mod:`tune_magic.logs.follow`). Formats: see
+writing is followed incrementally instead (:mod:`tune_magic.logs.metricfollow`). Formats: see
 :mod:`tune_magic.logs.lineformat`.
 """
 
@@ -14,7 +14,7 @@ from typing import Callable, MutableSequence
 from tune_magic.logs.lineformat import strip_ansi, strip_prefixes
 from tune_magic.logs.parse import LogParser, ParseStats
 from tune_magic.logs.points import MetricBatch, MetricPoint
-from tune_magic.logs.records import DEFAULT_MAX_LINE_CHARS, RecordSplitter
+from tune_magic.logs.splitter import DEFAULT_MAX_LINE_CHARS, RecordSplitter
 
 __all__ = ["parse_disklogger_line", "parse_jsonl_line", "parse_text", "parse_file"]
 
@@ -71,7 +71,7 @@ def parse_text(
     Args:
         text: the complete text; a final unterminated line is parsed too.
         strict: as for :class:`~tune_magic.logs.parse.LogParser` (``True`` for metric files).
-        max_line_chars: per-segment cap, as for :class:`~tune_magic.logs.records.RecordSplitter`.
+        max_line_chars: per-segment cap, as for :class:`~tune_magic.logs.splitter.RecordSplitter`.
         lines: if given, receives the display lines (``\\r`` redraws resolved, ANSI-free).
 
     Returns:

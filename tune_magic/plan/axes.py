@@ -23,7 +23,7 @@ These are **one value**, never split:
 - ``~key`` deletions are never axes.
 
 Each item becomes the override ``key=item``, the item text exactly as typed, which
-:func:`tune_magic.plan.words.check_override` must accept unchanged; so the usual value checks
+:func:`tune_magic.plan.launchwords.check_override` must accept unchanged; so the usual value checks
 apply to each item (``lr=1e-4,yes`` is refused for ``yes``), never to the raw list.
 
 :mod:`tune_magic.plan.sweep` builds the grid of trials from the axes found here;
@@ -180,7 +180,7 @@ class Axis:
     Attributes:
         key: the override key (``optimizer.lr``).
         texts: each item as an override value, as typed (``"1e-4"``, ``"[q_proj,v_proj]"``,
-            ``"'a,b'"``); ``key=text`` passes :func:`~tune_magic.plan.words.check_override`.
+            ``"'a,b'"``); ``key=text`` passes :func:`~tune_magic.plan.launchwords.check_override`.
         values: what a torchtune 0.6.1 recipe reads for each item (``1e-4`` -> ``0.0001``), as
             :func:`tune_magic.plan.overrides.recipe_value` gives it; same length as ``texts``.
         source: where it was written, for messages: ``"override"`` or ``"sweep: mapping"``.
@@ -230,10 +230,10 @@ def axis_from_items(key: str, texts: Sequence[str], source: str, position: int |
         shown: the axis as written, for messages.
 
     Raises:
-        PlanError: an item that :func:`~tune_magic.plan.words.check_override` refuses (the
+        PlanError: an item that :func:`~tune_magic.plan.launchwords.check_override` refuses (the
             message names the item).
     """
-    from tune_magic.plan.words import check_override
+    from tune_magic.plan.launchwords import check_override
     from tune_magic.plan.overrides import recipe_value
 
     values = []

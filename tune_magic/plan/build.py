@@ -30,7 +30,7 @@ from tune_magic.plan.torchrun import (
     check_nproc, check_torchrun_values, env_value, rank_log_dir, rendezvous_policy, truthy,
 )
 from tune_magic.plan.pool import parse_gpu_spec
-from tune_magic.plan.words import REFUSED_OPTIONS, Parsed, check_job_id, split_args, tokenise
+from tune_magic.plan.launchwords import REFUSED_OPTIONS, Parsed, check_job_id, split_args, tokenise
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from tune_magic.errors import PlanError
 from tune_magic.plan.shellwords import Word, split_words
 from tune_magic.plan.axes import word_axis
 from tune_magic.plan.sweepsection import split_sweep_section
-from tune_magic.plan.words import check_override
+from tune_magic.plan.launchwords import check_override
 
 _OVERRIDE_LINE = re.compile(r"^[~+]?[A-Za-z_][\w.\[\]\-]*(=|$)")
 _KEY_EQ = re.compile(r"^\+?[A-Za-z_][\w.\[\]\-]*=")
@@ -144,10 +144,10 @@ def _load_yaml_body(text: str) -> dict:
 
 def _refuse_empty_paths(node, prefix: str = "") -> None:
     """Refuse ``output_dir:`` with nothing after it (and other keys naming a path), as
-    :func:`tune_magic.plan.words.check_override` refuses ``output_dir=``: the recipe reads null."""
+    :func:`tune_magic.plan.launchwords.check_override` refuses ``output_dir=``: the recipe reads null."""
     import yaml
 
-    from tune_magic.plan.words import empty_path_fix, is_path_key
+    from tune_magic.plan.launchwords import empty_path_fix, is_path_key
 
     if not isinstance(node, yaml.MappingNode):
         return

@@ -69,7 +69,7 @@ from tune_magic.plan.valuerules import shown as _shown
 
 __all__ = ["CheckResult", "check_overrides", "check_axis_items", "split_override", "load_config"]
 
-#: The key of an override, as ``tune_magic.plan.words`` accepts it (dotted names, ``[i]`` items).
+#: The key of an override, as ``tune_magic.plan.launchwords`` accepts it (dotted names, ``[i]`` items).
 KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z0-9_\-]+|\[[^\]]*\])*$")
 _SEGMENT_SPLIT = re.compile(r"\.|\[|\]\.?")
 _COMPONENT = "_component_"
@@ -497,7 +497,7 @@ def check_overrides(config_path: str | os.PathLike | None, overrides: Sequence[s
             ``OmegaConf.load``), or ``None`` when a YAML cell body is the whole config.
         overrides: ``key=value``, ``+key=value`` and ``~key`` words, in the order the recipe
             gets them, each already checked for syntax and YAML by
-            :func:`tune_magic.plan.words.check_override` (``+key=value`` is checked here).
+            :func:`tune_magic.plan.launchwords.check_override` (``+key=value`` is checked here).
         overlay_yaml: a ``%%tune_run`` YAML cell body merged over the config
             (:func:`tune_magic.plan.configview.write_overlaid_config`), or ``None``. Its keys are
             checked against the config; the overrides against the config with it merged.

@@ -122,11 +122,11 @@ def short_keys(keys: Sequence[str]) -> dict[str, str]:
 
 def _override_positions(texts: list[str]) -> list[int]:
     """Indexes of the words that the launch grammar reads as overrides (``key=value``/``~key``
-    after the recipe), found with :func:`tune_magic.plan.words.tokenise` itself: every word
+    after the recipe), found with :func:`tune_magic.plan.launchwords.tokenise` itself: every word
     that looks like ``key=value`` or ``~key`` is first replaced by a harmless placeholder, so an
     axis value (not yet a valid override) cannot fail it, and a torchrun option's value or the
     recipe stays what it was (a word, in its place). Its errors name the user's words."""
-    from tune_magic.plan.words import tokenise as _tokenise
+    from tune_magic.plan.launchwords import tokenise as _tokenise
 
     stand_in: dict[str, int] = {}
     probe = []

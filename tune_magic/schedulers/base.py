@@ -94,7 +94,7 @@ class SweepSubmission:
             that should count as the sweep's live supervisor inherits it.
         start_queue: starts the local sweep process (the default :meth:`Scheduler.submit_sweep`),
             which inherits ``lock_fd``.
-        register_trial: ``index -> RegisteredJob`` (:class:`tune_magic.launcher.RegisteredJob`:
+        register_trial: ``index -> RegisteredJob`` (:class:`tune_magic.job.launch.RegisteredJob`:
             ``dir``, ``record``, ``plan``): registers trial ``index`` as a job of this scheduler,
             checked and planned as a launch is (its record carries the ``sweep`` field; status
             ``initial_status``), marks it started in the sweep record, and submits nothing; call its
@@ -132,7 +132,7 @@ class Scheduler(ABC):
     #: chosen here, and there is no submit script to preview. Callers ask this, never the name.
     runs_on_this_machine: bool = False
     #: Lines of the engine's own that a card's display tail collapses (e.g. SLURM's cancel
-    #: messages): :class:`tune_magic.logs.tailview.TailRule` rows.
+    #: messages): :class:`tune_magic.logs.cardtail.TailRule` rows.
     tail_rules: tuple = ()
 
     def available(self, env: Mapping[str, str]) -> str | None:

@@ -8,9 +8,9 @@
   outside the kernel: it starts queued trials through :func:`tune_magic.launch` as slots free up.
 - ``process``: starting that process, and starting it again for a sweep whose process died
   (every listing does, under the sweep's lock: never two).
-- ``handle``: :class:`~tune_magic.sweeping.handle.Sweep` (``jobs``, ``wait``, ``stop``, ``best``,
-  ``frame``) and the listings :func:`~tune_magic.sweeping.handle.sweeps`,
-  :func:`~tune_magic.sweeping.handle.get_sweep`.
+- ``handle``: :class:`~tune_magic.sweeping.sweep.Sweep` (``jobs``, ``wait``, ``stop``, ``best``,
+  ``frame``) and the listings :func:`~tune_magic.sweeping.sweep.sweeps`,
+  :func:`~tune_magic.sweeping.sweep.get_sweep`.
 - ``results``: the trials' losses (final and minimum), the best trial, the frame, the metrics.
 
 The record on disk is :mod:`tune_magic.registry.sweeprecord` (in :mod:`tune_magic.registry.sweepstore`).

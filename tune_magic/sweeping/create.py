@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from tune_magic import schedulers
 from tune_magic.errors import PlanError, UserError, warn_launch
-from tune_magic.launcher import (MAX_NAME_CHARS, dry_run_requested, launch, missing_inputs_error, register_trial,
+from tune_magic.job.launch import (MAX_NAME_CHARS, dry_run_requested, launch, missing_inputs_error, register_trial,
                                  state_error)
 from tune_magic.plan.checks import check_axis_items
 from tune_magic.plan.configview import resolve_dirs
@@ -31,13 +31,13 @@ from tune_magic.plan.model import LaunchPlan
 from tune_magic.plan.pool import Slots, parse_gpu_spec, plan_slots
 from tune_magic.plan.shellwords import Word, as_word, split_words
 from tune_magic.plan.sweep import SweepPlan, check_sweep_rendezvous, plan_sweep
-from tune_magic.plan.words import tokenise
+from tune_magic.plan.launchwords import tokenise
 from tune_magic.registry import store as jobstore
 from tune_magic.registry import sweepstore
 from tune_magic.registry.files import open_nofollow
 from tune_magic.registry.sweeprecord import QUEUED, STARTED, SweepRecord, TrialState
 from tune_magic.schedulers.base import SweepSubmission
-from tune_magic.sweeping.handle import Sweep
+from tune_magic.sweeping.sweep import Sweep
 
 #: The metric logger whose runs a sweep groups (``metric_logger.group=<sweep>``).
 WANDB_LOGGER = "WandBLogger"
@@ -136,7 +136,7 @@ def sweep(args: "str | Sequence[str | Word]", *, name: str | None = None, gpus: 
             Default: ``TUNE_MAGIC_DRY_RUN=1``.
 
     Returns:
-        The :class:`~tune_magic.sweeping.handle.Sweep` (or the dry run).
+        The :class:`~tune_magic.sweeping.sweep.Sweep` (or the dry run).
 
     Raises:
         PlanError: no axis; an axis on ``output_dir`` or another directory the recipe writes; an
@@ -297,7 +297,7 @@ def _uses_wandb(plan: LaunchPlan) -> bool:
 def _group_override(group: str) -> str:
     """``metric_logger.group=<group>``, YAML-quoted when the recipe would not read it as typed."""
     from tune_magic.plan.overrides import yaml_quoted
-    from tune_magic.plan.words import check_override
+    from tune_magic.plan.launchwords import check_override
 
     word = f"metric_logger.group={group}"
     try:
@@ -361,14 +361,14 @@ def _register(inputs: _Inputs, record: SweepRecord) -> Sweep:
 
 
 def _start_queue(final: Path, inputs: _Inputs, lock_fd: int) -> None:
-    from tune_magic.sweeping.process import start_runner
+    from tune_magic.sweeping.start import start_runner
 
     start_runner(final, python=sys.executable, env=inputs.env, cwd=inputs.cwd, lock_fd=lock_fd)
 
 
 def _register_trial(final: Path, inputs: _Inputs, index: int):
     """Register trial ``index`` as a job of the sweep's scheduler (not submitted: a
-    :class:`~tune_magic.launcher.RegisteredJob`) and mark it started; see
+    :class:`~tune_magic.job.launch.RegisteredJob`) and mark it started; see
     :class:`~tune_magic.schedulers.base.SweepSubmission`."""
     with sweepstore.locked(final) as record:
         trial = record.trials[index]

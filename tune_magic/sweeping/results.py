@@ -27,7 +27,7 @@ class TrialResult:
     """One trial with its losses.
 
     Attributes:
-        trial: the :class:`~tune_magic.sweeping.handle.Trial` (index, name, values, status, job).
+        trial: the :class:`~tune_magic.sweeping.sweep.Trial` (index, name, values, status, job).
         steps: the last step with a loss, or ``None`` before the first.
         final_loss: the loss at that step, or ``None``.
         min_loss: the lowest loss logged (``nan`` ignored), or ``None``.
@@ -102,7 +102,7 @@ def best(rows: Sequence[TrialResult]) -> TrialResult | None:
 
 
 def frame(rows: Sequence[TrialResult], keys: Sequence[str]):
-    """The DataFrame of :meth:`tune_magic.sweeping.handle.Sweep.frame`.
+    """The DataFrame of :meth:`tune_magic.sweeping.sweep.Sweep.frame`.
 
     Raises:
         ImportError: pandas is not installed.

@@ -5,7 +5,7 @@ through :func:`tune_magic.launch` (its own job: output_dir, log, record, rendezv
 soon as a slot frees up, and exits once nothing is queued and no trial runs. It runs in a session
 of its own, so the kernel's interrupts, restarts and death never reach it, and it holds the
 sweep's process lock (``supervisor.lock``) for its whole life: inherited from the creator, or taken
-without waiting when a listing starts it again (:mod:`tune_magic.sweeping.process`); a second one
+without waiting when a listing starts it again (:mod:`tune_magic.sweeping.start`); a second one
 finds the lock taken and exits.
 
 No trial is lost or run twice: a trial's job is registered under the sweep's record lock
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from tune_magic.errors import JobStartError, UserError
 from tune_magic.job import Job
-from tune_magic.launcher import register_trial
+from tune_magic.job.launch import register_trial
 from tune_magic.logs.notify import get_notifier
 from tune_magic.registry import store as jobstore
 from tune_magic.registry import sweepstore

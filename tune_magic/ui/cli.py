@@ -25,7 +25,7 @@ EXIT_USAGE = 2
 
 def _cmd(argv: Sequence[str]) -> int:
     from tune_magic import schedulers
-    from tune_magic.launcher import launch, launch_options, scheduler_values
+    from tune_magic.job.launch import launch, launch_options, scheduler_values
 
     usage = ("tune-magic cmd [--json] [--gpus G] [--job-id ID] [--scheduler NAME] [SCHEDULER OPTIONS] "
              "[TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]")
@@ -131,7 +131,7 @@ def _stream_log(job, out=None, poll_s: float = 0.2) -> None:
 
 def _run(argv: Sequence[str]) -> int:
     from tune_magic import schedulers
-    from tune_magic.launcher import launch, launch_options, scheduler_values
+    from tune_magic.job.launch import launch, launch_options, scheduler_values
 
     usage = ("tune-magic run [--name N] [--gpus G] [--force] [--wait] [--max-resumes N] [--scheduler NAME] "
              "[SCHEDULER OPTIONS] [TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]")
@@ -170,8 +170,8 @@ def _follow_to_end(job) -> int:
 
 def _resume(argv: Sequence[str]) -> int:
     from tune_magic import schedulers
-    from tune_magic.launcher import launch_options, scheduler_values
-    from tune_magic.resuming import resume
+    from tune_magic.job.launch import launch_options, scheduler_values
+    from tune_magic.job.resume import resume
 
     usage = ("tune-magic resume JOB [--dry-run] [--fresh] [--name N] [--gpus G] [--wait] [--max-resumes N] "
              "[--scheduler NAME] [SCHEDULER OPTIONS] [key=value ...]")
@@ -245,7 +245,7 @@ def _jobs(argv: Sequence[str]) -> int:
         from tune_magic.ui.sweepcli import sweep_jobs
 
         return sweep_jobs(ns.sweep, ns.json)
-    from tune_magic.sweeping.handle import revive_sweeps
+    from tune_magic.sweeping.sweep import revive_sweeps
 
     revive_sweeps()  # a sweep whose process died with trials queued goes on (never two processes)
     listed = JobFilter.from_args(ns).select(_listed("jobs"))
@@ -253,7 +253,7 @@ def _jobs(argv: Sequence[str]) -> int:
         print(json.dumps([_job_json(j) for j in listed], indent=2))
         return 0
     # every value can hold anything a user typed or a hand-edited record holds: escape and cut (--json keeps it)
-    from tune_magic.lineage import mark
+    from tune_magic.checkpoints.lineage import mark
 
     cols = tablecols.columns_for(listed)
     rows = [("ID", "NAME", "STATUS", "STEP", "LOSS", "ELAPSED", *map(cols.title, cols.kinds()), "ENDPOINT",
@@ -348,7 +348,7 @@ def _logs(argv: Sequence[str]) -> int:
 
 def _stop(argv: Sequence[str]) -> int:
     from tune_magic.job import damaged_live_jobs, get_job
-    from tune_magic.stopping import stop_jobs
+    from tune_magic.job.stopping import stop_jobs
 
     parser = argparse.ArgumentParser(prog="tune-magic stop", description="Stop a running job (or all, together), or a sweep.")
     parser.add_argument("job", nargs="?", help="job id or the name of one job, or a sweep's id or name: every trial (queued ones never start)")
@@ -418,7 +418,7 @@ def _metrics(argv: Sequence[str]) -> int:
     if sweepcli.is_sweep(ns.job):
         return sweepcli.sweep_metrics(ns.job, "json" if ns.json else "csv" if ns.csv else "text")
     if ns.file:
-        from tune_magic.logs.follow import JobMetricsFollower
+        from tune_magic.logs.metricfollow import JobMetricsFollower
 
         if not os.path.isfile(ns.file):
             what = (" is a directory; give a log file in it (DiskLogger log_*.txt or log_*.jsonl)"

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from tune_magic.launcher import build_plan
+from tune_magic.job.launch import build_plan
 from tune_magic.registry.ids import new_job_id
 
 DEMO_ARGS = "--nproc_per_node 2 lora_finetune_distributed --config llama3_2/1B_lora"

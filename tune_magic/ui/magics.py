@@ -109,7 +109,7 @@ class TuneMagics(Magics):
         may hold a sweep: mapping), at most --max-parallel at a time, each a job; the cell returns
         the Sweep and shows its card.
         """
-        from tune_magic.launcher import launch, launch_options, scheduler_values
+        from tune_magic.job.launch import launch, launch_options, scheduler_values
 
         tokens = _split_line(line)
         try:
@@ -160,8 +160,8 @@ class TuneMagics(Magics):
         starts it again with the same settings), and one whose output_dir a live job uses.
         --dry-run prints the pre-flight and the command and starts nothing.
         """
-        from tune_magic.launcher import launch_options, scheduler_values
-        from tune_magic.resuming import resume
+        from tune_magic.job.launch import launch_options, scheduler_values
+        from tune_magic.job.resume import resume
 
         try:
             tokens = [expand_fields(t, self.shell.user_ns) for t in _split_line(line)]
@@ -242,7 +242,7 @@ class TuneMagics(Magics):
         ns = _parse(self.tune_logs, line)
         try:
             if is_sweep_id(ns.job):  # a sweep: its card
-                from tune_magic.sweeping.handle import get_sweep
+                from tune_magic.sweeping.sweep import get_sweep
                 from tune_magic.ui.sweepcard import SweepCard
 
                 sweep = get_sweep(ns.job)
@@ -266,7 +266,7 @@ class TuneMagics(Magics):
             print(self.tune_stop.__doc__)
             return None
         from tune_magic.job import damaged_live_jobs, get_job, jobs
-        from tune_magic.stopping import stop_jobs
+        from tune_magic.job.stopping import stop_jobs
 
         ns = _parse(self.tune_stop, line)
         if bool(ns.job) == ns.all:
@@ -275,12 +275,12 @@ class TuneMagics(Magics):
             raise UsageError(f"--grace {ns.grace}: give the seconds between SIGTERM and SIGKILL, a number >= 0")
         try:
             if ns.job and is_sweep_id(ns.job):  # a sweep: every trial; queued ones never start
-                from tune_magic.sweeping.handle import get_sweep
+                from tune_magic.sweeping.sweep import get_sweep
 
                 print(f"{ns.job} {get_sweep(ns.job).stop(grace_s=ns.grace)}")
                 return
             if ns.all:  # sweeps first: their queued trials never start
-                from tune_magic.sweeping.handle import stop_running_sweeps
+                from tune_magic.sweeping.sweep import stop_running_sweeps
 
                 for sweep_id, counts in stop_running_sweeps(ns.grace):
                     print(f"{sweep_id} {counts}")

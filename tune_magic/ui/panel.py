@@ -20,10 +20,10 @@ from tune_magic.plan import catalog
 from tune_magic.plan.cellbody import parse_cell_body
 from tune_magic.plan.model import JOB_ID_PLACEHOLDER
 from tune_magic.errors import PlanError
-from tune_magic.launcher import build_plan
+from tune_magic.job.launch import build_plan
 from tune_magic.gpus import visibility
 from tune_magic.job import Job, jobs
-from tune_magic.launcher import launch
+from tune_magic.job.launch import launch
 from tune_magic import schedulers
 from tune_magic.ui.textfmt import cut
 from tune_magic.ui.charts import int_ticks  # one tick rule for card and comparison chart
@@ -346,7 +346,7 @@ class Panel(widgets.VBox):
 
     def launch(self):
         """Launch what the form describes (as the Launch button does); return the job (with the
-        sweep switch on: the :class:`~tune_magic.sweeping.handle.Sweep`), or ``None`` with the
+        sweep switch on: the :class:`~tune_magic.sweeping.sweep.Sweep`), or ``None`` with the
         error shown inline. The job's row appears in the jobs table at once (a sweep's trials
         as they start)."""
         if self.sweep_switch.value:

@@ -2,7 +2,7 @@
 and the card chart's lineage marks (earlier runs' points dimmed, a marker where a run resumed).
 
 Resuming is two clicks, so that the pre-flight is seen before anything starts: Resume shows what
-the pre-flight found and what will happen (:meth:`tune_magic.resuming.ResumePlan.summary`, from a dry
+the pre-flight found and what will happen (:meth:`tune_magic.job.resume.ResumePlan.summary`, from a dry
 run: nothing locked, nothing started), then "Resume now" (or "Start again" for a job that saved no
 checkpoint) launches it through :func:`tune_magic.resume`, which checks everything again. A refusal
 shows its reason in place of the summary. Clicks run on the kernel's thread (comm messages), where
@@ -41,7 +41,7 @@ class ResumeFlow:
     Attributes:
         job: the job to resume.
         fresh: the preview found nothing to resume from and offers a fresh start.
-        plan: the previewed :class:`tune_magic.resuming.ResumePlan`, or ``None``.
+        plan: the previewed :class:`tune_magic.job.resume.ResumePlan`, or ``None``.
         new: the job the confirmed resume started, or ``None``.
     """
 
@@ -55,7 +55,7 @@ class ResumeFlow:
         """Run the pre-flight (a dry run). Returns ``(html, confirm label)``: the summary and
         "Resume now" / "Start again", or the refusal and ``None`` (nothing to confirm). ``compact``:
         lines that wrap anywhere and no command line (a table row's narrow line)."""
-        from tune_magic.resuming import resume
+        from tune_magic.job.resume import resume
 
         self.plan, self.fresh = None, False
         try:
@@ -79,7 +79,7 @@ class ResumeFlow:
 
     def confirm(self) -> str:
         """Resume for real (every check again); return the html saying what happened."""
-        from tune_magic.resuming import resume
+        from tune_magic.job.resume import resume
 
         try:
             self.new = resume(self.job, fresh=self.fresh)

@@ -54,7 +54,7 @@ class JobSnapshot:
         endpoint: real rendezvous ``host:port`` once known.
         output_dir: the job's output directory.
         progress: the latest progress-bar line (``1|12|Loss: 2.31: 60%|...| 12/20 [00:10<00:06, ...]``).
-        tail: the last lines of the log as a card shows them (:func:`tune_magic.logs.tailview.display_tail`:
+        tail: the last lines of the log as a card shows them (:func:`tune_magic.logs.cardtail.display_tail`:
             bar redraws and repeated warnings collapsed; at most the watcher's ``tail_lines``, plus as
             many of each per-rank file, prefixed ``[rank N stream] ``, for jobs run with
             ``--redirects``/``--tee``). The log on disk keeps every line.
@@ -74,11 +74,11 @@ class JobSnapshot:
         log_lost_at: unix seconds since which the log is kept, when the job's directory was
             deleted while it ran (the log before is gone), else ``None``.
         earlier_steps, earlier_losses: the loss curve of the jobs this one resumed (its lineage,
-            :mod:`tune_magic.lineage`: steps continuing into this job's), drawn dimmed.
+            :mod:`tune_magic.checkpoints.lineage`: steps continuing into this job's), drawn dimmed.
         resumed_at: global steps where a run of the lineage, or an attempt of this job, resumed
             (the chart's markers).
         lineage_notes: where this job resumed from, its attempts, the job that resumed it
-            (:func:`tune_magic.lineage.notes`).
+            (:func:`tune_magic.checkpoints.lineage.notes`).
         overrides: the overrides the job ran with, as the card shows them
             (:func:`tune_magic.ui.cardlines.shown_overrides`).
         engine_id, engine_id_label: the engine's own id of the job (SLURM's job id) and what it is

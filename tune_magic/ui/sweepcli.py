@@ -16,7 +16,7 @@ from tune_magic.ui.textfmt import cell, table
 
 
 def _sweep_kwargs(own: Mapping[str, Any]) -> dict[str, Any]:
-    from tune_magic.launcher import scheduler_values
+    from tune_magic.job.launch import scheduler_values
     from tune_magic.ui.sweepmagic import sweep_options
 
     return {**sweep_options(own), **scheduler_values(own)}
@@ -61,7 +61,7 @@ def cmd_sweep(own: Mapping[str, Any], rest: Sequence[str]) -> int:
 
 def sweeps_command(argv: Sequence[str]) -> int:
     """``tune-magic sweeps [--json]``: every sweep with its trials' statuses and its best loss so far."""
-    from tune_magic.sweeping.handle import revive_sweeps, sweeps
+    from tune_magic.sweeping.sweep import revive_sweeps, sweeps
 
     parser = argparse.ArgumentParser(prog="tune-magic sweeps", description="List sweeps, running and finished.")
     parser.add_argument("--json", action="store_true", help="print a JSON list of sweeps")
@@ -101,7 +101,7 @@ def _best_summary(sweep) -> dict | None:
 
 def sweep_jobs(spec: str, as_json: bool) -> int:
     """``tune-magic jobs --sweep S``: the sweep's trials, queued ones included, in trial order."""
-    from tune_magic.sweeping.handle import get_sweep
+    from tune_magic.sweeping.sweep import get_sweep
     from tune_magic.ui.sweeptext import table_text
     from tune_magic.ui.sweepwatch import SweepWatcher
 
@@ -124,7 +124,7 @@ def _finite(value: float | None):
 
 def stop_sweep(spec: str, grace_s: float) -> int:
     """``tune-magic stop S``: stop every trial of the sweep; queued ones never start."""
-    from tune_magic.sweeping.handle import get_sweep
+    from tune_magic.sweeping.sweep import get_sweep
 
     sweep = get_sweep(spec)
     counts = sweep.stop(grace_s=grace_s)
@@ -134,7 +134,7 @@ def stop_sweep(spec: str, grace_s: float) -> int:
 
 def stop_all_sweeps(grace_s: float) -> None:
     """``tune-magic stop --all``: first every running sweep (its queued trials never start)."""
-    from tune_magic.sweeping.handle import stop_running_sweeps
+    from tune_magic.sweeping.sweep import stop_running_sweeps
 
     for sweep_id, counts in stop_running_sweeps(grace_s):
         print(f"{sweep_id} " + ", ".join(f"{n} {k}" for k, n in counts.items()))
@@ -144,7 +144,7 @@ def sweep_metrics(spec: str, fmt: str) -> int:
     """``tune-magic metrics S [--csv | --json]``: every trial's metric points with its columns (trial,
     job id, one per axis, as typed) first."""
     from tune_magic.logs.export import labelled_points_to_csv, labelled_points_to_json
-    from tune_magic.sweeping.handle import get_sweep
+    from tune_magic.sweeping.sweep import get_sweep
 
     sweep = get_sweep(spec)
     groups = sweep.metric_groups()

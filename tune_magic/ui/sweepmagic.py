@@ -2,7 +2,7 @@
 
 The line is split again keeping where the shell quotes were (``tag="a,b"`` is one value, ``lr=1e-4,3e-4``
 an axis), and so are override lines of the body; a YAML body may hold a ``sweep:`` mapping. The cell
-returns the :class:`~tune_magic.sweeping.handle.Sweep` at once and shows its card; ``--dry-run``
+returns the :class:`~tune_magic.sweeping.sweep.Sweep` at once and shows its card; ``--dry-run``
 prints every trial's command and returns the :class:`~tune_magic.sweeping.create.SweepDryRun`;
 ``--wait`` streams one line per trial and the final table (nbconvert, papermill).
 """
@@ -34,7 +34,7 @@ def sweep_cell(line: str, cell: str | None, namespace: Mapping[str, Any]):
     """
     from IPython.core.display_functions import display
 
-    from tune_magic.launcher import launch_options, scheduler_values
+    from tune_magic.job.launch import launch_options, scheduler_values
     from tune_magic.sweeping.create import sweep
 
     words = [expand_fields(w, namespace) for w in split_words(line)]

@@ -5,7 +5,7 @@ widgets; the sink (the sweep card) receives a :class:`SweepSnapshot` and only se
 thread follows every trial: each started trial's losses through its own incremental follower
 (read only while the trial runs, once more when it ends), each row's status from its job's
 record and summary. Each look also starts the sweep process again when it died with trials queued
-(:meth:`tune_magic.sweeping.handle.Sweep.revive`).
+(:meth:`tune_magic.sweeping.sweep.Sweep.revive`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from tune_magic.logs.follow import JobMetricsFollower
-from tune_magic.sweeping.handle import Sweep
+from tune_magic.logs.metricfollow import JobMetricsFollower
+from tune_magic.sweeping.sweep import Sweep
 from tune_magic.sweeping.results import LOSS, best, results
 
 #: Most points per trial handed to the chart (older ones thinned; the logs keep every one).

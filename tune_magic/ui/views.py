@@ -65,7 +65,7 @@ class JobCard(widgets.VBox):
     this epoch, elapsed, ETA, throughput; "waiting for the first step", "waiting in the queue:
     <reason>", "saving checkpoint…"), ``chart`` (bqplot Figure, hidden until the first loss) with
     ``loss_line`` (its Lines mark: ``x`` steps, ``y`` losses) and ``x_axis`` (integer ticks),
-    ``log_tail`` (HTML: the last log lines, :func:`tune_magic.logs.tailview.display_tail`; long lines
+    ``log_tail`` (HTML: the last log lines, :func:`tune_magic.logs.cardtail.display_tail`; long lines
     wrap), ``stop_button`` (shown while the job is pending or running) and ``resume_control``
     (stopped, failed, unknown jobs: :class:`~tune_magic.ui.resumeview.ResumeControl`); the chart's
     ``earlier_line`` and ``resume_markers`` draw its lineage. ``snapshot``: the last :class:`JobSnapshot` shown.
@@ -360,7 +360,7 @@ class JobsTable(TableRows, widgets.VBox):
         self.summaries: dict[str, tuple] = {}
         if self._discover:
             self._root_stamp = dir_stamp(self._root)
-            from tune_magic.sweeping.handle import revive_sweeps
+            from tune_magic.sweeping.sweep import revive_sweeps
 
             revive_sweeps()  # the table shows sweeps' trials: a sweep whose process died goes on
         listed = newest_first(jobs() if listed is None else listed)

@@ -15,12 +15,12 @@ from dataclasses import replace
 from typing import Callable
 
 from tune_magic import schedulers
-from tune_magic.logs.follow import JobMetricsFollower
+from tune_magic.logs.metricfollow import JobMetricsFollower
 from tune_magic.job import Job
 from tune_magic.registry.store import RECORD
 from tune_magic.logs.progress import SAVED, SAVING, Bar, RunProgress, checkpoint_state, parse_bar, run_progress
 from tune_magic.registry.status import Status
-from tune_magic.logs.tailview import display_tail
+from tune_magic.logs.cardtail import display_tail
 from tune_magic.ui.cardlines import shown_overrides
 
 from tune_magic.ui.snapshot import LOSS, READ_PER_SHOWN, THROUGHPUT, JobSnapshot, progress_summary  # noqa: F401  (views import them from here too)
@@ -108,7 +108,7 @@ class JobWatcher:
         self._checkpoint_step: int | None = None
         self._first_step: tuple[float, int] | None = None  # (monotonic s, step) of the first step seen
         self._failure = None  # a failed job's FailureReason, read once
-        self._earlier = None  # the lineage's earlier curve (tune_magic.lineage.EarlierCurve), read once
+        self._earlier = None  # the lineage's earlier curve (tune_magic.checkpoints.lineage.EarlierCurve), read once
 
     def poll_once(self) -> JobSnapshot:
         """Read what is new, return the snapshot, and hand it to the sink if it changed."""
@@ -184,7 +184,7 @@ class JobWatcher:
     def _lineage(self, r) -> dict:
         """The snapshot's lineage fields: the earlier runs' curve (read once: they have ended) and
         the resume markers and notes (the record's attempts change while the job runs)."""
-        from tune_magic.lineage import ancestors, attempt_marks, earlier_curve, notes
+        from tune_magic.checkpoints.lineage import ancestors, attempt_marks, earlier_curve, notes
 
         if self._earlier is None:
             self._earlier = earlier_curve(r, ancestors(r, self.job.dir.parent)) if r.resumed_from else ()

@@ -91,7 +91,7 @@ def test_a_schema_2_record_keeps_its_slurm_fields_through_migration(tmp_path, sq
 
 def test_a_slurm_jobs_card_collapses_slurms_own_lines_through_its_schedulers_rules(tmp_path):
     from tune_magic.job import Job
-    from tune_magic.logs.tailview import display_tail
+    from tune_magic.logs.cardtail import display_tail
     from tune_magic.schedulers.slurm.exits import TAIL_RULES
 
     d, _ = _job(tmp_path, "")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import tune_magic
-from tune_magic.launcher import build_plan
+from tune_magic.job.launch import build_plan
 from tune_magic.errors import PlanError
 from tune_magic.schedulers.slurm.submit import (batch_script, directive_word, directives, output_pattern, sbatch_argv,
                                                 shell_word)
@@ -157,7 +157,7 @@ def test_scheduler_names(name, words, monkeypatch):
 
 
 def test_own_options_after_a_torchrun_option_get_put_it_first():
-    from tune_magic.launcher import launch_options
+    from tune_magic.job.launch import launch_options
     from tune_magic.plan import options as launchopts
 
     run = launch_options(launchopts.RUN)

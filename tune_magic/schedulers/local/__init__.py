@@ -20,7 +20,7 @@ from typing import Any, Mapping
 import psutil
 
 from tune_magic.errors import JobStartError
-from tune_magic.logs import ending
+from tune_magic.logs import endevidence
 from tune_magic.registry import outcome
 from tune_magic.registry import owner as owners
 from tune_magic.registry import store as jobstore
@@ -177,12 +177,12 @@ class LocalScheduler(Scheduler):
         if exit_info is not None and supervised and record.max_resumes:
             exit_info = None  # the supervisor may start it again from its checkpoint: it records the end itself
         if exit_info is not None:
-            evidence, reason = ending.evidence(job_dir, record, exit_info.returncode, nothing_runs=True)
-            changes = ending.changes(decide(evidence), record, exit_info.ended_at)
+            evidence, reason = endevidence.evidence(job_dir, record, exit_info.returncode, nothing_runs=True)
+            changes = endevidence.changes(decide(evidence), record, exit_info.ended_at)
             if supervised:
                 changes["_persist"] = False
             else:
-                ending.keep_failure(job_dir, reason)
+                endevidence.keep_failure(job_dir, reason)
             return changes
         if supervised:
             return {}
@@ -193,11 +193,11 @@ class LocalScheduler(Scheduler):
             evidence = Evidence(verdict=outcome.FAILED, nothing_runs=True, failure_line=(
                 "the launch was interrupted before the job started (the launching process died)"))
         else:  # nothing runs, no exit code: stopped if asked, else outcome unknown (an exit file may still come)
-            evidence, _ = ending.evidence(job_dir, record, None, nothing_runs=True)
+            evidence, _ = endevidence.evidence(job_dir, record, None, nothing_runs=True)
         end = decide(evidence)
         if end is None or end.status is state:
             return {}
-        return ending.changes(end, record, time.time())
+        return endevidence.changes(end, record, time.time())
 
     # -- stopping -----------------------------------------------------------------------------
     def cancel(self, job_dir: Path, record: JobRecord | None, grace_s: float) -> None:

@@ -3,7 +3,7 @@ checkpoint, from that checkpoint, as the same job, at most N times.
 
 Unlike torchrun's ``--max-restarts`` (the same arguments again: the recipe starts over from step 0
 unless it was told to resume), each new attempt runs with the resume pre-flight's overrides
-(:func:`tune_magic.plan.resume.preflight`): the recipe continues from the last complete
+(:func:`tune_magic.checkpoints.preflight.preflight`): the recipe continues from the last complete
 ``epoch_K/`` and its recipe state. An attempt is started again only when the outcome rule says it
 failed (:func:`tune_magic.registry.outcome.decide`: never after a stop, a success or a failed resume),
 and only while the pre-flight finds something to continue from; otherwise the job ends as the rule
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tune_magic.errors import PlanError
-from tune_magic.logs import ending
-from tune_magic.plan import relaunch
+from tune_magic.logs import endevidence
+from tune_magic.checkpoints import relaunch
 from tune_magic.registry import attempts as attempt_entries
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.outcome import decide
@@ -63,7 +63,7 @@ def next_attempt(job_dir: Path, record: JobRecord, code: int | None, *, stop: bo
     allowed = record.max_resumes or 0
     if not allowed or stop or code is None or code == 0:
         return Decision({})
-    evidence, _ = ending.evidence(job_dir, record, code, stop_requested=stop, nothing_runs=True)
+    evidence, _ = endevidence.evidence(job_dir, record, code, stop_requested=stop, nothing_runs=True)
     end = decide(evidence)
     if end is None or end.status is not Status.FAILED:
         return Decision({})

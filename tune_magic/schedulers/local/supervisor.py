@@ -35,7 +35,7 @@ import psutil
 
 # everything this process may need later is imported now: it outlives upgrades, and a module first
 # imported after one would come from another release (0.1.0's supervisors needed shims for that)
-from tune_magic.logs import ending, follow, lineformat, logfiles, parse, points, readers, records  # noqa: F401
+from tune_magic.logs import endevidence, lineformat, logfiles, metricfollow, parse, points, readers, splitter  # noqa: F401
 from tune_magic.logs.oom import OomWatch
 from tune_magic.logs.summary import SummaryTracker, write_summary
 from tune_magic.registry import store as jobstore
@@ -372,9 +372,9 @@ class Supervisor:
                 oom = oom_watch.killed(pids)
             except Exception:  # evidence is a bonus: never lose the end for it
                 oom = None
-        evidence, reason = ending.evidence(self.dir, self.record, code, stop_requested=stop, oom=oom,
+        evidence, reason = endevidence.evidence(self.dir, self.record, code, stop_requested=stop, oom=oom,
                                            pid=self.agent.pid if self.agent else None, nothing_runs=True)
-        ending.keep_failure(self.dir, reason)
+        endevidence.keep_failure(self.dir, reason)
         # the summary first: a reader that sees the end in the record finds the final summary too
         self.tracker.record.error = self.record.error or (decide(evidence) or Outcome(FAILED)).reason
         while self.tracker.advance(final=True):
@@ -489,13 +489,13 @@ class Supervisor:
 
         stop = evidence.stop_requested or jobstore.stop_was_requested(self.dir, rec)
         # a stop asked since the evidence was gathered: did training end before it reached the job?
-        late = stop and not evidence.stop_requested and ending.trained_to_the_end(rec)
+        late = stop and not evidence.stop_requested and endevidence.trained_to_the_end(rec)
         evidence = replace(evidence, stop_requested=stop,
                            finished_at_stop=evidence.finished_at_stop or rec.finished_at_stop or late)
         end = decide(evidence)
         if end is None:
             return
-        for key, value in ending.changes(end, rec, ended, step=self.tracker.summary.step).items():
+        for key, value in endevidence.changes(end, rec, ended, step=self.tracker.summary.step).items():
             rec.set_status(value) if key == "status" else setattr(rec, key, value)
         if evidence.returncode is not None:
             rec.returncode = evidence.returncode

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tune_magic import faultpoints
-from tune_magic.logs import ending
+from tune_magic.logs import endevidence
 from tune_magic.registry import outcome
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.outcome import Evidence
@@ -421,7 +421,7 @@ class SlurmScheduler(Scheduler):
         WATCHER.forget()
         changes = self.describe(job_dir, record)
         if changes.get("status") in (None, RUNNING, PENDING, UNKNOWN):  # our cancel ended it: nothing runs
-            evidence, _ = ending.evidence(job_dir, record, None, nothing_runs=True, stop_requested=True)
+            evidence, _ = endevidence.evidence(job_dir, record, None, nothing_runs=True, stop_requested=True)
             changes.update(exits.end(record, evidence))
         return changes
 

@@ -18,7 +18,7 @@ outcome rule (:func:`tune_magic.registry.outcome.decide`).
 Fields this module keeps in the record's ``backend``: ``job_id``, ``restarts``, ``queued_at``,
 ``waited_s``, ``missing_since``, ``missing_answers``, ``missing_answer_at``.
 
-SLURM's own lines in a job's log, as a card's tail shows them (:mod:`tune_magic.logs.tailview`). Pure.
+SLURM's own lines in a job's log, as a card's tail shows them (:mod:`tune_magic.logs.cardtail`). Pure.
 
 When a SLURM job is cancelled (``scancel``: a user's stop through tune_magic, or anyone's), or
 ends at its time limit, ``slurmstepd`` and ``srun`` write into the job's output file (SLURM 22.05)::
@@ -43,7 +43,7 @@ Read as they stand these lines look like a crash. :data:`TAIL_RULES` shows them 
 the last of them was (a stop closes the tail), as the local tail shows torchrun's
 ``SignalException`` traceback:
 ``SLURM cancelled job 7 on n1 at 2026-12-01T10:00:00; srun stopped its tasks``, or, without a
-cancel line, torchrun's stop line (:data:`tune_magic.logs.tailview.SIGNAL_NOTE`) alone. ``srun``
+cancel line, torchrun's stop line (:data:`tune_magic.logs.cardtail.SIGNAL_NOTE`) alone. ``srun``
 lines with neither among them (a task killed or failed for another reason) are shown as they are.
 
 When ``srun`` itself fails (it could not start the job's step, e.g. ``srun: error: Unable to create
@@ -61,8 +61,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tune_magic.logs import ending
-from tune_magic.logs.tailview import SIGNAL_NOTE, TailRule
+from tune_magic.logs import endevidence
+from tune_magic.logs.cardtail import SIGNAL_NOTE, TailRule
 from tune_magic.registry import outcome
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.outcome import decide, Evidence
@@ -101,7 +101,7 @@ def _cancel_summary(matches: list[re.Match], prefix: str) -> list[str]:
 CANCEL_RULE = TailRule(name="SLURM cancel", member=re.compile(f"{_CANCEL}|{_SRUN}|(?P<note>{SIGNAL_NOTE.pattern})"),
                        summary=_cancel_summary, at_last=True)
 
-#: The rules a SLURM job's card tail adds to :func:`tune_magic.logs.tailview.display_tail`.
+#: The rules a SLURM job's card tail adds to :func:`tune_magic.logs.cardtail.display_tail`.
 TAIL_RULES = (CANCEL_RULE,)
 
 
@@ -139,20 +139,20 @@ def end(record: JobRecord, evidence: Evidence, at: float | None = None) -> dict[
     result = decide(evidence)
     if result is None or result.status is record.state:
         return {}
-    return {**ending.changes(result, record, time.time() if at is None else at), "pending_reason": None}
+    return {**endevidence.changes(result, record, time.time() if at is None else at), "pending_reason": None}
 
 
 def from_exit_file(job_dir: Path, record: JobRecord, exit_info, verdict: tuple[str | None, str | None]) -> dict:
     """The end the exit file says, with SLURM's failure ``verdict`` (verdict, reason) when it has one."""
-    evidence, reason = ending.evidence(job_dir, record, exit_info.returncode, nothing_runs=True, with_host=True,
+    evidence, reason = endevidence.evidence(job_dir, record, exit_info.returncode, nothing_runs=True, with_host=True,
                                        verdict=verdict[0], verdict_reason=verdict[1])
     generic = reason is None or reason.kind == "exit_code"  # the log named no failing rank
     if exit_info.returncode != 0 and generic and not evidence.stop_requested:
-        own = srun_error(ending.read_tail(record.log_path, ending.FAILURE_TAIL_BYTES))
+        own = srun_error(endevidence.read_tail(record.log_path, endevidence.FAILURE_TAIL_BYTES))
         if own and evidence.verdict in (None, outcome.FAILED):  # srun itself failed: its own words first
             evidence = dataclasses.replace(evidence, failure_line=own)
             reason = dataclasses.replace(reason, line=own) if reason is not None else None
-    ending.keep_failure(job_dir, reason)
+    endevidence.keep_failure(job_dir, reason)
     return {**end(record, evidence, exit_info.ended_at), "pending_reason": None}
 
 
@@ -186,9 +186,9 @@ def listed(job_dir: Path, record: JobRecord, job: status.SlurmJob, started: bool
         code = -job.signal if job.signal else job.exit_code
         if said.verdict == outcome.CANCELLED and not job.nodes and not started:
             code = None  # cancelled before it ever ran: SLURM's exit code (0) is no run's
-        evidence, failure = ending.evidence(job_dir, record, code, verdict=said.verdict,
+        evidence, failure = endevidence.evidence(job_dir, record, code, verdict=said.verdict,
                                             verdict_reason=reason, nothing_runs=True, with_host=True)
-        ending.keep_failure(job_dir, failure)
+        endevidence.keep_failure(job_dir, failure)
         changes.update(end(record, evidence))
     if backend != record.backend:
         changes["backend"] = backend
@@ -223,7 +223,7 @@ def not_listed(job_dir: Path, record: JobRecord, slurm_id: str, answer: status.A
         changes = end(record, Evidence(verdict=outcome.FAILED, verdict_reason=gone, nothing_runs=True,
                                        stop_requested=jobstore.stop_was_requested(job_dir, record)))
     elif not running:
-        evidence, _ = ending.evidence(job_dir, record, None, nothing_runs=True)
+        evidence, _ = endevidence.evidence(job_dir, record, None, nothing_runs=True)
         changes = end(record, evidence)  # unknown records no end time
     elif record.state is Status.UNKNOWN:  # it writes its log again: it runs, whatever SLURM said
         changes = {"status": Status.RUNNING}

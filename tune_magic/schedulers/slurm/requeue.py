@@ -12,7 +12,7 @@ attempt (``attempt = SLURM_RESTART_COUNT + 1``).
 - With tune_magic's ``--requeue`` (or ``--resume-on-timeout N``) a requeued attempt runs
   ``python -m tune_magic.schedulers.slurm.requeue JOB_DIR ATTEMPT`` before its ``srun``
   (:func:`main`): the resume pre-flight on the job's ``output_dir``
-  (:func:`tune_magic.plan.relaunch.next_attempt`: the last checkpoint, or the beginning when the
+  (:func:`tune_magic.checkpoints.relaunch.next_attempt`: the last checkpoint, or the beginning when the
   job saved none), the attempt recorded in the record's ``attempts``
   (:mod:`tune_magic.registry.attempts`: the earlier one's end, reason and step, the new one's
   checkpoint), and the overrides of the new attempt printed to stdout, NUL-separated, for the
@@ -215,7 +215,7 @@ def prepare(plan, options, extra, *, python: str) -> tuple[list[str], ScriptPart
             does not know (a requeued attempt could not continue it).
     """
     from tune_magic.errors import PlanError
-    from tune_magic.plan.resumerecipes import recipe_support
+    from tune_magic.checkpoints.recipes import recipe_support
 
     resume, timeout_n = bool(options.get("requeue")), options.get("resume_on_timeout")
     if timeout_n and "signal" in extra.long_names:
@@ -292,7 +292,7 @@ def current_exit(job_dir: Path, record: JobRecord | None) -> tuple[jobstore.Exit
 
 
 def last_attempt_ended(job_dir: Path, record: JobRecord, changes: dict) -> dict:
-    """``changes`` (an end, which settles the last attempt: :func:`tune_magic.logs.ending.changes`)
+    """``changes`` (an end, which settles the last attempt: :func:`tune_magic.logs.endevidence.changes`)
     with the step the last attempt reached, from the job's log, when they end a job tried more than once."""
     from tune_magic.logs.summary import current_summary
 
@@ -344,7 +344,7 @@ def begin_attempt(job_dir: Path, attempt: int) -> tuple[list[str], str]:
         CorruptRecord: the record cannot be read.
     """
     from tune_magic.logs.summary import current_summary
-    from tune_magic.plan import relaunch
+    from tune_magic.checkpoints import relaunch
     from tune_magic.registry import attempts as entries
 
     record = jobstore.read(job_dir)

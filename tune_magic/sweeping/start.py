@@ -5,7 +5,7 @@ The sweep process (:mod:`tune_magic.sweeping.runner`) holds the sweep's process 
 nobody holds lost its process (SIGKILL, a reboot): :func:`revive` takes the lock without waiting
 (another listing that took it first wins) and starts a new process that inherits it, so two never
 run and there is no moment where the sweep seems to have none. Listings never call it: it is a
-step of its own (:func:`tune_magic.sweeping.handle.revive_sweeps`, ``Sweep.revive``), taken by
+step of its own (:func:`tune_magic.sweeping.sweep.revive_sweeps`, ``Sweep.revive``), taken by
 ``Sweep.wait``, ``tune-magic jobs`` and ``sweeps``, the jobs table and a sweep card.
 """
 

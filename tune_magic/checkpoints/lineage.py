@@ -3,7 +3,7 @@
 A resume is a new job whose record names the job it resumed (``resumed_from``, written at its
 registration) and where (``resume_point``: the checkpoint folder, its epoch, the global step there
 and the pre-flight's case); the resumed job's record gains ``resumed_by`` afterwards
-(:mod:`tune_magic.resuming`). Following ``resumed_from`` back gives the lineage, oldest first.
+(:mod:`tune_magic.job.resume`). Following ``resumed_from`` back gives the lineage, oldest first.
 
 One series for the lineage (:func:`lineage_points`): each job's points up to the global step where
 the next one resumed (the steps after its checkpoint were done again by the next job, whose values
@@ -11,7 +11,7 @@ replace them), then the last job's. A job that resumed with its step count resta
 pre-flight's ``steps_restart`` case: torchtune 0.6.1's lora_finetune_single_device without a
 truncating ``max_steps_per_epoch``) logs ``Step 1`` again: its steps are shifted by the resume step
 so the series runs on. Works on records (no :class:`tune_magic.job.Job`), reading each job's logs
-with :class:`tune_magic.logs.follow.JobMetricsFollower`.
+with :class:`tune_magic.logs.metricfollow.JobMetricsFollower`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tune_magic.registry import attempts as attempt_entries
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.store import JobRecord
 
-#: The pre-flight's case whose resumed run numbers its steps from 1 again (tune_magic.plan.resume).
+#: The pre-flight's case whose resumed run numbers its steps from 1 again (tune_magic.checkpoints.preflight).
 STEPS_RESTART = "steps_restart"
 #: Most jobs followed back (a hand-edited record could make a long or circular chain).
 MAX_DEPTH = 1000
@@ -53,7 +53,7 @@ def ancestors(record: JobRecord, root: Path | None = None) -> list[JobRecord]:
 def record_points(record: JobRecord, *, finished: bool) -> list[MetricPoint]:
     """The job's metric points read from its logs (see ``Job.metric_points``): to their end for a
     job that ended (``finished``), else as far as written."""
-    from tune_magic.logs.follow import JobMetricsFollower
+    from tune_magic.logs.metricfollow import JobMetricsFollower
 
     with JobMetricsFollower(record.log_path, log_dir=record.metric_log_dir, started_after=record.started_at - 1,
                             max_lines=1, cwd=record.cwd, rank_log_dir=record.rank_log_dir) as follower:

@@ -11,7 +11,7 @@ from which these functions read them back.
 attempt, :mod:`tune_magic.registry.attempts`): the local supervisor's ``--max-resumes``, and a batch
 script that its engine started again (a requeue), which runs it as::
 
-    python -m tune_magic.plan.relaunch JOB_DIR [--from-start-if-none]
+    python -m tune_magic.checkpoints.relaunch JOB_DIR [--from-start-if-none]
 
 and reads one JSON object from stdout: ``argv`` (the command for the next attempt), ``overrides``,
 ``resumed_from`` (``{"checkpoint", "epoch", "step"}`` in the attempts' format, or ``null``: from the
@@ -100,14 +100,14 @@ class NextAttempt:
     summary: str
 
     def to_json(self) -> str:
-        """The object ``python -m tune_magic.plan.relaunch`` prints."""
+        """The object ``python -m tune_magic.checkpoints.relaunch`` prints."""
         return json.dumps({"argv": self.argv, "overrides": self.overrides, "resumed_from": self.resumed_from,
                            "summary": self.summary})
 
 
 def next_attempt(record, *, from_start_if_none: bool = False) -> NextAttempt:
     """The command that continues ``record``'s job from its last checkpoint (the resume
-    pre-flight, :func:`tune_magic.plan.resume.preflight`, on its ``output_dir`` with its recipe,
+    pre-flight, :func:`tune_magic.checkpoints.preflight.preflight`, on its ``output_dir`` with its recipe,
     config and overrides), or, with ``from_start_if_none``, from the beginning when there is nothing
     to resume from.
 
@@ -123,7 +123,7 @@ def next_attempt(record, *, from_start_if_none: bool = False) -> NextAttempt:
             overrides; the message says why.
     """
     from tune_magic.errors import NothingToResume
-    from tune_magic.plan.resume import preflight
+    from tune_magic.checkpoints.preflight import preflight
 
     original = original_overrides(record.argv, record.config, record.overrides)
     try:
@@ -139,7 +139,7 @@ def next_attempt(record, *, from_start_if_none: bool = False) -> NextAttempt:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tune_magic.plan.relaunch JOB_DIR [--from-start-if-none]`` (see the module docstring)."""
+    """``python -m tune_magic.checkpoints.relaunch JOB_DIR [--from-start-if-none]`` (see the module docstring)."""
     from tune_magic.errors import PlanError
     from tune_magic.registry import store as jobstore
 
@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = "--from-start-if-none" in args
     rest = [a for a in args if a != "--from-start-if-none"]
     if len(rest) != 1:
-        print("usage: python -m tune_magic.plan.relaunch JOB_DIR [--from-start-if-none]", file=sys.stderr)
+        print("usage: python -m tune_magic.checkpoints.relaunch JOB_DIR [--from-start-if-none]", file=sys.stderr)
         return 2
     try:
         record = jobstore.read(Path(rest[0]))

@@ -24,9 +24,9 @@ from tune_magic.logs.notify import get_notifier
 from tune_magic.registry import store as jobstore
 from tune_magic.registry import sweepstore
 from tune_magic.registry.files import check_job_dir
-from tune_magic.stopping import stop_jobs
+from tune_magic.job.stopping import stop_jobs
 from tune_magic.registry.sweeprecord import NOT_STARTED, QUEUED, STARTED, SweepRecord
-from tune_magic.sweeping import process
+from tune_magic.sweeping import start
 
 #: Seconds between two looks for a dead sweep process by the same :class:`Sweep`.
 REVIVE_CHECK_S = 1.0
@@ -101,17 +101,17 @@ class Sweep:
 
     def revive(self) -> bool:
         """Start the sweep process again if it died (SIGKILL, a reboot) with trials queued; never a
-        second one (:func:`tune_magic.sweeping.process.revive`). Looks at most every
+        second one (:func:`tune_magic.sweeping.start.revive`). Looks at most every
         :data:`REVIVE_CHECK_S` seconds per :class:`Sweep` object.
 
         Returns:
             Whether a process was started.
         """
         now = time.monotonic()
-        if now - self._revived_at < REVIVE_CHECK_S or not process.needs_runner(self.refresh()._record):
+        if now - self._revived_at < REVIVE_CHECK_S or not start.needs_runner(self.refresh()._record):
             return False
         self._revived_at = now
-        return process.revive(self.dir, self._record)
+        return start.revive(self.dir, self._record)
 
     @property
     def record(self) -> SweepRecord:
@@ -314,7 +314,7 @@ def revive_sweeps() -> list[str]:
     two for one sweep); return their ids. The step the CLI's ``jobs`` and ``sweeps``, the jobs
     table and sweep cards take before they show sweeps; listings themselves start nothing.
     Never raises for one bad sweep."""
-    return process.revive_all()
+    return start.revive_all()
 
 
 def get_sweep(sweep: str) -> Sweep:

@@ -1,6 +1,6 @@
 """The checkpoint layout of a job's ``output_dir`` as torchtune 0.6.1 writes it, and the config it
-is read with. Pure: reads files, never imports torch (:mod:`tune_magic.plan.ckptfiles` reads the
-checkpoint files' small index parts only). Used by the resume pre-flight (:mod:`tune_magic.plan.resume`).
+is read with. Pure: reads files, never imports torch (:mod:`tune_magic.checkpoints.files` reads the
+checkpoint files' small index parts only). Used by the resume pre-flight (:mod:`tune_magic.checkpoints.preflight`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tune_magic.errors import PlanError
-from tune_magic.plan.ckptfiles import CheckpointFileError, TensorStub, read_safetensors_header, read_torch_file
-from tune_magic.plan.resumerecipes import FULL, RecipeSupport
+from tune_magic.checkpoints.files import CheckpointFileError, TensorStub, read_safetensors_header, read_torch_file
+from tune_magic.checkpoints.recipes import FULL, RecipeSupport
 
 RECIPE_STATE = "recipe_state/recipe_state.pt"
 

@@ -1,7 +1,7 @@
 """Resume pre-flight: what a job's ``output_dir`` holds, and the exact overrides that continue it.
 
 Pure: reads files, starts nothing, never imports torch (checkpoint files are read by
-:mod:`tune_magic.plan.ckptfiles`, which touches only their small index parts). Call
+:mod:`tune_magic.checkpoints.files`, which touches only their small index parts). Call
 :func:`preflight` with what the job record holds (recipe, resolved ``output_dir``, config path
 and the overrides it ran with, plus any the user adds); it returns a :class:`ResumePreflight` or
 raises :class:`~tune_magic.errors.PlanError` saying why the job cannot be resumed and what to do.
@@ -26,7 +26,7 @@ torchtune 0.6.1 semantics (read from its recipes and checkpointers, measured on 
   and resumes from the newest one by itself; if that load fails it logs "Training will start
   from the base checkpoint" and trains on from the base model: :func:`failed_resume_line` finds
   that line, and the outcome rule makes such a job ``failed`` (:mod:`tune_magic.registry.outcome`,
-  rule 4; the evidence is read by :func:`tune_magic.logs.ending.failed_resume_line`).
+  rule 4; the evidence is read by :func:`tune_magic.logs.endevidence.failed_resume_line`).
 * The seed and ``max_steps_per_epoch`` of the checkpoint win over the config's; ``epochs`` comes
   from the config.
 
@@ -57,11 +57,11 @@ from typing import Sequence
 from tune_magic.errors import NothingToResume, PlanError
 # the line full_finetune_distributed (0.6.1) logs when its resume from an async checkpoint failed: one
 # definition, which the outcome rule's evidence also reads from a resumed job's log (a failed resume)
-from tune_magic.logs.ending import FAILED_RESUME_TEXT  # noqa: F401
-from tune_magic.plan.resumerecipes import (  # noqa: F401  (the pre-flight's recipe table, re-exported)
+from tune_magic.logs.endevidence import FAILED_RESUME_TEXT  # noqa: F401
+from tune_magic.checkpoints.recipes import (  # noqa: F401  (the pre-flight's recipe table, re-exported)
     BUILTIN_RECIPES, FULL, LORA, SHIPPED_RECIPES, RecipeSupport, known_recipes, recipe_support,
 )
-from tune_magic.plan.ckptlayout import (  # noqa: F401  (RECIPE_STATE, RecipeState, read_recipe_state: public here too)
+from tune_magic.checkpoints.layout import (  # noqa: F401  (RECIPE_STATE, RecipeState, read_recipe_state: public here too)
     DIST_EPOCH_DIR, EPOCH_DIR, RECIPE_STATE, RecipeState, config_value, epoch_problems, int_or_none, load_config,
     null_text, numbered_dirs, raw_value, read_recipe_state, rel_path, size_text,
 )
@@ -261,7 +261,7 @@ def preflight(
     Long: the steps are short functions below; what is long here is the arguments and the refusals.
 
     Reads directory listings, the checkpoint files' headers and ``recipe_state.pt``'s small entries
-    (never its tensors; see :mod:`tune_magic.plan.ckptfiles`), the config, and at most the last
+    (never its tensors; see :mod:`tune_magic.checkpoints.files`), the config, and at most the last
     256 KiB of ``log_path``. Never imports torch.
 
     Args:

@@ -1,9 +1,14 @@
 """Jobs: a facade over each job's record and its scheduler; listings. Knows nothing of IPython.
 
+The package: :class:`Job` and the listings here; :mod:`~tune_magic.job.launch` (words -> a checked
+plan -> a registered job handed to its scheduler), :mod:`~tune_magic.job.resume` (a job continued
+from its checkpoint as a new, linked job), :mod:`~tune_magic.job.clashes` (what a launch may not
+share with a live job) and :mod:`~tune_magic.job.stopping` (several jobs stopped together).
+
 A :class:`Job` reads its record under ``$TUNE_MAGIC_HOME/jobs/<id>/`` (:mod:`tune_magic.registry`)
 and asks its scheduler (:mod:`tune_magic.schedulers`) what became of it, how to stop it and where it
 runs; it never asks which scheduler it has. Any process (a new kernel, the CLI) lists, follows and
-stops jobs that another one launched (:mod:`tune_magic.launcher`).
+stops jobs that another one launched (:mod:`tune_magic.job.launch`).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Mapping
 from tune_magic import schedulers
 from tune_magic.errors import JobNotFound, PlanError, StateDirError
 from tune_magic.logs.notify import get_notifier
-from tune_magic.plan.words import check_job_id
+from tune_magic.plan.launchwords import check_job_id
 from tune_magic.registry import owner
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.ids import resolve_job_id
@@ -327,7 +332,7 @@ class Job:
         ``log_*`` in the job's metric-log dir created after its start) and the progress bar in the
         combined log; for a step both give, the metric file's value wins.
         """
-        from tune_magic.logs.follow import JobMetricsFollower
+        from tune_magic.logs.metricfollow import JobMetricsFollower
 
         r = self._record
         with JobMetricsFollower(r.log_path, log_dir=r.metric_log_dir, started_after=r.started_at - 1,
@@ -356,17 +361,17 @@ class Job:
         """Resume this stopped, failed or ``unknown`` job from its last checkpoint, as a new job in
         the same ``output_dir`` linked to it; return the new job (a ``ResumePlan`` for a dry run).
         The same as ``tune_magic.resume(self, overrides, **options)``: see there
-        (:func:`tune_magic.resuming.resume`) for the options, the pre-flight and the refusals."""
-        import importlib
+        (:func:`tune_magic.job.resume.resume`) for the options, the pre-flight and the refusals."""
+        # a call-time import within the job package: the resume launches through job.launch,
+        # which builds Job objects, so importing it at the top would make the package's own cycle
+        from tune_magic.job.resume import resume
 
-        # the resume launches a job through tune_magic.launcher, which imports this module: reached
-        # by name at call time, as the package's lazy API reaches it, so job.py stays below the launcher
-        return importlib.import_module("tune_magic.resuming").resume(self, overrides, **options)
+        return resume(self, overrides, **options)
 
     def lineage(self) -> list["Job"]:
         """This job and the jobs it resumed, oldest first: the chain of ``resumed_from`` back to the
-        first run (a job removed with ``rm`` ends it; see :mod:`tune_magic.lineage`)."""
-        from tune_magic.lineage import ancestors
+        first run (a job removed with ``rm`` ends it; see :mod:`tune_magic.checkpoints.lineage`)."""
+        from tune_magic.checkpoints.lineage import ancestors
 
         return [Job(jobstore.job_dir(r.id, self.dir.parent), r) for r in ancestors(self.refresh()._record,
                                                                                    self.dir.parent)] + [self]
@@ -375,8 +380,8 @@ class Job:
         """The metrics of :meth:`lineage` as one run: dicts as :meth:`metrics` returns, plus ``job``
         (the id of the job that logged the point). Each job's points stop at the global step where
         the next job resumed (the steps it redid replace them); a resumed run that numbered its
-        steps from 1 again has them shifted to continue (:func:`tune_magic.lineage.lineage_points`)."""
-        from tune_magic.lineage import lineage_points
+        steps from 1 again has them shifted to continue (:func:`tune_magic.checkpoints.lineage.lineage_points`)."""
+        from tune_magic.checkpoints.lineage import lineage_points
 
         chain = self.lineage()
         points = [j.metric_points() for j in chain]
@@ -385,7 +390,7 @@ class Job:
     def tail(self, n: int = 20) -> list[str]:
         """Return the last ``n`` lines of the job's log (a progress bar's redraws collapsed to the
         latest one, as a terminal would show it)."""
-        from tune_magic.logs.ending import read_tail
+        from tune_magic.logs.endevidence import read_tail
 
         if isinstance(n, bool) or not isinstance(n, int):
             raise ValueError(f"n={n!r}: give a number of lines")
@@ -441,7 +446,7 @@ def _damaged_record(d: Path, last: JobRecord | None = None) -> JobRecord:
 def jobs(skipped: list | None = None) -> list[Job]:
     """Return every job in the registry (live and finished), oldest first. Never writes except to
     record what it learns (best effort); works on a read-only registry. Starts no process (a dead
-    sweep's process is started again by :func:`tune_magic.sweeping.handle.revive_sweeps`).
+    sweep's process is started again by :func:`tune_magic.sweeping.sweep.revive_sweeps`).
 
     Args:
         skipped: when given, damaged records are appended to it (:class:`tune_magic.registry.store.Skipped`:
@@ -452,7 +457,7 @@ def jobs(skipped: list | None = None) -> list[Job]:
     _warn_if_open(root)
     stamps: dict[str, tuple] = {}
     records, bad = jobstore.list_records_checked(root, stamps)
-    from tune_magic.lineage import link_resumes
+    from tune_magic.checkpoints.lineage import link_resumes
 
     link_resumes(records, root)  # a resume killed before it linked the job it resumed
     if skipped is not None:

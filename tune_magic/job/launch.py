@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from tune_magic import faultpoints, schedulers
-from tune_magic.clashes import busy_gpus, check_clashes, live_jobs
+from tune_magic.job.clashes import busy_gpus, check_clashes, live_jobs
 from tune_magic.errors import PlanError, StateDirError, UserError, warn_launch
 from tune_magic.job import Job
 from tune_magic.plan import catalog
@@ -38,7 +38,7 @@ from tune_magic.plan.checks import check_overrides
 from tune_magic.plan.configview import resolve_dirs, write_overlaid_config
 from tune_magic.plan.model import LaunchPlan
 from tune_magic.plan.resolve import resolve_config
-from tune_magic.plan.words import check_job_id, split_args, tokenise, with_config
+from tune_magic.plan.launchwords import check_job_id, split_args, tokenise, with_config
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.ids import new_job_id
 from tune_magic.registry.owner import TOKEN_ENV, new_token
@@ -193,7 +193,7 @@ def launch(
         job_id: the id a dry run's plan is built for (default: a new one, as a launch would pick);
             a real launch always picks its own.
         record_fields: fields of the job's record set when it is registered, in the same atomic
-            step (a resume's ``resumed_from`` and ``resume_point``: :mod:`tune_magic.resuming`).
+            step (a resume's ``resumed_from`` and ``resume_point``: :mod:`tune_magic.job.resume`).
         max_resumes: when the job fails after saving a checkpoint, start it again from that
             checkpoint, as the same job, at most this many times (``--max-resumes N``; each
             attempt is recorded in ``record.attempts``). For schedulers that do it
@@ -298,7 +298,7 @@ def _resumable_recipe(plan: LaunchPlan, max_resumes: int | None) -> None:
         PlanError: it is not; the message lists the recipes it knows.
     """
     if max_resumes:
-        from tune_magic.plan.resumerecipes import recipe_support
+        from tune_magic.checkpoints.recipes import recipe_support
 
         try:
             recipe_support(plan.recipe, plan.recipe_name)

@@ -8,13 +8,13 @@ the Resume buttons of a card and of a jobs-table row. What it does, in order:
    ``unknown`` job: its engine has not confirmed that nothing of it runs), a job resumed already
    (resume the newer one), and a live job writing to the same ``output_dir`` — each would make two
    runs share one ``output_dir`` and corrupt its checkpoints.
-2. The pre-flight (:func:`tune_magic.plan.resume.preflight`) on the job's ``output_dir`` with its
+2. The pre-flight (:func:`tune_magic.checkpoints.preflight.preflight`) on the job's ``output_dir`` with its
    recipe, config and overrides plus the extra ones: what it found (the checkpoint ``epoch_K/``,
    the epochs done), what is lost (the steps after the checkpoint, counted), the exact overrides
    it adds, the case (exact, continues, steps restart, async checkpoint) and its consequences. It
    refuses when there is nothing to resume from; a job that died before its first checkpoint can
    start again with the same settings instead (``fresh=True``).
-3. The launch (:func:`tune_magic.launcher.launch`) of the same recipe, config, torchrun options and
+3. The launch (:func:`tune_magic.job.launch.launch`) of the same recipe, config, torchrun options and
    overrides — the ``output_dir=`` override kept, its value the job's ``output_dir`` as resolved at
    its launch, so the launcher adds no per-job folder and the resumed run continues in the same
    ``output_dir`` whatever the environment now — with the pre-flight's overrides and the
@@ -28,11 +28,11 @@ two resumes of one job at once exactly one starts: the other then finds the firs
 is refused. A process killed during a resume leaves either no new job (the launcher's staging is
 collected) or a registered one: one killed between steps 3 and 4 leaves a new job whose
 ``resumed_from`` holds the link, and the next listing writes the old record's ``resumed_by``
-(:func:`tune_magic.lineage.link_resumes`). The steps are fault-injection points
+(:func:`tune_magic.checkpoints.lineage.link_resumes`). The steps are fault-injection points
 (:data:`tune_magic.faultpoints.RESUME_STEPS`).
 
 For the batch script of a scheduler that restarts a job itself (a requeue), and for the local
-supervisor's ``--max-resumes``, the pre-flight and :func:`tune_magic.plan.relaunch.relaunch_argv`
+supervisor's ``--max-resumes``, the pre-flight and :func:`tune_magic.checkpoints.relaunch.relaunch_argv`
 are the entry points (no new job there: another attempt of the same one,
 :mod:`tune_magic.registry.attempts`).
 """
@@ -48,12 +48,12 @@ from typing import Any, Callable, Mapping, Sequence
 from tune_magic import faultpoints, schedulers
 from tune_magic.errors import NothingToResume, PlanError, StateDirError
 from tune_magic.job import Job, get_job, jobs
-from tune_magic.clashes import same_or_nested
-from tune_magic.launcher import dry_run_requested, launch
+from tune_magic.job.clashes import same_or_nested
+from tune_magic.job.launch import dry_run_requested, launch
 from tune_magic.plan.model import LaunchPlan
-from tune_magic.plan.relaunch import given_torchrun_options, original_overrides
-from tune_magic.plan.resume import ResumePreflight, preflight
-from tune_magic.plan.words import check_override, split_args
+from tune_magic.checkpoints.relaunch import given_torchrun_options, original_overrides
+from tune_magic.checkpoints.preflight import ResumePreflight, preflight
+from tune_magic.plan.launchwords import check_override, split_args
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.status import Status
 
@@ -74,7 +74,7 @@ class ResumePlan:
     Attributes:
         job_id: the job resumed.
         output_dir: its ``output_dir``, where the resumed run continues.
-        preflight: what the pre-flight found (:class:`~tune_magic.plan.resume.ResumePreflight`), or
+        preflight: what the pre-flight found (:class:`~tune_magic.checkpoints.preflight.ResumePreflight`), or
             ``None`` for a fresh start.
         fresh: start again from the beginning (the job saved no checkpoint).
         args: the ``tune run`` words launched.

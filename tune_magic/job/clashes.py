@@ -1,6 +1,6 @@
 """What a new job may not share with the live jobs of this machine: a GPU, an output directory (or
 one inside another), a rendezvous port. Checked under the launch lock, so of two launches racing for
-one of them exactly one is refused (:func:`tune_magic.launcher.launch`).
+one of them exactly one is refused (:func:`tune_magic.job.launch.launch`).
 """
 
 from __future__ import annotations
