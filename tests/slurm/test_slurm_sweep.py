@@ -95,6 +95,29 @@ def test_one_trial_stops_alone_then_the_array_stops_and_its_queued_tasks_never_s
     assert sweep.status == "stopped"
 
 
+def test_a_pending_task_cancelled_outside_ends_stopped_cancelled_outside_not_pending_for_good(
+        cluster, tmp_path, monkeypatch):
+    # issue 30: `scancel A_2` of a queued task while A_0 runs; scontrol then says "Job A_2 not found"
+    # (on stdout, exit 1, in 22.05), which read as "SLURM not answering" and left the trial pending
+    monkeypatch.setenv("TUNE_MAGIC_SLURM_INTERVAL_S", "1")
+    monkeypatch.setenv("TUNE_MAGIC_SLURM_GRACE_S", "1")
+    monkeypatch.setenv("TUNE_MAGIC_SLURM_MISSING_ANSWERS", "2")
+    sweep = array_sweep(cluster, tmp_path, [1, 2, 3], "steps=400", "step_s=0.5", max_parallel=1)
+    array_id = sweep.record.engine["array_job_id"]
+    jobs = sweep.jobs
+    wait_for(lambda: not_ended(sweep) == ["running", "pending", "pending"], timeout=TIMEOUT, interval=0.3,
+             what="task 0 running, 1-2 pending", describe=lambda: statuses(sweep))
+    cluster.client(["scancel", f"{array_id}_2"])
+    said = cluster.client(["scontrol", "--oneliner", "show", "job", f"{array_id}_2"], check=False)
+    assert said.returncode == 1 and f"{array_id}_2 not found" in said.stdout + said.stderr, said
+    wait_for(lambda: jobs[2].refresh().status == "stopped", timeout=60, interval=0.5,
+             what="the cancelled task to end stopped", describe=lambda: (statuses(sweep), jobs[2].record.error))
+    assert jobs[2].record.error == "cancelled outside tune_magic" and jobs[2].record.ended_at is not None
+    assert statuses(sweep)[:2] == ["running", "pending"]  # the others go on as they were
+    assert not os.path.exists(sweep.dir / "logs" / f"{array_id}_2.log")  # it never started
+    assert sweep.stop(grace_s=2) == {"stopped": 3}
+
+
 def test_an_array_larger_than_max_array_size_is_refused_before_sbatch(cluster, tmp_path):
     limit = parse_array_limits(cluster.client(["scontrol", "show", "config"]).stdout).max_array_size
     before = sorted(os.listdir(jobstore.jobs_root()))

@@ -84,6 +84,48 @@ def test_squeue_leaving_a_job_out_is_a_doubt_that_scontrol_settles(clients, sque
     assert a.kind == queue.NO_ANSWER
 
 
+def test_a_cancelled_pending_array_task_that_scontrol_calls_not_found_on_stdout_is_not_listed(clients):
+    # SLURM 22.05 after `scancel 2_2` of a pending task while 2_0 runs (issue 30): squeue leaves the
+    # task out; `scontrol show job 2_2` prints "Job 2_2 not found" on stdout and exits 1
+    clients("squeue", "exit 0\n")
+    clients("scontrol", "echo 'Job 2_2 not found'\nexit 1\n")
+    _, a = _answer("2_2")
+    assert a.kind == queue.NOT_LISTED
+    assert sq.scontrol_invalid_id(1, "", "Job 2_2 not found\n") and sq.scontrol_invalid_id(1, "Job 2_2 not found", "")
+    assert not sq.scontrol_invalid_id(0, "", "Job 2_2 not found") and not sq.scontrol_invalid_id(1, "", "Job 2 found")
+
+
+def _pending(tmp_path: Path) -> tuple[Path, JobRecord]:
+    d, rec = _record(tmp_path)
+    return d, jobstore.update(d, status="pending")
+
+
+def test_a_pending_job_slurm_forgets_before_it_ran_stays_pending_then_is_cancelled_outside(tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNE_MAGIC_SLURM_GRACE_S", "0")
+    monkeypatch.setenv("TUNE_MAGIC_SLURM_MISSING_ANSWERS", "3")
+    d, rec = _pending(tmp_path)
+    t = time.time()
+    for n in (0, 1):  # within the answers it waits for: still pending, never "unknown"
+        rec = jobstore.update(d, **follow.not_listed(d, rec, "42", queue.Answer(queue.NOT_LISTED, at=t + n)))
+        assert rec.status == "pending" and rec.backend["missing_answers"] == n + 1
+    rec = jobstore.update(d, **follow.not_listed(d, rec, "42", queue.Answer(queue.NOT_LISTED, at=t + 2)))
+    assert (rec.status, rec.error) == ("stopped", CANCELLED_OUTSIDE) and rec.ended_at is not None
+    d2 = tmp_path / "ours"
+    d2.mkdir()
+    d, rec = _pending(d2)
+    assert jobstore.mark_stop_requested(d)
+    rec = jobstore.read(d)
+    for n in range(3):
+        rec = jobstore.update(d, **follow.not_listed(d, rec, "42", queue.Answer(queue.NOT_LISTED, at=t + n)))
+    assert (rec.status, rec.error) == ("stopped", None)  # our own stop: no "outside" reason
+    d3 = tmp_path / "started"
+    d3.mkdir()
+    d, rec = _pending(d3)
+    Path(rec.log_path).write_text("it started\n")  # a log: it ran, so the outcome is not known
+    rec = jobstore.update(d, **follow.not_listed(d, rec, "42", queue.Answer(queue.NOT_LISTED, at=t)))
+    assert rec.status == "unknown"
+
+
 def test_a_hanging_squeue_is_cut_at_the_query_timeout_and_leaves_nothing(clients, monkeypatch):
     monkeypatch.setenv("TUNE_MAGIC_SLURM_QUERY_TIMEOUT_S", "1")
     clients("squeue", "sleep 30 &\nwait\n")  # a child of its own, too: the whole session goes

@@ -409,7 +409,7 @@ class SlurmScheduler(Scheduler):
     def _alive(slurm_id: str, env: Mapping[str, str]) -> bool | None:
         """Whether SLURM still runs or queues the job; ``None`` when it does not answer."""
         r = status.run_bounded(status.squeue_argv([slurm_id], json_output=False), env, status.query_timeout_s())
-        if r is None or (r.returncode != 0 and not status.scontrol_invalid_id(r.returncode, r.stderr)):
+        if r is None or (r.returncode != 0 and not status.scontrol_invalid_id(r.returncode, r.stderr, r.stdout)):
             return None
         try:
             job = status.parse_squeue_format(r.stdout if r.returncode == 0 else "").get(slurm_id)

@@ -195,11 +195,22 @@ def listed(job_dir: Path, record: JobRecord, job: status.SlurmJob, started: bool
     return changes
 
 
+def written_to(path: str) -> bool:
+    """Whether the file at ``path`` exists and holds anything (a job's log once it started)."""
+    try:
+        return os.stat(path).st_size > 0
+    except OSError:
+        return False
+
+
 def not_listed(job_dir: Path, record: JobRecord, slurm_id: str, answer: status.Answer) -> dict[str, Any]:
     """The controller answered and knows no such job, and it left no exit code: ``unknown`` (or
     ``stopped`` when a stop was asked), then ``failed`` saying so once the answers leaving it out
     have come :func:`.status.missing_answers` times over :func:`.status.missing_grace_s` seconds. A
-    log that still grows means processes of the job run: the wait starts again from its last write."""
+    log that still grows means processes of the job run: the wait starts again from its last write.
+    A job still ``pending`` with an empty log never started: it stays ``pending`` through the same
+    wait, then ends ``stopped``, :data:`~tune_magic.registry.outcome.CANCELLED_OUTSIDE` (or plainly
+    stopped when tune_magic asked for the stop)."""
     backend = dict(record.backend)
     now = time.time()
     since = backend.get("missing_since")
@@ -217,7 +228,14 @@ def not_listed(job_dir: Path, record: JobRecord, slurm_id: str, answer: status.A
         since = written
     backend.update(missing_since=since, missing_answers=count)
     changes: dict[str, Any] = {}
-    if not running and now - since > status.missing_grace_s() and count >= status.missing_answers():
+    settled = not running and now - since > status.missing_grace_s() and count >= status.missing_answers()
+    if record.state is Status.PENDING and not written_to(record.log_path):
+        # it never started (no log yet): SLURM forgot a queued job, which only a cancel does (scancel
+        # of one pending array task leaves no CANCELLED entry behind, unlike a plain job's)
+        if settled:
+            changes = end(record, Evidence(verdict=outcome.CANCELLED, nothing_runs=True,
+                                           stop_requested=jobstore.stop_was_requested(job_dir, record)))
+    elif settled:
         gone = (f"SLURM no longer lists job {slurm_id} and it left no exit code in {job_dir}; its outcome "
                 "cannot be known")
         changes = end(record, Evidence(verdict=outcome.FAILED, verdict_reason=gone, nothing_runs=True,

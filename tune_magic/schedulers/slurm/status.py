@@ -460,11 +460,13 @@ def parse_scontrol_jobs(text: str) -> dict[str, SlurmJob]:
     return out
 
 
-def scontrol_invalid_id(returncode: int, stderr: str) -> bool:
+def scontrol_invalid_id(returncode: int, stderr: str, stdout: str = "") -> bool:
     """Whether scontrol (or squeue) answered that it knows no such job: exit 1 with ``Invalid job id
     specified``, or for an array task ``Job 7_3 not found`` (22.05, measured: a pending task
-    cancelled with its array); an unreachable or slow controller also exits 1, with another message."""
-    text = stderr or ""
+    cancelled with its array, or by itself with ``scancel 7_3``, which 22.05 prints on *stdout*);
+    an unreachable or slow controller also exits 1, with another message. Both streams are read:
+    SLURM's clients do not agree on where an answer goes."""
+    text = f"{stderr or ''}\n{stdout or ''}"
     return returncode == 1 and ("Invalid job id specified" in text
                                 or re.search(r"\bJob [0-9]+_[0-9]+ not found", text) is not None)
 
@@ -824,7 +826,7 @@ def _squeue(ids: list[str], env: Mapping[str, str], deadline: float) -> tuple[di
     r = run_bounded(squeue_argv(ids, json_output=False), env, _left(deadline))
     if r is None:
         return None, "squeue did not answer in time"
-    if r.returncode == 0 or scontrol_invalid_id(r.returncode, r.stderr):
+    if r.returncode == 0 or scontrol_invalid_id(r.returncode, r.stderr, r.stdout):
         try:
             return parse_squeue_format(r.stdout if r.returncode == 0 else ""), None
         except SqueueParseError as exc:
@@ -841,7 +843,7 @@ def _scontrol(slurm_id: str, env: Mapping[str, str], deadline: float) -> "SlurmJ
     r = run_bounded(["scontrol", "--oneliner", "show", "job", slurm_id], env, left)
     if r is None:
         return None
-    if scontrol_invalid_id(r.returncode, r.stderr):
+    if scontrol_invalid_id(r.returncode, r.stderr, r.stdout):
         return False
     if r.returncode != 0:
         return None
