@@ -54,11 +54,13 @@ class PlanError(UserError, ValueError):
 class NothingToResume(PlanError):
     """A job's ``output_dir`` holds no checkpoint a resume can continue from (nothing saved yet, or
     training already finished). ``fresh_start`` is True when nothing was saved, so launching the
-    job again with the same settings loses nothing."""
+    job again with the same settings loses nothing; ``finished`` when the checkpoints say training
+    ran to its last epoch (a requeue then ends the job ``succeeded``)."""
 
-    def __init__(self, message: str, *, fresh_start: bool = False) -> None:
+    def __init__(self, message: str, *, fresh_start: bool = False, finished: bool = False) -> None:
         super().__init__(message)
         self.fresh_start = fresh_start
+        self.finished = finished
 
 
 class JobNotFound(UserError, LookupError):

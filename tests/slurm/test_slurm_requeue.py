@@ -12,6 +12,10 @@ minutes); the tests release it at once (``scontrol update StartTime=now``), as m
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 import tune_magic
@@ -128,3 +132,53 @@ def test_tune_magics_full_finetune_requeued_mid_epoch_2_ends_with_the_uninterrup
     one, two = A.parse(job.record.attempts)
     assert (one.reason, one.step) == ("requeued (scontrol requeue)", STEPS + 2)
     assert two.resumed_from == {"checkpoint": "epoch_0/", "epoch": 0, "step": STEPS}
+
+
+def _requeue_at(cluster, job, ready, what: str) -> None:
+    wait_for(ready, timeout=TIMEOUT, interval=0.3, what=what, describe=lambda: (job.status, job.tail(15)))
+    cluster.client(["scontrol", "requeue", job.engine_id])
+    slurm_sched.WATCHER.forget()
+    _release(cluster, job)
+
+
+def test_a_requeued_attempt_that_cannot_continue_says_why_in_the_record_the_card_and_logs_error(cluster):
+    # issue 30: the recipe state truncated before attempt 2 starts ended the job "exited with code 3",
+    # attempts [], the reason only in the log
+    job = tune_magic.launch(toy_args(f"epochs={EPOCHS}", f"steps={STEPS}", "step_s=3.0", "save_checkpoints=true",
+                                     nproc=1), scheduler="slurm", nodes=1, cpus_per_node=1, requeue=True)
+    cluster.started.append(job)
+    state = Path(job.record.output_dir) / "recipe_state" / "recipe_state.pt"
+
+    def epoch_1_saved() -> bool:
+        if (_fresh(job).summary().step or 0) < STEPS + 1 or not state.is_file():
+            return False
+        state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+        return True
+
+    _requeue_at(cluster, job, epoch_1_saved, "epoch 1 saved, its recipe state then truncated")
+    assert job.wait(TIMEOUT) == "failed", ("\n".join(job.tail(60)), job.record.attempts, job.error)
+    assert job.error.startswith("attempt 2 cannot continue the job: ") and "recipe_state.pt is truncated" in job.error
+    one, two = A.parse(job.record.attempts)
+    assert one.reason == "requeued (scontrol requeue)" and two.number == 2 and two.returncode == 3
+    assert "recipe_state.pt is truncated" in two.reason
+    said = subprocess.run([sys.executable, "-m", "tune_magic", "logs", job.id, "--error"], capture_output=True,
+                          text=True, timeout=TIMEOUT)
+    assert said.returncode == 0 and job.error in said.stdout.splitlines()[0], said
+    from tune_magic.ui.views import JobCard
+
+    card = JobCard(job, watch=False)
+    card.watcher.poll_once()
+    assert "attempt 2 cannot continue the job" in card.text()
+
+
+def test_a_requeue_that_lands_after_the_final_checkpoint_ends_the_job_succeeded(cluster):
+    job = tune_magic.launch(toy_args("epochs=1", "steps=2", "step_s=0.5", "save_checkpoints=true", "linger_s=120",
+                                     nproc=1), scheduler="slurm", nodes=1, cpus_per_node=1, requeue=True)
+    cluster.started.append(job)
+    final = Path(job.record.output_dir) / "epoch_0" / "model.safetensors.index.json"
+    _requeue_at(cluster, job, lambda: final.is_file() and _fresh(job).summary().step == 2,
+                "the final checkpoint, while the job lingers")
+    assert job.wait(TIMEOUT) == "succeeded", (job.error, job.tail(30))
+    assert job.returncode == 0 and job.error is None
+    one, two = A.parse(job.record.attempts)
+    assert one.reason == "requeued (scontrol requeue)" and two.reason.startswith("training had finished: ")

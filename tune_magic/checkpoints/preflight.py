@@ -346,7 +346,7 @@ def _refuse_what_cannot_resume(support: RecipeSupport, cfg, root: Path, cwd: str
         if not blocking:
             raise NothingToResume(f"nothing to resume: {final.name}/ is the final checkpoint of all {epochs} epochs and "
                                   "it is complete, so training finished (anything that failed came after the last "
-                                  "save). To train longer, start a new run from its weights")
+                                  "save). To train longer, start a new run from its weights", finished=True)
     return epochs_dirs
 
 
@@ -381,7 +381,7 @@ def _paired_checkpoint(support: RecipeSupport, cfg, root: Path, epochs_dirs: dic
     if epochs is not None and state.epochs_run >= epochs:
         raise NothingToResume(f"nothing to resume: the recipe state says {state.epochs_run} epochs were done and the "
                               f"config asks for epochs={epochs}; add epochs=<more than {state.epochs_run}> to train "
-                              "longer")
+                              "longer", finished=True)
     newer = sorted(n for n in epochs_dirs if n > k)
     if newer:
         names = ", ".join(f"{epochs_dirs[n].name}/" for n in newer)
@@ -469,7 +469,7 @@ def _async(support: RecipeSupport, recipe: str, out: Path, root: Path, cfg, epoc
     epochs_run = k + 1  # the recipe saves dist_epoch_<curr_epoch> after counting that epoch as run
     if epochs is not None and epochs_run >= epochs:
         raise NothingToResume(f"nothing to resume: {complete[k].name}/ holds {epochs_run} epoch(s) and the config asks for "
-                        f"epochs={epochs}; add epochs=<more than {epochs_run}> to train longer")
+                        f"epochs={epochs}; add epochs=<more than {epochs_run}> to train longer", finished=True)
     max_steps = int_or_none(config_value(cfg, "max_steps_per_epoch"))
     bar = _latest_bar(progress, log_path)
     steps_per_epoch = bar.total if bar is not None and bar.total else max_steps

@@ -272,6 +272,74 @@ def test_the_requeue_helper_records_the_attempts_and_starts_over_without_a_check
     assert bad.returncode == 2 and "ATTEMPT >= 2" in bad.stderr
 
 
+def _requeued_toy(tmp_path: Path, epochs: int) -> tuple[Path, JobRecord, Path]:
+    """A ``--requeue`` toy job whose first attempt ran one epoch of 2 steps and saved it."""
+    from jobhelpers import TOY_CONFIG, TOY_RECIPE
+    from resumehelpers import toy_checkpoint
+
+    out = toy_checkpoint(tmp_path / "out", epochs_run=1, steps=2, epochs=epochs)
+    overrides = [f"epochs={epochs}", "steps=2", "save_checkpoints=true", f"output_dir={out}"]
+    d, rec = _record(tmp_path, requeue=True)
+    rec.argv = ["python", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", str(TOY_RECIPE),
+                "--config", str(TOY_CONFIG), *overrides]
+    rec.recipe, rec.config, rec.overrides, rec.output_dir = str(TOY_RECIPE), str(TOY_CONFIG), overrides, str(out)
+    rec.backend["restarts"] = 1
+    jobstore.write_record(d, rec)
+    return d, rec, out
+
+
+def _helper(d: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([os.sys.executable, "-m", "tune_magic.schedulers.slurm.requeue", str(d), "2"],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_an_attempt_that_cannot_continue_keeps_its_reason_in_the_record_the_end_and_the_failure(tmp_path, monkeypatch):
+    # issue 30: the recipe state truncated before attempt 2 starts; the job ended "exited with code 3"
+    # with attempts [] and only the log said why
+    d, rec, out = _requeued_toy(tmp_path, epochs=3)
+    state = out / "recipe_state" / "recipe_state.pt"
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+    r = _helper(d)
+    assert r.returncode == R.REFUSED_RC and "attempt 2 cannot continue the job" in r.stderr and r.stdout == ""
+    one, two = jobstore.read(d).attempts
+    assert (one["number"], one["reason"], one["step"]) == (1, "requeued by SLURM", 3)
+    assert two["number"] == 2 and two["returncode"] == R.REFUSED_RC and two["ended_at"] is not None
+    assert two["reason"].startswith("cannot continue the job: ") and "recipe_state.pt is truncated" in two["reason"]
+    _exit(d, "exit_code.attempt-2", R.REFUSED_RC)  # what the batch script writes then
+    monkeypatch.setattr(S, "WATCHER", _Said(sq.SlurmJob("42", "tune_magic-j1", "FAILED", restart_count=1, exit_code=3)))
+    end = jobstore.update(d, **S.SlurmScheduler().describe(d, jobstore.read(d)))
+    assert end.status == "failed" and end.error.startswith("attempt 2 cannot continue the job: ")
+    assert "recipe_state.pt is truncated" in end.error and len(end.attempts) == 2
+    assert json.loads((d / jobstore.FAILURE).read_text())["line"] == end.error  # what logs --error prints first
+
+
+def test_a_requeue_after_the_final_checkpoint_ends_the_job_succeeded(tmp_path, monkeypatch):
+    d, rec, out = _requeued_toy(tmp_path, epochs=1)  # its one epoch is saved: training finished
+    r = _helper(d)
+    assert r.returncode == R.FINISHED_RC and "attempt 2: training had finished" in r.stderr
+    two = jobstore.read(d).attempts[-1]
+    assert (two["number"], two["returncode"]) == (2, 0) and two["reason"].startswith("training had finished: ")
+    for code in (R.REFUSED_RC, 0):  # an earlier release's batch script exits 3 here; today's exits 0
+        e = tmp_path / f"rc{code}"
+        e.mkdir()
+        d2, _, _ = _requeued_toy(e, epochs=1)
+        assert _helper(d2).returncode == R.FINISHED_RC
+        _exit(d2, "exit_code.attempt-2", code)
+        monkeypatch.setattr(S, "WATCHER", _Said(sq.SlurmJob("42", "tune_magic-j1", "COMPLETED", restart_count=1)))
+        end = jobstore.update(d2, **S.SlurmScheduler().describe(d2, jobstore.read(d2)))
+        assert (end.status, end.returncode, end.error) == ("succeeded", 0, None), (code, end)
+
+
+def test_the_script_maps_the_helpers_finished_status_to_exit_0(tmp_path):
+    fake_python = tmp_path / "python"
+    fake_python.write_text(f"#!/bin/sh\nexit {R.FINISHED_RC}\n")
+    fake_python.chmod(0o755)
+    r = subprocess.run(["bash", "-c", _prelude(tmp_path, n=None, python=str(fake_python)) + "echo srun-would-run\n"],
+                       text=True, capture_output=True, env={"PATH": os.environ["PATH"], "SLURM_RESTART_COUNT": "1"})
+    assert r.returncode == 0 and "srun-would-run" not in r.stdout
+    assert json.loads((tmp_path / "exit_code.attempt-2").read_text())["returncode"] == 0
+
+
 def test_a_requeue_shown_without_a_restart_count_also_outvotes_the_earlier_attempts_file():
     # squeue's plain format (no JSON) has no restart count: a job queued again after its script ended was requeued
     pending = sq.parse_squeue_format("42|PENDING|BeginTime|1|(null)|10:00|tune_magic-j1")["42"]

@@ -63,6 +63,7 @@ from typing import Any
 
 from tune_magic.logs import endevidence
 from tune_magic.logs.cardtail import SIGNAL_NOTE, TailRule
+from tune_magic.logs.failure import FailureReason
 from tune_magic.registry import outcome
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.outcome import decide, Evidence
@@ -142,8 +143,29 @@ def end(record: JobRecord, evidence: Evidence, at: float | None = None) -> dict[
     return {**endevidence.changes(result, record, time.time() if at is None else at), "pending_reason": None}
 
 
+def attempt_not_run(record: JobRecord) -> tuple[int, str] | None:
+    """``(exit code, reason)`` of a requeued attempt that ran nothing: the requeue helper records it
+    ended at once (the pre-flight refused, or training had finished) before the job itself ends;
+    any other attempt is ended only with the job. ``None`` for every other job."""
+    last = record.attempts[-1] if len(record.attempts) > 1 else None
+    if not isinstance(last, dict) or last.get("ended_at") is None or not isinstance(last.get("returncode"), int):
+        return None
+    return last["returncode"], f"attempt {last.get('number')} {last.get('reason') or 'ran nothing'}"
+
+
 def from_exit_file(job_dir: Path, record: JobRecord, exit_info, verdict: tuple[str | None, str | None]) -> dict:
-    """The end the exit file says, with SLURM's failure ``verdict`` (verdict, reason) when it has one."""
+    """The end the exit file says, with SLURM's failure ``verdict`` (verdict, reason) when it has one.
+    A requeued attempt that ran nothing (:func:`attempt_not_run`) ends the job with its own exit
+    code and reason: a batch script of an earlier release exits 3 for both."""
+    not_run = attempt_not_run(record)
+    if not_run is not None:  # the helper's word, not the log's: that ends with the earlier attempt's kill
+        code, line = not_run
+        stop = jobstore.stop_was_requested(job_dir, record)
+        if code and not stop:
+            endevidence.keep_failure(job_dir, FailureReason(line=line, kind="exit_code", exitcode=code))
+        evidence = Evidence(returncode=code, failure_line=line if code else None, nothing_runs=True,
+                            stop_requested=stop)
+        return {**end(record, evidence, exit_info.ended_at), "pending_reason": None}
     evidence, reason = endevidence.evidence(job_dir, record, exit_info.returncode, nothing_runs=True, with_host=True,
                                        verdict=verdict[0], verdict_reason=verdict[1])
     generic = reason is None or reason.kind == "exit_code"  # the log named no failing rank

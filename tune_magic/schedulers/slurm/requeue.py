@@ -43,6 +43,25 @@ from typing import Sequence
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.record import JobRecord
 
+#: The requeue helper's exit status (and the attempt's exit code) when the attempt cannot continue the job.
+REFUSED_RC = 3
+#: The helper's exit status when training had finished: the script ends the job with exit code 0.
+FINISHED_RC = 4
+#: The reason an attempt records when the pre-flight refuses it (the error follows).
+CANNOT_CONTINUE = "cannot continue the job"
+#: The reason an attempt records when the checkpoints say training had finished.
+TRAINING_FINISHED = "training had finished"
+
+
+class AttemptNotRun(Exception):
+    """A requeued attempt that runs nothing: the pre-flight refused (``finished`` False), or
+    training had finished (``finished`` True). Its attempt entry is recorded already."""
+
+    def __init__(self, message: str, *, finished: bool = False) -> None:
+        super().__init__(message)
+        self.finished = finished
+
+
 #: The marker the ``--resume-on-timeout`` trap leaves for attempt N before it requeues the job.
 TIMEOUT_MARKER = "requeued-on-timeout.attempt-"
 #: Most seconds before the time limit the ``--resume-on-timeout`` signal is asked for.
@@ -167,9 +186,12 @@ def script_parts(*, overrides: Sequence[str], python: str, resume: bool, resume_
             "overrides=(" + " ".join(shlex.quote(o) for o in overrides) + ")",
             'if [ "$attempt" -gt 1 ]; then',
             "    # requeued: continue from the job's last checkpoint (from the start when it saved none)",
-            f'    if ! {shlex.quote(python)} -m tune_magic.schedulers.slurm.requeue "$job_dir" "$attempt" \\',
-            '            > "$job_dir/.overrides.$$"; then',
-            "        rc=3",
+            f'    {shlex.quote(python)} -m tune_magic.schedulers.slurm.requeue "$job_dir" "$attempt" \\',
+            '        > "$job_dir/.overrides.$$"',
+            "    rc=$?",
+            '    if [ "$rc" -ne 0 ]; then',
+            f'        if [ "$rc" -eq {FINISHED_RC} ]; then rc=0; else rc={REFUSED_RC}; fi  # 4: training had finished, a success',
+            '        rm -f "$job_dir/.overrides.$$"',
             "        printf '{\"returncode\": %d, \"ended_at\": %s}\\n' \"$rc\" \"$(date +%s.%N)\" "
             '> "$job_dir/.exit_code.$$" \\',
             '            && mv -f "$job_dir/.exit_code.$$" "$exit_file"',
@@ -339,18 +361,19 @@ def begin_attempt(job_dir: Path, attempt: int) -> tuple[list[str], str]:
     from the last checkpoint, or from the beginning when there is none.
 
     Raises:
-        PlanError: the pre-flight refuses (a damaged checkpoint, an unknown recipe, a record whose
-            command does not end with its overrides); the message says why.
+        AttemptNotRun: the pre-flight refuses (a damaged checkpoint, an unknown recipe, a record
+            whose command does not end with its overrides), or training had finished; the
+            attempt is recorded as ended, with that reason.
         CorruptRecord: the record cannot be read.
     """
-    from tune_magic.logs.summary import current_summary
     from tune_magic.checkpoints import relaunch
+    from tune_magic.errors import NothingToResume, PlanError
+    from tune_magic.logs.summary import current_summary
     from tune_magic.registry import attempts as entries
 
     record = jobstore.read(job_dir)
     if len(record.attempts) >= attempt:  # this attempt was recorded already (the helper ran twice)
         return list(record.overrides or []), f"[tune_magic] attempt {attempt} goes on as recorded"
-    nxt = relaunch.next_attempt(record, from_start_if_none=True)
     before = entries.parse(record.attempts)
     since = before[-1].log_offset if before else 0
     reason = _attempt_reason(job_dir, record, attempt - 1, since)
@@ -358,6 +381,20 @@ def begin_attempt(job_dir: Path, attempt: int) -> tuple[list[str], str]:
     done = entries.finish(record.attempts, ended_at=_ended_at(job_dir, record, attempt - 1), reason=reason,
                           step=step, returncode=None, first_started_at=record.started_at)
     size = _size(record.log_path)
+    try:
+        nxt = relaunch.next_attempt(record, from_start_if_none=True)
+    except PlanError as exc:
+        # the attempt is recorded all the same, ended at once with its reason: the record, the card
+        # and `logs --error` say why the job ended, not just the batch script's exit code
+        finished = isinstance(exc, NothingToResume) and exc.finished
+        now = time.time()
+        ended = entries.finish(
+            entries.begin(done, started_at=now, first_started_at=record.started_at, resumed_from=None,
+                          log_offset=size),
+            ended_at=now, reason=f"{TRAINING_FINISHED}: {exc}" if finished else f"{CANNOT_CONTINUE}: {exc}",
+            step=step, returncode=0 if finished else REFUSED_RC)
+        jobstore.update(job_dir, attempts=ended)
+        raise AttemptNotRun(str(exc), finished=finished) from exc
     new = entries.begin(done, started_at=time.time(), first_started_at=record.started_at,
                         resumed_from=nxt.resumed_from, log_offset=size)
     jobstore.update(job_dir, attempts=new, argv=nxt.argv, overrides=nxt.overrides)
@@ -388,9 +425,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         overrides, line = begin_attempt(Path(args[0]), int(args[1]))
+    except AttemptNotRun as exc:
+        if exc.finished:
+            print(f"[tune_magic] attempt {args[1]}: {TRAINING_FINISHED}: {exc}", file=sys.stderr)
+            return FINISHED_RC
+        print(f"[tune_magic] attempt {args[1]} {CANNOT_CONTINUE}: {exc}", file=sys.stderr)
+        return REFUSED_RC
     except (TuneMagicError, jobstore.CorruptRecord, OSError, ValueError) as exc:
-        print(f"[tune_magic] attempt {args[1]} cannot continue the job: {exc}", file=sys.stderr)
-        return 3
+        print(f"[tune_magic] attempt {args[1]} {CANNOT_CONTINUE}: {exc}", file=sys.stderr)
+        return REFUSED_RC
     print(line, file=sys.stderr, flush=True)
     sys.stdout.write("".join(f"{o}\0" for o in overrides))
     sys.stdout.flush()
