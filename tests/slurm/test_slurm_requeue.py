@@ -100,6 +100,8 @@ def test_resume_on_timeout_requeues_the_job_once_before_its_limit_then_it_ends_a
     one, two = A.parse(job.record.attempts)
     assert one.reason == "requeued (time limit near; --resume-on-timeout 1)", one
     assert two.number == 2 and two.ended_at == job.ended_at
+    # the step it reached before SLURM ended it at its limit (issue 30: it was null)
+    assert isinstance(two.step, int) and two.step == job.summary().step >= 1, (two, job.summary())
 
 
 def test_tune_magics_full_finetune_requeued_mid_epoch_2_ends_with_the_uninterrupted_runs_losses(cluster, tiny_assets,

@@ -272,6 +272,21 @@ def test_the_requeue_helper_records_the_attempts_and_starts_over_without_a_check
     assert bad.returncode == 2 and "ATTEMPT >= 2" in bad.stderr
 
 
+def test_an_attempt_slurm_ends_at_its_time_limit_records_the_step_it_reached(tmp_path, monkeypatch):
+    # issue 30: attempt 2 of a --resume-on-timeout job cut by the time limit recorded step null (SLURM's
+    # TIMEOUT ended it, no exit file: only the exit file's end looked up the step)
+    d, rec = _record(tmp_path, requeue=True, resume_on_timeout=1)
+    rec.backend["restarts"] = 1
+    rec.attempts = [{"number": 1, "started_at": rec.started_at, "ended_at": rec.started_at + 1,
+                     "reason": "requeued (time limit near; --resume-on-timeout 1)", "step": 2},
+                    {"number": 2, "started_at": rec.started_at + 2, "log_offset": 0}]
+    jobstore.write_record(d, rec)
+    monkeypatch.setattr(S, "WATCHER", _Said(sq.SlurmJob("42", "tune_magic-j1", "TIMEOUT", restart_count=1)))
+    end = jobstore.update(d, **S.SlurmScheduler().describe(d, rec))
+    assert end.status == "failed" and "time limit" in end.error
+    assert (end.attempts[-1]["number"], end.attempts[-1]["step"]) == (2, 3)  # the log's last step: 3 of 20
+
+
 def _requeued_toy(tmp_path: Path, epochs: int) -> tuple[Path, JobRecord, Path]:
     """A ``--requeue`` toy job whose first attempt ran one epoch of 2 steps and saved it."""
     from jobhelpers import TOY_CONFIG, TOY_RECIPE

@@ -236,7 +236,9 @@ class SlurmScheduler(Scheduler):
             # a trial of an array whose submitter died before it recorded the array's id
             adopted = adopt_task(job_dir, record, _client_env(None, record))
             record = dataclasses.replace(record, **adopted)
-        return {**adopted, **self._describe(job_dir, record)}
+        # every end (the exit file, SLURM's verdict such as a time limit, a job it forgot) settles a
+        # requeued job's last attempt with the step it reached
+        return requeue.last_attempt_ended(job_dir, record, {**adopted, **self._describe(job_dir, record)})
 
     def _describe(self, job_dir: Path, record: JobRecord) -> dict[str, Any]:
         """:meth:`describe` of a record that names its SLURM id if anything does."""
@@ -295,8 +297,7 @@ class SlurmScheduler(Scheduler):
         fresh = self._fresh_answer(record)
         if requeue.requeueable(record) and requeue.requeued_since(fresh.job if fresh else None, attempt):
             return None
-        ended = exits.from_exit_file(job_dir, record, exit_info, self._failure_verdict(record, fresh))
-        return requeue.last_attempt_ended(job_dir, record, ended)
+        return exits.from_exit_file(job_dir, record, exit_info, self._failure_verdict(record, fresh))
 
     def job_note(self, record: JobRecord) -> str | None:
         """``"SLURM not answering since HH:MM"`` for a job not ended while the controller does not
