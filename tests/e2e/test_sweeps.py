@@ -182,6 +182,27 @@ def test_a_failing_trial_does_not_stop_the_others(stop_sweeps):
 
 
 @pytest.mark.timeout(TIMEOUT)
+def test_a_sweep_record_cut_in_half_while_trial_0_runs_is_rebuilt_and_every_trial_runs(stop_sweeps):
+    # issue 30: the sweep process exited with a CorruptRecord traceback, trials 1 and 2 never started,
+    # `tune-magic sweeps` showed only "damaged sweep record" and stop refused
+    sweep = tune_magic.sweep(f"{TOY} start_loss=1,2,3 steps=3 step_s=0.5", max_parallel=1)
+    stop_sweeps.append(sweep)
+    wait_for(lambda: [t.status for t in sweep.refresh().trials] == ["running", "queued", "queued"], timeout=120,
+             interval=0.2, what="trial 0 running, 1-2 queued", describe=lambda: [t.status for t in sweep.trials])
+    path = sweep.dir / sweepstore.SWEEP_FILE
+    full = path.read_bytes()
+    path.write_bytes(full[: len(full) // 2])
+    listed = cli("sweeps")
+    assert listed.returncode == 0 and sweep.id in listed.stdout and "damaged" not in listed.stdout, listed
+    assert sweep.wait(240) == {"succeeded": 3}
+    assert {i: len(ids) for i, ids in trial_jobs(sweep.id).items()} == {0: 1, 1: 1, 2: 1}  # each ran once
+    repaired = json.loads(path.read_text())  # written back whole by the sweep process
+    assert [t["status"] for t in repaired["trials"]] == ["started"] * 3
+    assert any("sweep.json was damaged" in w for w in repaired["warnings"])
+    assert "Traceback" not in (sweep.dir / sweepstore.RUNNER_LOG).read_text()
+
+
+@pytest.mark.timeout(TIMEOUT)
 def test_trials_never_start_on_gpus_another_live_job_holds_with_FAKE_gpus(tmp_path, monkeypatch, stop_sweeps,
                                                                           cleanup_jobs):
     write_fake_nvidia_smi(tmp_path / "bin", 2)  # FAKE: there is no GPU here; the toy recipe never uses one

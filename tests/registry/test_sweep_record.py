@@ -124,3 +124,45 @@ def test_jobstore_round_trip_of_a_trial_record(tmp_path):
     d.mkdir()
     jobstore.write_record(d, rec)
     assert jobstore.read(d).sweep == {"id": "sweep-x", "trial": 0, "name": "grid"}
+
+
+def test_a_damaged_sweep_record_is_rebuilt_from_its_backup_and_its_trials_jobs(tmp_path, monkeypatch):
+    # issue 30: sweep.json cut to half its length while trial 0 ran stopped the queue and hid the sweep
+    monkeypatch.setenv("TUNE_MAGIC_HOME", str(tmp_path / "home"))
+    root = sweepstore.sweeps_root(create=True)
+    d = root / "sweep-20261201-100000-abcdef"
+    d.mkdir()
+    rec = record()
+    with_trial_0 = record()
+    with_trial_0.trials[0].status, with_trial_0.trials[0].job_id = STARTED, "20261201-100001-aaaaaa"
+    sweepstore.write(d, with_trial_0)
+    assert sweepstore.read(d) == with_trial_0 and (d / sweepstore.BACKUP_FILE).is_file()
+    # trial 1's job was registered by a process that died before it wrote the sweep record down
+    for trial, job_id in ((0, "20261201-100001-aaaaaa"), (1, "20261201-100002-bbbbbb")):
+        jd = jobstore.jobs_root(create=True) / job_id
+        jd.mkdir()
+        jobstore.write_record(jd, JobRecord.from_dict(_job(id=job_id, started_at=10.0 + trial, sweep={
+            "id": rec.id, "trial": trial, "name": "grid", "slot": trial})))
+    full = (d / sweepstore.SWEEP_FILE).read_bytes()
+    (d / sweepstore.SWEEP_FILE).write_bytes(full[: len(full) // 2])
+    back = sweepstore.read(d)
+    assert [(t.status, t.job_id, t.slot) for t in back.trials] == [
+        (STARTED, "20261201-100001-aaaaaa", None), (STARTED, "20261201-100002-bbbbbb", 1), (QUEUED, None, None),
+        (QUEUED, None, None)]
+    assert back.args == rec.args and back.axes == rec.axes and back.slots == rec.slots
+    assert "sweep.json was damaged" in back.warnings[-1] and "rebuilt from sweep.backup.json" in back.warnings[-1]
+    skipped: list = []
+    assert [r.id for r in sweepstore.list_records(root, skipped)] == [rec.id] and skipped == []
+    assert (d / sweepstore.SWEEP_FILE).read_bytes() == full[: len(full) // 2]  # reading never writes
+    assert sweepstore.read_repaired(d) == back  # the sweep process writes it back whole, once
+    assert json.loads((d / sweepstore.SWEEP_FILE).read_text())["trials"][1]["job_id"] == "20261201-100002-bbbbbb"
+    # both copies damaged: refused as before, saying what is wrong with the record itself
+    for name in (sweepstore.SWEEP_FILE, sweepstore.BACKUP_FILE):
+        (d / name).write_text("{")
+    with pytest.raises(CorruptRecord, match="unreadable sweep record .*sweep.json"):
+        sweepstore.read(d)
+    # a stopped sweep (its done marker) whose record and stale backup lose the stop is not revived
+    sweepstore.write(d, rec)
+    (d / sweepstore.SWEEP_FILE).write_text("")
+    sweepstore.mark_done(d)
+    assert sweepstore.read(d).done_at is not None

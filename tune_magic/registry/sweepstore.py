@@ -5,6 +5,9 @@ Layout (``$TUNE_MAGIC_HOME/sweeps``, directories mode 0700)::
     sweeps/.staging-<id>/          a sweep being registered (renamed to sweeps/<id> in one step)
     sweeps/<id>/sweep.json         the record (:class:`~tune_magic.registry.sweeprecord.SweepRecord`),
                                    replaced atomically
+    sweeps/<id>/sweep.backup.json  the same record, written right after it: a damaged sweep.json is
+                                   read from here, its trials' states from their own job records
+                                   (:func:`rebuild`), and written back whole at the next write
     sweeps/<id>/sweep.lock         flock()ed around every read-modify-write of the record; the sweep
                                    process also holds it while it starts a trial, so a stop and a
                                    start never cross (a stopped sweep starts nothing more)
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -32,10 +36,12 @@ from tune_magic.errors import StateDirError
 from tune_magic.paths import home
 from tune_magic.registry.files import check_job_dir, flocked, lock_is_held, open_nofollow, read_json, write_atomic
 from tune_magic.registry.ids import new_job_id
+from tune_magic.registry import store as jobstore
 from tune_magic.registry.record import CorruptRecord
-from tune_magic.registry.sweeprecord import SweepRecord
+from tune_magic.registry.sweeprecord import QUEUED, STARTED, SweepRecord
 
 SWEEP_FILE = "sweep.json"
+BACKUP_FILE = "sweep.backup.json"
 SWEEP_LOCK = "sweep.lock"
 #: Held by the sweep process for its life (the same name as a job's supervisor lock).
 RUNNER_LOCK = "supervisor.lock"
@@ -85,30 +91,90 @@ def sweep_dir(sweep_id: str, root: Path | None = None) -> Path:
     return (root or sweeps_root()) / sweep_id
 
 
-def read(d: Path) -> SweepRecord:
-    """Read and validate the record in sweep directory ``d``; its id must be the directory's name.
-
-    Raises:
-        CorruptRecord: missing, not JSON, invalid, or ``d`` is a link.
-    """
+def _read_file(d: Path, name: str) -> SweepRecord:
     try:
         check_job_dir(d)
-        data = read_json(d / SWEEP_FILE, MAX_SWEEP_BYTES)
+        data = read_json(d / name, MAX_SWEEP_BYTES)
     except FileNotFoundError:
         raise CorruptRecord(f"no sweep record in {d}") from None
     except StateDirError as exc:
         raise CorruptRecord(str(exc)) from None
     except (OSError, ValueError) as exc:
-        raise CorruptRecord(f"unreadable sweep record in {d}: {exc}") from None
+        raise CorruptRecord(f"unreadable sweep record {d / name}: {exc}") from None
     record = SweepRecord.from_dict(data)
     if record.id != d.name:
         raise CorruptRecord(f"sweep record in {d} names another sweep id ({record.id!r})")
     return record
 
 
+def read(d: Path) -> SweepRecord:
+    """Read and validate the record in sweep directory ``d``; its id must be the directory's name.
+    A damaged or missing ``sweep.json`` is rebuilt (:func:`rebuild`) when its backup can be read.
+    Never writes: the rebuilt record is written back by the next write (the sweep process's).
+
+    Raises:
+        CorruptRecord: neither the record nor its backup can be read, or ``d`` is a link.
+    """
+    try:
+        return _read_file(d, SWEEP_FILE)
+    except CorruptRecord as damaged:
+        try:
+            return rebuild(d, str(damaged))
+        except CorruptRecord:
+            raise damaged from None
+
+
+def rebuild(d: Path, why: str) -> SweepRecord:
+    """The sweep record of ``d`` rebuilt from what survives a damaged ``sweep.json``: its backup
+    (the axes, trials and options, as last written), each trial's state from the newest job
+    record of the registry that names this sweep and trial (``JobRecord.sweep``), and the
+    ``done`` marker (a stop leaves it too). The record says so in its ``warnings``.
+
+    Raises:
+        CorruptRecord: the backup cannot be read either.
+    """
+    record = _read_file(d, BACKUP_FILE)
+    newest: dict[int, Any] = {}
+    for job in jobstore.list_records():
+        hit = trial_of(job.sweep)
+        if hit is not None and hit[0] == record.id and 0 <= hit[1] < len(record.trials):
+            if hit[1] not in newest or job.started_at >= newest[hit[1]].started_at:
+                newest[hit[1]] = job
+    for index, job in newest.items():
+        trial = record.trials[index]
+        if trial.status == QUEUED or trial.job_id != job.id:
+            slot = (job.sweep or {}).get("slot")
+            trial.status, trial.job_id, trial.started_at, trial.waiting = STARTED, job.id, job.started_at, None
+            trial.slot = slot if isinstance(slot, int) else trial.slot
+    if is_done(d) and record.done_at is None:
+        try:
+            record.done_at = os.lstat(d / DONE).st_mtime
+        except OSError:
+            record.done_at = time.time()
+    note = f"{SWEEP_FILE} was damaged ({why}); rebuilt from {BACKUP_FILE} and the trials' job records"
+    record.warnings = [*record.warnings, note]
+    return record
+
+
+def read_repaired(d: Path) -> SweepRecord:
+    """:func:`read`, and a record rebuilt from its backup written back at once (under the sweep's
+    lock), so the sweep process rebuilds a damaged record once, not at every look.
+
+    Raises:
+        CorruptRecord: as :func:`read`.
+    """
+    try:
+        return _read_file(d, SWEEP_FILE)
+    except CorruptRecord:
+        with locked(d) as record:  # read() rebuilds it; the block's end writes it back
+            return record
+
+
 def write(d: Path, record: SweepRecord) -> None:
-    """Replace ``d``'s record in one step (no lock taken; see :func:`locked`)."""
-    write_atomic(d / SWEEP_FILE, json.dumps(record.to_dict(), indent=1, allow_nan=False).encode())
+    """Replace ``d``'s record in one step, then its backup (no lock taken; see :func:`locked`)."""
+    data = json.dumps(record.to_dict(), indent=1, allow_nan=False).encode()
+    write_atomic(d / SWEEP_FILE, data)
+    write_atomic(d / BACKUP_FILE, data)
 
 
 @contextmanager

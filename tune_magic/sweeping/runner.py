@@ -70,7 +70,7 @@ class Runner:
         try:
             while True:
                 self.wake.clear()
-                record = sweepstore.read(self.dir)
+                record = sweepstore.read_repaired(self.dir)
                 if record.stop_requested_at is not None:
                     _log("the sweep was stopped: no queued trial will start")
                     return 0
@@ -261,7 +261,12 @@ def main(argv: list[str] | None = None) -> int:
     _log(f"sweep process {os.getpid()} for {sweep_dir.name}")
     runner = Runner(sweep_dir)
     signal.signal(signal.SIGUSR1, lambda *_: runner.wake.set())  # a stop: look at the record now
-    return runner.run()
+    try:
+        return runner.run()
+    except jobstore.CorruptRecord as exc:  # neither the record nor its backup: no queue is known
+        _log(f"the sweep record cannot be read or rebuilt ({exc}); no further trial starts. The trials' jobs "
+             "are listed and stopped as any job (tune-magic jobs, tune-magic stop JOB)")
+        return 1
 
 
 if __name__ == "__main__":
