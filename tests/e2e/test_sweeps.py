@@ -203,6 +203,29 @@ def test_a_sweep_record_cut_in_half_while_trial_0_runs_is_rebuilt_and_every_tria
 
 
 @pytest.mark.timeout(TIMEOUT)
+def test_a_trial_whose_launch_was_interrupted_before_it_ran_is_queued_again_once(stop_sweeps):
+    # issue 30: the sweep process died between a trial's registration and its start; the trial ended
+    # "failed: the launch was interrupted" and was never run, though no trial may be lost
+    from tune_magic import faultpoints
+    from tune_magic.registry.outcome import LAUNCH_INTERRUPTED
+
+    sweep = tune_magic.sweep(f"{TOY} start_loss=1,2 steps=2 step_s=0.1", max_parallel=1,
+                             env={**os.environ, faultpoints.KILL_ENV: "registered"})
+    stop_sweeps.append(sweep)
+    wait_for(lambda: trial_jobs(sweep.id).get(0) and not runners(sweep.id), timeout=120, interval=0.2,
+             what="the sweep process killed right after registering trial 0")
+    first = tune_magic.get_job(trial_jobs(sweep.id)[0][0])
+    sweepstore.write_env(sweep.dir, dict(os.environ))  # the next sweep process runs without the fault
+    assert sweep.revive()
+    assert sweep.wait(240) == {"succeeded": 2}
+    assert (first.refresh().status, first.error) == ("failed", LAUNCH_INTERRUPTED)
+    zero = sweep.refresh().record.trials[0]
+    assert zero.interrupted_job == first.id and zero.job_id != first.id
+    assert sorted(len(ids) for ids in trial_jobs(sweep.id).values()) == [1, 2]  # trial 0 ran once, again
+    assert "never ran (its launch was interrupted); queued again" in (sweep.dir / sweepstore.RUNNER_LOG).read_text()
+
+
+@pytest.mark.timeout(TIMEOUT)
 def test_trials_never_start_on_gpus_another_live_job_holds_with_FAKE_gpus(tmp_path, monkeypatch, stop_sweeps,
                                                                           cleanup_jobs):
     write_fake_nvidia_smi(tmp_path / "bin", 2)  # FAKE: there is no GPU here; the toy recipe never uses one

@@ -38,6 +38,9 @@ from tune_magic.registry.status import Status
 
 #: The reason of a job someone else cancelled (``scancel``, ``kill``), as every listing shows it.
 CANCELLED_OUTSIDE = "cancelled outside tune_magic"
+#: The reason of a job whose launching process died after registering it and before its scheduler
+#: started anything: it never ran, so a sweep queues its trial again (once).
+LAUNCH_INTERRUPTED = "the launch was interrupted before the job started (the launching process died)"
 #: The reason's start for a resume that trained from the base model instead (rule 4).
 FAILED_RESUME = "failed resume: the recipe did not load its checkpoint and trained from the base model"
 #: The reason of a job that succeeded though a stop was asked: its training had ended (rule 2).

@@ -46,6 +46,9 @@ class TrialState:
         started_at: unix seconds when its job was registered.
         error: why it could not be started (``not_started``), else ``None``.
         waiting: why a queued trial waits (a GPU of its slot that another live job holds), else ``None``.
+        interrupted_job: the id of an earlier job of this trial whose launch was interrupted before
+            it ran (:data:`~tune_magic.registry.outcome.LAUNCH_INTERRUPTED`): the trial was queued
+            again, once; else ``None``.
     """
 
     index: int
@@ -57,6 +60,7 @@ class TrialState:
     started_at: float | None = None
     error: str | None = None
     waiting: str | None = None
+    interrupted_job: str | None = None
     extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -245,5 +249,5 @@ _FIELDS: dict[str, tuple[tuple, bool]] = {
 _TRIAL_FIELDS: dict[str, tuple[tuple, bool]] = {
     "index": ((int,), True), "name": ((str,), True), "words": ((list,), True), "status": ((str,), False),
     "job_id": (_OPT_STR, False), "slot": ((int, type(None)), False), "started_at": (_OPT_NUM, False),
-    "error": (_OPT_STR, False), "waiting": (_OPT_STR, False),
+    "error": (_OPT_STR, False), "waiting": (_OPT_STR, False), "interrupted_job": (_OPT_STR, False),
 }

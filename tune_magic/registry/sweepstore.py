@@ -137,7 +137,8 @@ def rebuild(d: Path, why: str) -> SweepRecord:
     newest: dict[int, Any] = {}
     for job in jobstore.list_records():
         hit = trial_of(job.sweep)
-        if hit is not None and hit[0] == record.id and 0 <= hit[1] < len(record.trials):
+        if (hit is not None and hit[0] == record.id and 0 <= hit[1] < len(record.trials)
+                and job.id != record.trials[hit[1]].interrupted_job):
             if hit[1] not in newest or job.started_at >= newest[hit[1]].started_at:
                 newest[hit[1]] = job
     for index, job in newest.items():

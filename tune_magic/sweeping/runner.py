@@ -38,6 +38,7 @@ from tune_magic.logs.notify import get_notifier
 from tune_magic.registry import store as jobstore
 from tune_magic.registry import sweepstore
 from tune_magic.registry.files import open_nofollow
+from tune_magic.registry.outcome import LAUNCH_INTERRUPTED
 from tune_magic.registry.sweeprecord import NOT_STARTED, QUEUED, STARTED, SweepRecord
 from tune_magic.gpus import GpuError
 
@@ -110,7 +111,7 @@ class Runner:
         with sweepstore.locked(self.dir) as record:
             for trial in record.trials:
                 job = registered.get(trial.index)
-                if trial.status == QUEUED and job is not None:
+                if trial.status == QUEUED and job is not None and job.id != trial.interrupted_job:
                     trial.status, trial.job_id, trial.started_at = STARTED, job.id, job.started_at
                     slot = (job.record.sweep or {}).get("slot")
                     trial.slot = slot if isinstance(slot, int) else None
@@ -140,13 +141,28 @@ class Runner:
                 continue
             job = self.job(trial.index, trial.job_id)
             if job is None or job.damaged or not job.refresh().record.state.is_live:
-                if job is None or job.record.state.is_terminal:
+                if job is not None and job.record.error == LAUNCH_INTERRUPTED and trial.interrupted_job is None:
+                    self.queue_again(trial.index, job.id)
+                elif job is None or job.record.state.is_terminal:
                     self.ended.add(trial.index)
                 continue
             slot = trial.slot if trial.slot is not None and trial.slot not in live else next(
                 (s for s in range(len(record.slots)) if s not in live), len(record.slots) + trial.index)
             live[slot] = trial.index
         return live
+
+    def queue_again(self, index: int, job_id: str) -> None:
+        """Queue trial ``index`` again, once, after its job ``job_id`` never ran: the process that
+        launched it died between its registration and its start (no trial is lost to that)."""
+        with sweepstore.locked(self.dir) as record:
+            trial = record.trials[index]
+            if trial.status != STARTED or trial.job_id != job_id or trial.interrupted_job is not None:
+                return
+            trial.status, trial.job_id, trial.slot, trial.started_at = QUEUED, None, None, None
+            trial.interrupted_job = job_id
+        self.jobs.pop(index, None)
+        self.wake.set()
+        _log(f"trial {index} ({trial.name}): its job {job_id} never ran (its launch was interrupted); queued again")
 
     # -- starting ---------------------------------------------------------------------------------
     def fill(self, record: SweepRecord, live: dict[int, int], queued: list[int]) -> tuple[bool, bool]:

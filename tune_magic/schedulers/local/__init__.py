@@ -190,8 +190,7 @@ class LocalScheduler(Scheduler):
         if procs.job_processes(agent, workers, self._owner(job_dir, record)):
             return {"status": RUNNING} if state is Status.UNKNOWN else {}  # runs on without its supervisor
         if agent is None and not jobstore.stop_was_requested(job_dir, record):
-            evidence = Evidence(verdict=outcome.FAILED, nothing_runs=True, failure_line=(
-                "the launch was interrupted before the job started (the launching process died)"))
+            evidence = Evidence(verdict=outcome.FAILED, nothing_runs=True, failure_line=outcome.LAUNCH_INTERRUPTED)
         else:  # nothing runs, no exit code: stopped if asked, else outcome unknown (an exit file may still come)
             evidence, _ = endevidence.evidence(job_dir, record, None, nothing_runs=True)
         end = decide(evidence)
