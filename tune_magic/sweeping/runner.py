@@ -31,7 +31,7 @@ import time
 import traceback
 from pathlib import Path
 
-from tune_magic.errors import JobStartError, UserError
+from tune_magic.errors import JobStartError, StateDirError, UserError
 from tune_magic.job import Job
 from tune_magic.job.launch import register_trial
 from tune_magic.logs.notify import get_notifier
@@ -41,6 +41,7 @@ from tune_magic.registry.files import open_nofollow
 from tune_magic.registry.outcome import LAUNCH_INTERRUPTED
 from tune_magic.registry.sweeprecord import NOT_STARTED, QUEUED, STARTED, SweepRecord
 from tune_magic.gpus import GpuError
+from tune_magic.sweeping.start import no_room
 
 #: Longest wait between two looks at the trials, in seconds (a job's end normally wakes it at once).
 POLL_S = 1.0
@@ -49,7 +50,10 @@ BUSY_RETRY_S = 2.0
 
 
 def _log(message: str) -> None:
-    print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+    try:
+        print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+    except OSError:  # runner.log on a full disk: the queue goes on without its line
+        pass
 
 
 class Runner:
@@ -63,6 +67,7 @@ class Runner:
         self.jobs: dict[int, Job] = {}  # trial index -> its job
         self.ended: set[int] = set()  # trials whose jobs were seen ended (never live again)
         self.submitting: list[threading.Thread] = []  # trials being handed to their scheduler
+        self.said: dict[int, str] = {}  # trial index -> why it waits, as last logged
 
     def run(self) -> int:
         """Start trials as slots free up until none is queued and none runs, or the sweep is stopped."""
@@ -204,11 +209,9 @@ class Runner:
                     force=record.force, env=self.env, config_overlay=record.config_overlay,
                     scheduler=record.scheduler, sweep_trial={"id": record.id, "trial": index, "name": record.name,
                                                              "slot": slot}, **record.scheduler_options)
-            except GpuError as exc:
-                if trial.waiting != str(exc):
-                    trial.waiting = str(exc)
-                    sweepstore.write(self.dir, record)
-                    _log(f"trial {index} ({trial.name}) waits: {exc}")
+            except (GpuError, StateDirError) as exc:  # a GPU another job holds; a full registry disk
+                self._wait(record, index, str(exc) if isinstance(exc, GpuError) else
+                           (no_room(self.dir) or " ".join(str(exc).split())))
                 return "busy"
             except UserError as exc:
                 return self._not_started(record, index, str(exc))
@@ -242,6 +245,19 @@ class Runner:
         except Exception:  # noqa: BLE001 - a bug must not stop the other trials
             traceback.print_exc()
         self.wake.set()
+
+    def _wait(self, record: SweepRecord, index: int, why: str) -> None:
+        """Trial ``index`` waits (queued) for ``why``; said once, in its record when there is room."""
+        trial = record.trials[index]
+        if trial.waiting != why:
+            trial.waiting = why
+            try:
+                sweepstore.write(self.dir, record)
+            except OSError:  # the disk it waits for: the listing says it from statvfs meanwhile
+                pass
+        if self.said.get(index) != why:  # once, even when the record could not keep it
+            self.said[index] = why
+            _log(f"trial {index} ({trial.name}) waits: {why}")
 
     def _not_started(self, record: SweepRecord, index: int, why: str) -> str:
         trial = record.trials[index]

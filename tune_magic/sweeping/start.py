@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,10 @@ from tune_magic.registry import sweepstore
 from tune_magic.registry.files import open_nofollow
 from tune_magic.registry.record import CorruptRecord
 from tune_magic.registry.sweeprecord import QUEUED, SweepRecord
+
+#: Bytes the registry's disk must have free for a sweep process to be started: it writes its log,
+#: the sweep's record and each trial's job directory (a few KiB each).
+MIN_FREE_BYTES = 1 << 20
 
 #: The sweep processes this process started (reaped when they exit, so none is left a zombie).
 _started: list[subprocess.Popen] = []
@@ -68,6 +73,20 @@ def _reap() -> None:
             _started.remove(proc)
 
 
+def no_room(sweep_dir: Path) -> str | None:
+    """Why the registry's disk cannot take a sweep's next trial (fewer than
+    :data:`MIN_FREE_BYTES` free where ``sweep_dir`` is), in words; ``None`` when it can or the
+    disk cannot be asked. Reads only (``statvfs``): a listing on a full disk can say it."""
+    try:
+        free = shutil.disk_usage(sweep_dir).free
+    except OSError:
+        return None
+    if free >= MIN_FREE_BYTES:
+        return None
+    return (f"waiting for disk space: the disk holding {sweep_dir.parent.parent} is full ({free:,} bytes "
+            "free); queued trials start once space is freed")
+
+
 def needs_runner(record: SweepRecord) -> bool:
     """Whether ``record`` describes a sweep whose queue still has work: trials queued, not stopped,
     not run by an engine of its own (``record.engine``)."""
@@ -89,6 +108,8 @@ def revive(sweep_dir: Path, record: SweepRecord | None = None) -> bool:
     except CorruptRecord:
         return False
     if not needs_runner(record) or not os.access(sweep_dir, os.W_OK):  # a read-only registry only lists
+        return False
+    if no_room(sweep_dir):  # it could not write a line: a listing later starts it, once there is room
         return False
     # take the lock here and hand it to the new process, as the creator does: from this moment the
     # sweep has a live holder, so no other listing starts a second process meanwhile

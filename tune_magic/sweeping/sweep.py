@@ -149,9 +149,19 @@ class Sweep:
         return self._values[(key, text)]
 
     @property
+    def note(self) -> str | None:
+        """Why the queued trials of this sweep cannot start now, read without writing: the
+        registry's disk is full (:func:`tune_magic.sweeping.start.no_room`); ``None`` otherwise."""
+        rec = self.refresh()._record
+        if not start.needs_runner(rec):
+            return None
+        return start.no_room(self.dir)
+
+    @property
     def trials(self) -> list[Trial]:
         """Every trial, in order, with its current status."""
         rec = self.refresh()._record
+        room = self.note
         out = []
         for t in rec.trials:
             texts = dict(w.split("=", 1) for w in t.words)
@@ -160,6 +170,7 @@ class Sweep:
             error, waiting = t.error, t.waiting
             if t.status == QUEUED:
                 status = CANCELLED_LABEL if rec.stop_requested_at is not None else QUEUED_LABEL
+                waiting = waiting or room
             elif t.status == NOT_STARTED:
                 status = NOT_STARTED_LABEL
             elif job is None:

@@ -71,6 +71,9 @@ def sweeps_command(argv: Sequence[str]) -> int:
     listed = sweeps(skipped=skipped)
     for path in skipped:
         print(f"tune-magic sweeps: skipped {cell(str(path), 200)}: damaged sweep record", file=sys.stderr)
+    for s in listed:
+        if s.note:
+            print(f"tune-magic sweeps: {s.id}: {s.note}", file=sys.stderr)
     rows = [("ID", "NAME", "STATUS", "TRIALS", "AT ONCE", "BEST LOSS", "STATUSES")]
     data = []
     for s in listed:
@@ -78,7 +81,7 @@ def sweeps_command(argv: Sequence[str]) -> int:
         best = _best_summary(s)
         data.append({"id": s.id, "name": s.name, "status": s.status, "trials": len(s.record.trials),
                      "max_parallel": s.max_parallel, "counts": counts, "axes": s.keys,
-                     "best": best, "created_at": s.record.created_at})
+                     "best": best, "created_at": s.record.created_at, "note": s.note})
         rows.append((cell(s.id), cell(s.name), s.status, str(len(s.record.trials)), str(s.max_parallel),
                      "-" if best is None else f"{best['final_loss']:.4g} (trial {best['trial']})",
                      ", ".join(f"{n} {k}" for k, n in counts.items())))
