@@ -315,3 +315,27 @@ def test_user_words_reach_the_recipe_as_typed_with_a_percent_in_the_home(cluster
     resolved = yaml.safe_load((Path(job.output_dir) / "resolved_config.yaml").read_text())
     assert resolved["warning"] == "${SLURM_JOB_ID} ${TUNE_MAGIC_RDZV_ENDPOINT} $(hostname) `id` $HOME"
     assert resolved["checkpointer"]["recipe_checkpoint"] == "${SLURM_JOB_NUM_NODES}%j"
+
+
+def test_a_sweep_stop_slurm_never_took_leaves_the_sweep_finished_with_its_trials_true_ends(cluster, first_on_path,
+                                                                                          tmp_path):
+    # issue 30: `stop SWEEP` while the controller did not answer said the cancel was not taken; the tasks
+    # then ran and succeeded, and the sweep read "stopped" with "3 succeeded". scancel fails here as it
+    # does against an unreachable controller (a paused one takes the cancel late, when it resumes)
+    sweep = tune_magic.sweep(toy_args("start_loss=1,2", "steps=12", "step_s=0.5", nproc=1), scheduler="slurm",
+                             max_parallel=2, cpus_per_node=1, cwd=tmp_path)
+    cluster.started.extend(sweep.jobs)
+    wait_for(lambda: [str(t.status) for t in sweep.trials] == ["running"] * 2, timeout=TIMEOUT, interval=0.3,
+             what="both tasks running", describe=lambda: [str(t.status) for t in sweep.trials])
+    first_on_path("scancel", "echo 'scancel: error: Kill job error on job id 1: Unable to contact slurm controller "
+                             "(connect failure)' >&2\nexit 1\n")
+    with pytest.raises(slurm_sched.ControllerUnreachable, match="SLURM did not take the cancel"):
+        sweep.stop(grace_s=1)
+    assert sweep.wait(TIMEOUT) == {"succeeded": 2}
+    assert sweep.status == "finished" and sweep.record.stop_requested_at is not None
+    assert sweep.note.startswith("the stop asked at ") and sweep.note.endswith(
+        "did not take: the trials ran to their own ends")
+    r, _ = _cli("sweeps")
+    (line,) = [row for row in r.stdout.splitlines() if row.startswith(sweep.id)]
+    assert " finished " in line and line.endswith("2 succeeded"), line
+    assert r.stderr.count(f"{sweep.id}: the stop asked at ") == 1, r.stderr

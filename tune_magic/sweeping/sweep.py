@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from tune_magic import schedulers
 from tune_magic.errors import JobNotFound, PlanError
@@ -150,9 +150,17 @@ class Sweep:
 
     @property
     def note(self) -> str | None:
-        """Why the queued trials of this sweep cannot start now, read without writing: the
-        registry's disk is full (:func:`tune_magic.sweeping.start.no_room`); ``None`` otherwise."""
+        """What the sweep's status does not say, read without writing: why its queued trials cannot
+        start now (the registry's disk is full: :func:`tune_magic.sweeping.start.no_room`), or
+        that a stop asked of it did not take (its engine did not answer, and its trials ran to
+        their own ends); ``None`` otherwise."""
         rec = self.refresh()._record
+        if rec.stop_requested_at is not None:
+            statuses = [t.status for t in self.trials]
+            if sweep_status(statuses, rec.stop_requested_at) == "finished" and _stopped_before_end(self, rec):
+                return (f"the stop asked at {time.strftime('%H:%M', time.localtime(rec.stop_requested_at))} did "
+                        "not take: the trials ran to their own ends")
+            return None
         if not start.needs_runner(rec):
             return None
         return start.no_room(self.dir)
@@ -161,7 +169,7 @@ class Sweep:
     def trials(self) -> list[Trial]:
         """Every trial, in order, with its current status."""
         rec = self.refresh()._record
-        room = self.note
+        room = start.no_room(self.dir) if start.needs_runner(rec) else None
         out = []
         for t in rec.trials:
             texts = dict(w.split("=", 1) for w in t.words)
@@ -197,12 +205,9 @@ class Sweep:
 
     @property
     def status(self) -> str:
-        """``running`` while a trial is queued, pending or running; then ``stopped`` if the sweep
-        was stopped, else ``finished``."""
-        trials = self.trials
-        if any(t.is_live for t in trials):
-            return "running"
-        return "stopped" if self._record.stop_requested_at is not None else "finished"
+        """``running`` while a trial is queued, pending or running; then ``stopped`` if a stop of
+        the sweep took (see :func:`sweep_status`), else ``finished``."""
+        return sweep_status([t.status for t in self.trials], self._record.stop_requested_at)
 
     def wait(self, timeout: float | None = None, poll_s: float = 0.5) -> dict[str, int]:
         """Block until no trial is queued, pending or running; return :meth:`counts`.
@@ -311,6 +316,23 @@ def _stamp(d: Path) -> tuple | None:
     except OSError:
         return None
     return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def sweep_status(statuses: Sequence[str], stop_requested_at: float | None) -> str:
+    """A sweep's status from its trials' (:attr:`Trial.status`): ``running`` while one is queued,
+    pending or running; then ``stopped`` when a stop was asked and took (a trial ``stopped``, or
+    queued trials ``cancelled``), else ``finished``: a stop its engine never took (the controller
+    did not answer) leaves trials that ran to their own ends, and the sweep says that, not a stop."""
+    if any(s in (QUEUED_LABEL, "pending", "running") for s in statuses):
+        return "running"
+    took = any(s in ("stopped", CANCELLED_LABEL) for s in statuses)
+    return "stopped" if stop_requested_at is not None and took else "finished"
+
+
+def _stopped_before_end(sweep: Sweep, record: SweepRecord) -> bool:
+    """Whether the stop was asked while a trial still ran (not after the sweep had ended)."""
+    ends = [t.job.ended_at for t in sweep.trials if t.job is not None and t.job.ended_at]
+    return bool(ends) and max(ends) > (record.stop_requested_at or 0)
 
 
 def sweeps(skipped: list | None = None) -> list[Sweep]:

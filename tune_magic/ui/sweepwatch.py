@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tune_magic.logs.metricfollow import JobMetricsFollower
-from tune_magic.sweeping.sweep import Sweep
+from tune_magic.sweeping.sweep import Sweep, sweep_status
 from tune_magic.sweeping.results import LOSS, best, results
 
 #: Most points per trial handed to the chart (older ones thinned; the logs keep every one).
@@ -131,8 +131,7 @@ class SweepWatcher:
             rows.append(TrialRow(t.index, t.name, texts, t.status, t.job.id, steps[-1] if steps else None,
                                  losses[-1] if losses else None, best_loss, t.job.elapsed_s, note=t.error,
                                  steps=steps, losses=losses))
-        status = "running" if any(r.status in ("queued", "pending", "running") for r in rows) else (
-            "stopped" if self.sweep.record.stop_requested_at is not None else "finished")
+        status = sweep_status([r.status for r in rows], self.sweep.record.stop_requested_at)
         self.done = status != "running" and all(r.job_id in self._finished for r in rows if r.job_id)
         # the one measure on the one input every view uses (the rows' curves may be a read ahead of it)
         top = best(results(trials))
