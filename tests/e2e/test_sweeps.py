@@ -203,6 +203,28 @@ def test_a_sweep_record_cut_in_half_while_trial_0_runs_is_rebuilt_and_every_tria
 
 
 @pytest.mark.timeout(TIMEOUT)
+def test_a_sweep_whose_record_and_backup_are_damaged_is_listed_with_its_trials_and_stoppable(stop_sweeps):
+    sweep = tune_magic.sweep(f"{TOY} start_loss=1,2,3 steps=200 step_s=0.2", max_parallel=1)
+    stop_sweeps.append(sweep)
+    wait_for(lambda: [t.status for t in sweep.refresh().trials] == ["running", "queued", "queued"], timeout=120,
+             interval=0.2, what="trial 0 running, 1-2 queued", describe=lambda: [t.status for t in sweep.trials])
+    (first,) = trial_jobs(sweep.id)[0]
+    for name in (sweepstore.SWEEP_FILE, sweepstore.BACKUP_FILE):
+        (sweep.dir / name).write_text("{")
+    listed = cli("sweeps")
+    assert listed.returncode == 0 and f"{sweep.id}: damaged sweep record (1 trial(s) started" in listed.stderr
+    stopped = cli("stop", "--grace", "2", sweep.id)
+    assert stopped.returncode == 0 and stopped.stdout.split() == [sweep.id, "1", "stopped"], stopped
+    assert "queued ones are unknown and never start" in stopped.stderr
+    assert tune_magic.get_job(first).status == "stopped"
+    wait_for(lambda: not runners(sweep.id), timeout=60, interval=0.2, what="the sweep process to end")
+    cli("sweeps")  # a listing starts no process for it again
+    time.sleep(2)
+    assert not runners(sweep.id) and list(trial_jobs(sweep.id)) == [0]  # trials 1-2 never started
+    assert "Traceback" not in (sweep.dir / sweepstore.RUNNER_LOG).read_text()
+
+
+@pytest.mark.timeout(TIMEOUT)
 def test_a_trial_whose_launch_was_interrupted_before_it_ran_is_queued_again_once(stop_sweeps):
     # issue 30: the sweep process died between a trial's registration and its start; the trial ended
     # "failed: the launch was interrupted" and was never run, though no trial may be lost

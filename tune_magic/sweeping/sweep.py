@@ -368,13 +368,47 @@ def get_sweep(sweep: str) -> Sweep:
         try:
             return Sweep(d).refresh()
         except jobstore.CorruptRecord as exc:
-            raise JobNotFound(f"sweep {sweep!r} has a damaged record ({exc})") from None
+            raise DamagedSweep(sweep, str(exc)) from None
     named = [r for r in sweepstore.list_records() if r.name == sweep]
     if not named:
         raise JobNotFound(f"no sweep with the id or name {sweep!r}; tune-magic sweeps lists the sweeps")
     if len(named) > 1:
         raise PlanError(f"{len(named)} sweeps are named {sweep!r} ({', '.join(r.id for r in named)}); give the id")
     return Sweep(sweepstore.sweep_dir(named[0].id), named[0]).refresh()
+
+
+class DamagedSweep(JobNotFound):
+    """A sweep whose record and its backup cannot be read (see
+    :func:`tune_magic.registry.sweepstore.rebuild`): its queued trials are unknown, its started
+    trials are jobs like any (:func:`trial_jobs_of`), and :func:`stop_damaged` stops them."""
+
+    def __init__(self, sweep_id: str, why: str) -> None:
+        super().__init__(f"sweep {sweep_id!r} has a damaged record ({why}); its queued trials are unknown. "
+                         f"tune-magic stop {sweep_id} stops the trials it started, tune-magic jobs lists them")
+        self.sweep_id = sweep_id
+
+
+def trial_jobs_of(sweep_id: str) -> list[Job]:
+    """Every job of the registry that names ``sweep_id`` as its sweep (``JobRecord.sweep``), oldest first."""
+    return [Job(jobstore.job_dir(r.id), r) for r in jobstore.list_records()
+            if (hit := sweepstore.trial_of(r.sweep)) is not None and hit[0] == sweep_id]
+
+
+def stop_damaged(sweep_id: str, grace_s: float = 10.0) -> dict[str, int]:
+    """Stop a sweep whose record cannot be read (:class:`DamagedSweep`): mark it done, so no
+    listing starts its process again, and stop every live job of its trials, side by side.
+
+    Returns:
+        ``{status: jobs}`` of its trials' jobs afterwards.
+    """
+    sweepstore.mark_done(sweepstore.sweep_dir(sweep_id))
+    jobs = trial_jobs_of(sweep_id)
+    stop_jobs([j for j in jobs if j.status.is_live], float(grace_s), errors=[])
+    counts: dict[str, int] = {}
+    for job in jobs:
+        status = str(job.refresh().status)
+        counts[status] = counts.get(status, 0) + 1
+    return counts
 
 
 def stop_running_sweeps(grace_s: float = 10.0) -> list[tuple[str, dict[str, int]]]:

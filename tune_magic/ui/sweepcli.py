@@ -61,7 +61,7 @@ def cmd_sweep(own: Mapping[str, Any], rest: Sequence[str]) -> int:
 
 def sweeps_command(argv: Sequence[str]) -> int:
     """``tune-magic sweeps [--json]``: every sweep with its trials' statuses and its best loss so far."""
-    from tune_magic.sweeping.sweep import revive_sweeps, sweeps
+    from tune_magic.sweeping.sweep import revive_sweeps, sweeps, trial_jobs_of
 
     parser = argparse.ArgumentParser(prog="tune-magic sweeps", description="List sweeps, running and finished.")
     parser.add_argument("--json", action="store_true", help="print a JSON list of sweeps")
@@ -70,7 +70,9 @@ def sweeps_command(argv: Sequence[str]) -> int:
     revive_sweeps()  # a sweep whose process died with trials queued goes on (never two processes)
     listed = sweeps(skipped=skipped)
     for path in skipped:
-        print(f"tune-magic sweeps: skipped {cell(str(path), 200)}: damaged sweep record", file=sys.stderr)
+        started = len(trial_jobs_of(path.name))
+        print(f"tune-magic sweeps: skipped {cell(str(path), 200)}: damaged sweep record ({started} trial(s) started: "
+              f"tune-magic jobs lists them, tune-magic stop {path.name} stops them)", file=sys.stderr)
     for s in listed:
         if s.note:
             print(f"tune-magic sweeps: {s.id}: {s.note}", file=sys.stderr)
@@ -127,9 +129,16 @@ def _finite(value: float | None):
 
 def stop_sweep(spec: str, grace_s: float) -> int:
     """``tune-magic stop S``: stop every trial of the sweep; queued ones never start."""
-    from tune_magic.sweeping.sweep import get_sweep
+    from tune_magic.sweeping.sweep import DamagedSweep, get_sweep, stop_damaged
 
-    sweep = get_sweep(spec)
+    try:
+        sweep = get_sweep(spec)
+    except DamagedSweep as exc:
+        counts = stop_damaged(exc.sweep_id, grace_s)
+        print(f"{exc.sweep_id} " + (", ".join(f"{n} {k}" for k, n in counts.items()) or "no trial started"))
+        print(f"tune-magic stop: sweep {exc.sweep_id}'s record is damaged: its started trials were stopped, and "
+              "its queued ones are unknown and never start", file=sys.stderr)
+        return 0
     counts = sweep.stop(grace_s=grace_s)
     print(f"{sweep.id} " + ", ".join(f"{n} {k}" for k, n in counts.items()))
     return 0
