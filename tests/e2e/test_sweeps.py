@@ -181,14 +181,20 @@ def test_a_failing_trial_does_not_stop_the_others(stop_sweeps):
     assert best.final_loss == pytest.approx(1 / 3, rel=1e-4)
 
 
+def one_running_two_queued(stop_sweeps, steps: str):
+    """A sweep of three toy trials, one at a time, once trial 0 runs and trials 1-2 are queued."""
+    sweep = tune_magic.sweep(f"{TOY} start_loss=1,2,3 {steps}", max_parallel=1)
+    stop_sweeps.append(sweep)
+    wait_for(lambda: [t.status for t in sweep.refresh().trials] == ["running", "queued", "queued"], timeout=120,
+             interval=0.2, what="trial 0 running, 1-2 queued", describe=lambda: [t.status for t in sweep.trials])
+    return sweep
+
+
 @pytest.mark.timeout(TIMEOUT)
 def test_a_sweep_record_cut_in_half_while_trial_0_runs_is_rebuilt_and_every_trial_runs(stop_sweeps):
     # issue 30: the sweep process exited with a CorruptRecord traceback, trials 1 and 2 never started,
     # `tune-magic sweeps` showed only "damaged sweep record" and stop refused
-    sweep = tune_magic.sweep(f"{TOY} start_loss=1,2,3 steps=3 step_s=0.5", max_parallel=1)
-    stop_sweeps.append(sweep)
-    wait_for(lambda: [t.status for t in sweep.refresh().trials] == ["running", "queued", "queued"], timeout=120,
-             interval=0.2, what="trial 0 running, 1-2 queued", describe=lambda: [t.status for t in sweep.trials])
+    sweep = one_running_two_queued(stop_sweeps, "steps=3 step_s=0.5")
     path = sweep.dir / sweepstore.SWEEP_FILE
     full = path.read_bytes()
     path.write_bytes(full[: len(full) // 2])
@@ -204,10 +210,7 @@ def test_a_sweep_record_cut_in_half_while_trial_0_runs_is_rebuilt_and_every_tria
 
 @pytest.mark.timeout(TIMEOUT)
 def test_a_sweep_whose_record_and_backup_are_damaged_is_listed_with_its_trials_and_stoppable(stop_sweeps):
-    sweep = tune_magic.sweep(f"{TOY} start_loss=1,2,3 steps=200 step_s=0.2", max_parallel=1)
-    stop_sweeps.append(sweep)
-    wait_for(lambda: [t.status for t in sweep.refresh().trials] == ["running", "queued", "queued"], timeout=120,
-             interval=0.2, what="trial 0 running, 1-2 queued", describe=lambda: [t.status for t in sweep.trials])
+    sweep = one_running_two_queued(stop_sweeps, "steps=200 step_s=0.2")
     (first,) = trial_jobs(sweep.id)[0]
     for name in (sweepstore.SWEEP_FILE, sweepstore.BACKUP_FILE):
         (sweep.dir / name).write_text("{")
