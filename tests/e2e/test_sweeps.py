@@ -211,20 +211,26 @@ def test_a_sweep_record_cut_in_half_while_trial_0_runs_is_rebuilt_and_every_tria
 @pytest.mark.timeout(TIMEOUT)
 def test_a_sweep_whose_record_and_backup_are_damaged_is_listed_with_its_trials_and_stoppable(stop_sweeps):
     sweep = one_running_two_queued(stop_sweeps, "steps=200 step_s=0.2")
-    (first,) = trial_jobs(sweep.id)[0]
-    for name in (sweepstore.SWEEP_FILE, sweepstore.BACKUP_FILE):
-        (sweep.dir / name).write_text("{")
-    listed = cli("sweeps")
-    assert listed.returncode == 0 and f"{sweep.id}: damaged sweep record (1 trial(s) started" in listed.stderr
-    stopped = cli("stop", "--grace", "2", sweep.id)
-    assert stopped.returncode == 0 and stopped.stdout.split() == [sweep.id, "1", "stopped"], stopped
-    assert "queued ones are unknown and never start" in stopped.stderr
-    assert tune_magic.get_job(first).status == "stopped"
-    wait_for(lambda: not runners(sweep.id), timeout=60, interval=0.2, what="the sweep process to end")
-    cli("sweeps")  # a listing starts no process for it again
-    time.sleep(2)
-    assert not runners(sweep.id) and list(trial_jobs(sweep.id)) == [0]  # trials 1-2 never started
-    assert "Traceback" not in (sweep.dir / sweepstore.RUNNER_LOG).read_text()
+    good = (sweep.dir / sweepstore.SWEEP_FILE).read_bytes()
+    try:
+        (first,) = trial_jobs(sweep.id)[0]
+        # the copy first: the sweep process repairs a damaged record from an intact copy at its next look
+        for name in (sweepstore.BACKUP_FILE, sweepstore.SWEEP_FILE):
+            (sweep.dir / name).write_text("{")
+        listed = cli("sweeps")
+        assert listed.returncode == 0 and f"{sweep.id}: damaged sweep record (1 trial(s) started" in listed.stderr
+        stopped = cli("stop", "--grace", "2", sweep.id)
+        assert stopped.returncode == 0 and stopped.stdout.split() == [sweep.id, "1", "stopped"], stopped
+        assert "queued ones are unknown and never start" in stopped.stderr
+        assert tune_magic.get_job(first).status == "stopped"
+        wait_for(lambda: not runners(sweep.id), timeout=60, interval=0.2, what="the sweep process to end")
+        cli("sweeps")  # a listing starts no process for it again
+        time.sleep(2)
+        assert not runners(sweep.id) and list(trial_jobs(sweep.id)) == [0]  # trials 1-2 never started
+        assert "Traceback" not in (sweep.dir / sweepstore.RUNNER_LOG).read_text()
+    finally:  # the session's registry keeps no damaged sweep for later tests, even when this one fails
+        for name in (sweepstore.SWEEP_FILE, sweepstore.BACKUP_FILE):
+            (sweep.dir / name).write_bytes(good)
 
 
 @pytest.mark.timeout(TIMEOUT)

@@ -128,8 +128,7 @@ def test_an_array_larger_than_max_array_size_is_refused_before_sbatch(cluster, t
     assert f"{limit + 1:,} trials" in str(caught.value)
     assert sorted(os.listdir(jobstore.jobs_root())) == before  # no trial registered
     assert cluster.client(["squeue", "--states=all", "--noheader", "--format=%i"]).stdout.split() == queued
-    assert not [d for d in sweepstore.list_dirs() if sweepstore.read(d).trials and len(sweepstore.read(d).trials)
-                == limit + 1]
+    assert not [r for r in sweepstore.list_records() if len(r.trials) == limit + 1]
 
 
 SUBMITTER = """
