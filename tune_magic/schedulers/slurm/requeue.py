@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from tune_magic.errors import PlanError
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.record import JobRecord
 
@@ -53,7 +54,7 @@ CANNOT_CONTINUE = "cannot continue the job"
 TRAINING_FINISHED = "training had finished"
 
 
-class AttemptNotRun(Exception):
+class AttemptNotRun(PlanError):
     """A requeued attempt that runs nothing: the pre-flight refused (``finished`` False), or
     training had finished (``finished`` True). Its attempt entry is recorded already."""
 
@@ -367,7 +368,7 @@ def begin_attempt(job_dir: Path, attempt: int) -> tuple[list[str], str]:
         CorruptRecord: the record cannot be read.
     """
     from tune_magic.checkpoints import relaunch
-    from tune_magic.errors import NothingToResume, PlanError
+    from tune_magic.errors import NothingToResume
     from tune_magic.logs.summary import current_summary
     from tune_magic.registry import attempts as entries
 
