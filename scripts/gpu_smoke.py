@@ -88,7 +88,7 @@ def import_builtin_recipe() -> str | None:
     """Import torchtune's ``lora_finetune_distributed`` in a fresh process, without running it
     (``--cpu``: it needs CUDA to run, but a missing package shows at import). ``None`` when it imports,
     else what went wrong."""
-    from tune_magic.plan import catalog
+    from tune_magic.config import catalog
 
     path = catalog.find_recipe("lora_finetune_distributed").path
     code = ("import importlib.util, sys; s = importlib.util.spec_from_file_location('builtin_recipe', sys.argv[1]); "

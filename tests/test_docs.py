@@ -1,6 +1,6 @@
 """The README and docs/ say only what is true of the code: every tune-magic command and magic they
 show parses with the real parsers (the CLI's argparse parsers and tune_magic.plan.options' own
-options, the magics' magic_arguments parsers, torchrun's words through tune_magic.plan.launchwords), every
+options, the magics' magic_arguments parsers, torchrun's words through tune_magic.config.launchwords), every
 option they name exists, every code block parses (shell words with shlex, Python with ast after
 IPython's own input transformation, YAML with yaml, TOML with tomllib), every internal link and
 anchor resolves, the README stays a newcomer's page (under 12 KB), and its two set-up commands are
@@ -83,7 +83,7 @@ def _generic(kind: str) -> tuple:
 def _torchrun_flags() -> set[str]:
     """torchrun's options (read from torch's own parser, once per install), and ``tune run``'s
     ``--config``, the other flag of a launch's words."""
-    from tune_magic.plan import torchrun_options
+    from tune_magic.config import torchrun_options
 
     return {s for opt in torchrun_options.options().values() for s in opt.spellings} | {"--config"}
 
@@ -112,7 +112,7 @@ def cli_flags(command: str) -> set[str]:
 def check_cli(words: list[str]) -> None:
     """Parse ``tune-magic WORDS`` with the real parsers; fail on any error."""
     from tune_magic.plan import options as launchopts
-    from tune_magic.plan.launchwords import tokenise
+    from tune_magic.config.launchwords import tokenise
     from tune_magic.ui import cli
 
     command, rest = words[0], words[1:]
@@ -155,7 +155,7 @@ def magic_flags(magic: str) -> set[str]:
 def check_magic(magic: str, words: list[str]) -> None:
     """Parse ``%magic WORDS`` as the magic does; fail on any error."""
     from tune_magic.plan import options as launchopts
-    from tune_magic.plan.launchwords import tokenise
+    from tune_magic.config.launchwords import tokenise
     from tune_magic.ui.magics import TuneMagics
 
     if magic == "tune_run":
@@ -304,7 +304,7 @@ def test_every_code_block_parses(page):
             check_command_text(first, where)  # the cell's line; the body is its overrides
             magic = first.split()[0]
             if magic == "%%tune_run":
-                from tune_magic.plan.cellbody import parse_cell_body
+                from tune_magic.config.cellbody import parse_cell_body
 
                 parse_cell_body("\n".join(body.splitlines()[1:]) + "\n")
         elif info in ("", "yaml") and re.match(r"[\w.]+:", first):

@@ -51,7 +51,7 @@ def test_the_walk_finds_the_package_and_its_known_exceptions():
     found = defined_exceptions()
     # the tree's own classes, and one engine-specific and one scheduler-local error, are seen
     for name in ("tune_magic.errors.PlanError", "tune_magic.schedulers.slurm.array.SqueueParseError",
-                 "tune_magic.gpus.GpuError", "tune_magic.plan.catalog.AmbiguousNameError"):
+                 "tune_magic.gpus.GpuError", "tune_magic.config.catalog.AmbiguousNameError"):
         assert name in found, name
 
 

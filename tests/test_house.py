@@ -414,16 +414,20 @@ def test_every_package_is_installed_by_a_non_editable_install():
 # -- (f) the layers of docs/architecture.md -----------------------------------------------------
 
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
-_ENGINE_UNITS = ("schedulers.local", "schedulers.slurm")
 
 
-def unit_of(module: str) -> str:
-    """The unit of docs/architecture.md that a tune_magic module belongs to."""
+def unit_of(module: str, units: "set[str] | None" = None) -> str:
+    """The unit of docs/architecture.md that a tune_magic module belongs to: the longest unit of
+    the rules that names its module or a package above it (``schedulers.slurm`` for
+    ``tune_magic.schedulers.slurm.submit``, ``sweeping.store`` for ``tune_magic.sweeping.store``),
+    else its top-level module or package (``logs`` for ``tune_magic.logs.parse``)."""
+    units = RULE_UNITS if units is None else units
     parts = module.split(".")[1:]
     if not parts:
         return "tune_magic"
-    if parts[0] == "schedulers":
-        return "schedulers." + parts[1] if len(parts) > 1 and f"schedulers.{parts[1]}" in _ENGINE_UNITS else "schedulers"
+    for n in range(len(parts), 1, -1):
+        if ".".join(parts[:n]) in units:
+            return ".".join(parts[:n])
     return parts[0]
 
 
@@ -440,6 +444,10 @@ def allowed_imports(text: str) -> dict[str, set[str]]:
         unit, _, deps = line.partition(":")
         rules[unit.strip()] = {d.strip() for d in deps.split(",") if d.strip()}
     return rules
+
+
+#: The units docs/architecture.md names (read once): sub-units such as ``sweeping.store`` included.
+RULE_UNITS: set[str] = set(allowed_imports(ARCHITECTURE.read_text()))
 
 
 def known_debt(text: str) -> set[tuple[str, str]]:
@@ -484,9 +492,12 @@ def test_the_layer_rule_sees_a_breach_and_an_import_by_name():
              "tune_magic.schedulers.slurm.status": {"tune_magic.schedulers.base": 3}}
     rules = {"logs": {"registry"}, "job": set(), "schedulers.slurm": {"schedulers"}}
     assert layer_breaches(edges, rules) == [("logs", "job", "tune_magic.logs.parse", 2)]
-    assert unit_of("tune_magic.schedulers.local.procs") == "schedulers.local"
-    assert unit_of("tune_magic.schedulers.base") == unit_of("tune_magic.schedulers") == "schedulers"
-    assert unit_of("tune_magic.checkpoints.lineage") == "checkpoints"
+    units = {"schedulers", "schedulers.local", "sweeping", "sweeping.store"}
+    assert unit_of("tune_magic.schedulers.local.procs", units) == "schedulers.local"
+    assert unit_of("tune_magic.schedulers.base", units) == unit_of("tune_magic.schedulers", units) == "schedulers"
+    assert unit_of("tune_magic.checkpoints.lineage", units) == "checkpoints"
+    assert unit_of("tune_magic.sweeping.store", units) == "sweeping.store"
+    assert unit_of("tune_magic.sweeping.runner", units) == unit_of("tune_magic.sweeping", units) == "sweeping"
     assert known_debt("```debt\n# a comment\njob -> ui: why\n```\n") == {("job", "ui")}
 
 

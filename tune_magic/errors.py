@@ -19,7 +19,7 @@
     └── SqueueParseError (ValueError)   the SLURM scheduler's: squeue answered in an unreadable form
 
 The classes outside this module live with their code: ``GpuError`` in
-:mod:`tune_magic.gpus`, ``AmbiguousNameError`` in :mod:`tune_magic.plan.catalog`,
+:mod:`tune_magic.gpus`, ``AmbiguousNameError`` in :mod:`tune_magic.config.catalog`,
 ``CliError`` in :mod:`tune_magic.ui.clifiles`, ``CorruptRecord`` in :mod:`tune_magic.registry.record`,
 and engine-specific ones in their scheduler's package (``SqueueParseError`` in
 :mod:`tune_magic.schedulers.slurm.status`). ``tests/test_errors_tree.py`` checks that every

@@ -126,6 +126,64 @@ def count_gpus(env: Mapping[str, str] | None = None) -> int:
     return len(gpu_ids(env))
 
 
+_ID_RANGE = re.compile(r"([0-9]+)\s*-\s*([0-9]+)")
+
+
+def parse_gpu_spec(gpus: "str | Iterable[int] | None") -> list[int] | None:
+    """Parse a GPU list with ranges: ``"0-7"``, ``"0-3,6,7"``, ``"0,1"``, ``[2, 3]``; ``None`` or
+    ``""`` for none.
+
+    Ranges are inclusive (``0-3`` is 0, 1, 2, 3) and keep their order (``4-7,0-3`` is 4..7 then
+    0..3). Only the syntax is checked: whether the ids exist is checked at launch.
+
+    Returns:
+        The ids in the order given, or ``None`` for no list.
+
+    Raises:
+        PlanError: not non-negative integers or ``A-B`` ranges with A <= B, a GPU named twice
+            (also through overlapping ranges), or ``"auto"`` (resolved at launch time).
+    """
+    if gpus is None:
+        return None
+    if isinstance(gpus, str):
+        text = gpus.strip()
+        if not text:
+            return None
+        if text == "auto":
+            raise PlanError("gpus='auto' is resolved when launching; to build a plan, give ids such as --gpus 0,1 "
+                            "or 0-3")
+        ids: list[int] = []
+        for part in (p.strip() for p in text.split(",")):
+            m = _ID_RANGE.fullmatch(part)
+            if m:
+                lo, hi = int(m[1]), int(m[2])
+                if lo > hi:
+                    raise PlanError(f"GPU range {part!r} runs backwards; write the lower id first, e.g. --gpus "
+                                    f"{hi}-{lo}")
+                ids.extend(range(lo, hi + 1))
+            elif re.fullmatch(r"[0-9]+", part):
+                ids.append(int(part))
+            else:
+                raise PlanError(f"bad GPU id {part!r}: give non-negative integers or ranges, e.g. --gpus 0,1 or "
+                                "--gpus 0-3,6")
+    elif isinstance(gpus, (bytes, bool, int, float, dict)) or not hasattr(gpus, "__iter__"):
+        raise PlanError(f"gpus={gpus!r}: give a list of GPU ids such as [0, 1] or a string such as '0,1' or '0-3'")
+    else:
+        ids = []
+        for part in gpus:
+            if isinstance(part, bool) or not (
+                    (isinstance(part, int) and part >= 0) or (isinstance(part, str) and re.fullmatch(r"[0-9]+", part))):
+                raise PlanError(f"bad GPU id {part!r}: give non-negative integers, e.g. --gpus 0,1")
+            ids.append(int(part))
+    if not ids:
+        return None
+    if len(set(ids)) != len(ids):
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        raise PlanError(f"GPU list {gpus!r} names GPU {', '.join(map(str, twice))} twice; give each id once, "
+                        "e.g. --gpus 0-3")
+    return ids
+
+
 # ---------------------------------------------------------------------------------------------
 # What the kernel may see (pure: CUDA_VISIBLE_DEVICES + nvidia-smi's list -> visible GPUs)
 
@@ -413,7 +471,7 @@ def resolve_gpus(
 
     Args:
         requested: typed ids relative to the kernel's ``CUDA_VISIBLE_DEVICES`` (``[0, 1]``, as
-            :func:`tune_magic.plan.pool.parse_gpu_spec` returns them), or ``"auto"``.
+            :func:`parse_gpu_spec` returns them), or ``"auto"``.
         nproc: processes per node; ``"auto"`` picks this many GPUs (ignored for explicit ids).
         busy_physical: physical GPU (``nvidia-smi`` index, or MIG id) -> id of the running job using
             it. Index keys may be ints or digit strings.

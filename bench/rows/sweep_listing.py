@@ -37,8 +37,8 @@ def _registry(home: Path, template, *, sweep: bool) -> list[str]:
     """200 finished jobs under ``home/jobs`` (with ``sweep``: the trials of one sweep, and its record)."""
     from tune_magic.logs import summary
     from tune_magic.registry import store as jobstore
-    from tune_magic.registry import sweepstore
-    from tune_magic.registry.sweeprecord import STARTED, SweepRecord, TrialState
+    from tune_magic.sweeping import store as sweepstore
+    from tune_magic.sweeping.record import STARTED, SweepRecord, TrialState
 
     root = home / "jobs"
     root.mkdir(parents=True, mode=0o700)

@@ -28,7 +28,7 @@ import pytest
 
 import tune_magic
 from tune_magic.registry import store as jobstore
-from tune_magic.registry import sweepstore
+from tune_magic.sweeping import store as sweepstore
 from tune_magic.registry.outcome import LAUNCH_INTERRUPTED
 
 from jobhelpers import TOY_CONFIG, TOY_RECIPE, processes_mentioning, toy_args, write_fake_nvidia_smi

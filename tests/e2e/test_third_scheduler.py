@@ -127,7 +127,7 @@ def test_a_scheduler_can_take_a_whole_sweep_at_once_through_submit_sweep(third, 
     """The seam a job-array scheduler uses: ``submit_sweep`` registers every trial (``register_trial``)
     and submits them together; no sweep process runs; ``cancel_sweep`` is called on stop."""
     import tune_magic
-    from tune_magic.registry import sweepstore
+    from tune_magic.sweeping import store as sweepstore
 
     sweep = tune_magic.sweep(toy_args("start_loss=1,2,3", "steps=2", "step_s=0.1", nproc=None), scheduler="third",
                              label="array", cwd=tmp_path)

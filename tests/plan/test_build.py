@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tune_magic.plan import catalog
+from tune_magic.config import catalog
 from tune_magic.plan.model import JOB_ID_PLACEHOLDER
 from tune_magic.errors import PlanError
 from tune_magic.job.launch import build_plan

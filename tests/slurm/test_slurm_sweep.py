@@ -13,7 +13,7 @@ import pytest
 import tune_magic
 from tune_magic.errors import PlanError
 from tune_magic.registry import store as jobstore
-from tune_magic.registry import sweepstore
+from tune_magic.sweeping import store as sweepstore
 from tune_magic.schedulers.slurm.array import parse_array_limits
 
 from jobhelpers import toy_args

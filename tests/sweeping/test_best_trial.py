@@ -12,9 +12,9 @@ import json
 import pytest
 
 from tune_magic.registry import store as jobstore
-from tune_magic.registry import sweepstore
+from tune_magic.sweeping import store as sweepstore
 from tune_magic.registry.store import JobRecord
-from tune_magic.registry.sweeprecord import STARTED, SweepRecord, TrialState
+from tune_magic.sweeping.record import STARTED, SweepRecord, TrialState
 from tune_magic.sweeping.sweep import Sweep
 
 SWEEP_ID = "sweep-20261201-100000-abcdef"

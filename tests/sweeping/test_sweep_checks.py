@@ -16,7 +16,7 @@ from IPython.core.error import UsageError
 
 import tune_magic
 from tune_magic.errors import PlanError
-from tune_magic.registry import sweepstore
+from tune_magic.sweeping import store as sweepstore
 from tune_magic.sweeping.create import preview, sweep
 
 from jobhelpers import TOY_CONFIG, TOY_RECIPE, write_fake_nvidia_smi
@@ -233,7 +233,7 @@ def test_a_component_axis_gives_one_trial_per_component_keeping_the_sections_key
     """``optimizer=torch.optim.SGD,torch.optim.AdamW`` under --sweep: each trial's config (read as
     torchtune 0.6.1 reads it) has optimizer._component_ set, and lr (set before or after the axis),
     fused and weight_decay kept."""
-    from tune_magic.plan.tuneparse import recipe_config
+    from tune_magic.config.tuneparse import recipe_config
 
     for body in ("optimizer=torch.optim.SGD,torch.optim.AdamW\noptimizer.lr=0.05\n",
                  "optimizer.lr=0.05\noptimizer=torch.optim.SGD,torch.optim.AdamW\n"):

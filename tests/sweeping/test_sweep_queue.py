@@ -13,9 +13,9 @@ import psutil
 import pytest
 
 from tune_magic.registry import store as jobstore
-from tune_magic.registry import sweepstore
+from tune_magic.sweeping import store as sweepstore
 from tune_magic.registry.store import JobRecord, ProcessRef
-from tune_magic.registry.sweeprecord import NOT_STARTED, QUEUED, STARTED, SweepRecord, TrialState
+from tune_magic.sweeping.record import NOT_STARTED, QUEUED, STARTED, SweepRecord, TrialState
 from tune_magic.sweeping import start as process
 from tune_magic.sweeping.runner import Runner
 

@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from tune_magic.registry import sweepstore
-from tune_magic.registry.sweeprecord import SweepRecord, TrialState
+from tune_magic.sweeping import store as sweepstore
+from tune_magic.sweeping.record import SweepRecord, TrialState
 from tune_magic.sweeping.sweep import Sweep
 from tune_magic.ui.sweepcard import PALETTE, SweepCard, trial_colours
 from tune_magic.ui.sweeptext import table_text

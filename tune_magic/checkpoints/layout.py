@@ -60,7 +60,7 @@ class RecipeState:
 
 def load_config(config: str | os.PathLike[str] | None, overrides: Sequence[str]):
     """The job's config with its overrides, merged exactly as torchtune 0.6.1's parser does
-    (:func:`tune_magic.plan.tuneparse.recipe_config`, the component shorthand included); an empty
+    (:func:`tune_magic.config.tuneparse.recipe_config`, the component shorthand included); an empty
     config without one.
 
     Raises:
@@ -69,7 +69,7 @@ def load_config(config: str | os.PathLike[str] | None, overrides: Sequence[str])
     import yaml
     from omegaconf.errors import OmegaConfBaseException
 
-    from tune_magic.plan.tuneparse import recipe_config
+    from tune_magic.config.tuneparse import recipe_config
 
     try:
         return recipe_config(config, overrides)

@@ -24,7 +24,7 @@ from typing import Mapping
 from tune_magic import schedulers
 from tune_magic.errors import JobNotFound, PlanError, StateDirError
 from tune_magic.logs.notify import get_notifier
-from tune_magic.plan.launchwords import check_job_id
+from tune_magic.config.launchwords import check_job_id
 from tune_magic.registry import owner
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.ids import resolve_job_id

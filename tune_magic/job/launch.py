@@ -32,13 +32,13 @@ from tune_magic import faultpoints, schedulers
 from tune_magic.job.clashes import busy_gpus, check_clashes, live_jobs
 from tune_magic.errors import PlanError, StateDirError, UserError, warn_launch
 from tune_magic.job import Job
-from tune_magic.plan import catalog
+from tune_magic.config import catalog
 from tune_magic.plan.build import describe_run, place_here
-from tune_magic.plan.checks import check_overrides
+from tune_magic.config.checks import check_overrides
 from tune_magic.plan.configview import resolve_dirs, write_overlaid_config
 from tune_magic.plan.model import LaunchPlan
-from tune_magic.plan.resolve import resolve_config
-from tune_magic.plan.launchwords import check_job_id, split_args, tokenise, with_config
+from tune_magic.config.resolve import resolve_config
+from tune_magic.config.launchwords import check_job_id, split_args, tokenise, with_config
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.ids import new_job_id
 from tune_magic.registry.owner import TOKEN_ENV, new_token
@@ -526,8 +526,8 @@ def checked_plan(tokens: list[str], job_id: str, *, gpus, cwd: str, env, root: P
 
 def missing_inputs_error(plan: LaunchPlan, missing, who: str) -> str:
     """The refusal of a plan whose model or tokenizer is not here (every missing path, and the
-    config's own ``tune download`` command; :func:`tune_magic.plan.modelfiles.missing_model_error`)."""
-    from tune_magic.plan.modelfiles import missing_model_error
+    config's own ``tune download`` command; :func:`tune_magic.config.modelfiles.missing_model_error`)."""
+    from tune_magic.config.modelfiles import missing_model_error
 
     shipped = Path(plan.config).is_relative_to(catalog.shipped_root())
     hint = ("The shipped configs read the tiny assets: run tune-magic assets, or tune_magic.make_assets()"

@@ -53,7 +53,7 @@ from tune_magic.job.launch import dry_run_requested, launch
 from tune_magic.plan.model import LaunchPlan
 from tune_magic.checkpoints.relaunch import given_torchrun_options, original_overrides
 from tune_magic.checkpoints.preflight import ResumePreflight, preflight
-from tune_magic.plan.launchwords import check_override, split_args
+from tune_magic.config.launchwords import check_override, split_args
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.status import Status
 

@@ -1,8 +1,9 @@
-"""What to run: ``tune run``-style words -> the exact command of one job. Pure.
+"""What to run: a checked launch -> the exact ``torchrun`` command of one job. Pure.
 
-The command builder (``build``), torchrun's options and their cache, overrides and cell bodies,
-configs, the recipe/config catalog (the only user of torchtune's registry), a launch's own
-options, and sweeps (``axes``: which overrides are axes; ``sweepsection``: a YAML body's
-``sweep:`` mapping; ``sweep``: the grid of trials; ``pool``: GPUs shared by trials). Nothing here
-starts a process or knows where a job runs.
+``build`` (the command and its placement on this machine), ``torchrun`` (torchrun's values and the
+rendezvous policy), ``model`` (:class:`~tune_magic.plan.model.LaunchPlan`), ``options`` (a launch's
+own options, one table for the magic, the CLI and the panel), ``configview`` (the directories a
+plan's config will write) and ``argsize`` (a command Linux would not start). The words, overrides
+and configs it builds from are :mod:`tune_magic.config`'s. Nothing here starts a process or
+knows where a job runs.
 """

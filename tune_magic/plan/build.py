@@ -23,14 +23,14 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from tune_magic.errors import PlanError
 from tune_magic.paths import HOME_ENV, home
-from tune_magic.plan.checks import check_overrides
+from tune_magic.config.checks import check_overrides
 from tune_magic.plan.model import JOB_ID_PLACEHOLDER, LaunchPlan
-from tune_magic.plan.resolve import config_output_dir, resolve_config, resolve_recipe
+from tune_magic.config.resolve import config_output_dir, resolve_config, resolve_recipe
 from tune_magic.plan.torchrun import (
     check_nproc, check_torchrun_values, env_value, rank_log_dir, rendezvous_policy, truthy,
 )
-from tune_magic.plan.pool import parse_gpu_spec
-from tune_magic.plan.launchwords import REFUSED_OPTIONS, Parsed, check_job_id, split_args, tokenise
+from tune_magic.gpus import parse_gpu_spec
+from tune_magic.config.launchwords import REFUSED_OPTIONS, Parsed, check_job_id, split_args, tokenise
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class RunSpec:
     def given(self, dest: str) -> tuple[str | None, str]:
         """The torchrun option ``dest`` as given (flag first, then its ``PET_*`` variable), and
         how to name it in a message (``--nnodes`` or ``PET_NNODES``)."""
-        from tune_magic.plan.torchrun_options import lookup
+        from tune_magic.config.torchrun_options import lookup
 
         if dest in self.parsed.torchrun:
             return str(self.parsed.torchrun[dest]), lookup("--" + dest.replace("_", "-")).display
@@ -128,7 +128,7 @@ def describe_run(args: str | Sequence[str], *, env: Mapping[str, str] | None = N
 
 def _pet_given(env: Mapping[str, str]) -> list[str]:
     """The ``PET_*`` variables of torchrun options set in ``env``: each means torchrun too."""
-    from tune_magic.plan.torchrun_options import options
+    from tune_magic.config.torchrun_options import options
 
     return sorted({o.env_var for o in options().values() if env_value(env, o.dest) is not None})
 

@@ -1,7 +1,7 @@
 """Read where a plan's job will write: its output, metric-log and checkpoint directories.
 
 Pure (no processes): loads the plan's config with OmegaConf, applies the plan's overrides exactly
-as torchtune 0.6.1's config parser does (:mod:`tune_magic.plan.tuneparse`), and resolves three keys. Used to
+as torchtune 0.6.1's config parser does (:mod:`tune_magic.config.tuneparse`), and resolves three keys. Used to
 keep concurrent jobs apart and to warn when a config writes outside the job's ``output_dir``.
 """
 
@@ -33,7 +33,7 @@ class JobDirs:
         checkpoint_dir: ``checkpointer.output_dir``.
         warnings: human-readable warnings, e.g. a checkpoint dir outside ``output_dir``.
         missing_inputs: ``(key, path)`` of the model's and tokenizer's inputs that do not exist
-            here (:func:`tune_magic.plan.modelfiles.missing_model_paths`), every one of them.
+            here (:func:`tune_magic.config.modelfiles.missing_model_paths`), every one of them.
         errors: why a directory key could not be resolved (e.g. an ``${oc.env:...}`` variable
             that is not set); the job would fail at start-up.
         epochs, max_steps_per_epoch: the config's keys of those names (torchtune 0.6.1 recipes:
@@ -95,7 +95,7 @@ def _inside(child: str, parent: str) -> bool:
 
 def _with_overrides(plan: LaunchPlan):
     """The plan's config with its overrides applied exactly as torchtune 0.6.1 applies them
-    (:func:`tune_magic.plan.tuneparse.recipe_config`: deletions from the config file first, the
+    (:func:`tune_magic.config.tuneparse.recipe_config`: deletions from the config file first, the
     component shorthand, then the dotlist merge), interpolations unresolved.
 
     Raises:
@@ -104,7 +104,7 @@ def _with_overrides(plan: LaunchPlan):
     import yaml
     from omegaconf.errors import OmegaConfBaseException
 
-    from tune_magic.plan.tuneparse import recipe_config
+    from tune_magic.config.tuneparse import recipe_config
 
     try:
         return recipe_config(plan.config, plan.overrides)
@@ -177,7 +177,7 @@ def resolve_dirs(plan: LaunchPlan, cwd: str | os.PathLike | None = None) -> JobD
         if value is not None and _inside(os.path.realpath(value), os.path.realpath(registry)):
             errors.append(f"{key} {value} is inside tune_magic's job registry {registry}, where every folder must be "
                           "a job; choose another directory")
-    from tune_magic.plan.modelfiles import missing_model_paths
+    from tune_magic.config.modelfiles import missing_model_paths
 
     missing = missing_model_paths(cfg, cwd, _select, errors)
     return JobDirs(out, logs, ckpt, warnings, missing, errors, epochs=_count(cfg, "epochs"),

@@ -17,7 +17,7 @@ from typing import Mapping
 
 from tune_magic.errors import PlanError
 from tune_magic.plan.model import JOB_DIR_PLACEHOLDER
-from tune_magic.plan.torchrun_options import lookup
+from tune_magic.config.torchrun_options import lookup
 
 #: ``--nproc-per-node`` words torchrun accepts besides a positive integer (torch 2.13).
 NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")

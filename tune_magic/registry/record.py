@@ -69,7 +69,7 @@ class JobRecord:
     per-job ``output_dir`` included), or ``None`` in records written before the field existed
     (:func:`overrides_of` then reads them from ``argv``).
     ``sweep`` is set for a trial of a sweep: ``{"id": sweep id, "trial": its index, "name": the
-    sweep's name}`` (:mod:`tune_magic.registry.sweeprecord`), else ``None``.
+    sweep's name}`` (:mod:`tune_magic.sweeping.record`), else ``None``.
     """
 
     id: str

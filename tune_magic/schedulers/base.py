@@ -54,7 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tune_magic.plan.model import LaunchPlan
     from tune_magic.plan.options import Option
     from tune_magic.registry.record import JobRecord
-    from tune_magic.registry.sweeprecord import SweepRecord
+    from tune_magic.sweeping.record import SweepRecord
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class SweepSubmission:
 
     Attributes:
         sweep_dir: the sweep's directory (``$TUNE_MAGIC_HOME/sweeps/<id>``).
-        record: its record (:class:`~tune_magic.registry.sweeprecord.SweepRecord`): the trials in
+        record: its record (:class:`~tune_magic.sweeping.record.SweepRecord`): the trials in
             order (``record.trial_args(i)``: trial i's launch words), the slots (``record.slots``:
             how many trials run at once, and each one's GPUs), the cell body, the options.
         options: this scheduler's options, read and checked.

@@ -1,9 +1,9 @@
 """Making a sweep: everything checked before anything starts, then registered and handed on.
 
-:func:`sweep` reads the axes and trials (:func:`tune_magic.plan.sweep.plan_sweep`), the slots
-(:func:`tune_magic.plan.pool.plan_slots`), refuses a rendezvous of the user's own, builds the first
+:func:`sweep` reads the axes and trials (:func:`tune_magic.sweeping.grid.plan_sweep`), the slots
+(:func:`tune_magic.sweeping.slots.plan_slots`), refuses a rendezvous of the user's own, builds the first
 trial's plan as a launch would (recipe, config, overrides, cell body, GPUs, directories), checks
-every axis item against the config (:func:`tune_magic.plan.checks.check_axis_items`), and only
+every axis item against the config (:func:`tune_magic.config.checks.check_axis_items`), and only
 then registers the sweep (``$TUNE_MAGIC_HOME/sweeps/<id>/``: staged under a hidden name and renamed
 into place, as jobs are) and hands it to its scheduler (``Scheduler.submit_sweep``: by default the
 sweep process, which starts the trials). It returns at once; a dry run returns
@@ -25,17 +25,18 @@ from tune_magic import schedulers
 from tune_magic.errors import PlanError, UserError, warn_launch
 from tune_magic.job.launch import (MAX_NAME_CHARS, dry_run_requested, launch, missing_inputs_error, register_trial,
                                  state_error)
-from tune_magic.plan.checks import check_axis_items
+from tune_magic.config.checks import check_axis_items
 from tune_magic.plan.configview import resolve_dirs
 from tune_magic.plan.model import LaunchPlan
-from tune_magic.plan.pool import Slots, parse_gpu_spec, plan_slots
-from tune_magic.plan.shellwords import Word, as_word, split_words
-from tune_magic.plan.sweep import SweepPlan, check_sweep_rendezvous, plan_sweep
-from tune_magic.plan.launchwords import tokenise
+from tune_magic.gpus import parse_gpu_spec
+from tune_magic.sweeping.slots import Slots, plan_slots
+from tune_magic.config.shellwords import Word, as_word, split_words
+from tune_magic.sweeping.grid import SweepPlan, check_sweep_rendezvous, plan_sweep
+from tune_magic.config.launchwords import tokenise
 from tune_magic.registry import store as jobstore
-from tune_magic.registry import sweepstore
+from tune_magic.sweeping import store as sweepstore
 from tune_magic.registry.files import open_nofollow
-from tune_magic.registry.sweeprecord import QUEUED, STARTED, SweepRecord, TrialState
+from tune_magic.sweeping.record import QUEUED, STARTED, SweepRecord, TrialState
 from tune_magic.schedulers.base import SweepSubmission
 from tune_magic.sweeping.sweep import Sweep
 
@@ -119,9 +120,9 @@ def sweep(args: "str | Sequence[str | Word]", *, name: str | None = None, gpus: 
     Args:
         args: ``[TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]`` where some overrides
             are axes: a comma list outside brackets and quotes (``optimizer.lr=1e-4,3e-4``) or
-            ``range(start, stop[, step])`` (:mod:`tune_magic.plan.axes`). A string is split as a
+            ``range(start, stop[, step])`` (:mod:`tune_magic.config.overrides` (its comma lists and ranges)). A string is split as a
             shell would, remembering quotes (``tag="a,b"`` is one value); a list is taken as is
-            (:class:`~tune_magic.plan.shellwords.Word` items keep their quotes).
+            (:class:`~tune_magic.config.shellwords.Word` items keep their quotes).
         name: the sweep's name (default: the recipe's). Each trial's job is named by its values
             (``lr=3e-4,lora_rank=8``).
         gpus: the pool of GPU ids the trials share (``"0-7"``, ``"0,1,2,3"``, ``[0, 1]``); default
@@ -211,7 +212,7 @@ def _read_inputs(args, *, name, force, env, cwd, config_overlay, scheduler, opti
     if config_overlay is not None:
         if not isinstance(config_overlay, str):
             raise PlanError("config_overlay is the YAML text of a config mapping")
-        from tune_magic.plan.cellbody import parse_cell_body
+        from tune_magic.config.cellbody import parse_cell_body
 
         body = parse_cell_body(config_overlay, sweep=True)  # a sweep: mapping comes out of it
         if body.overrides:
@@ -284,7 +285,7 @@ def _uses_wandb(plan: LaunchPlan) -> bool:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from tune_magic.plan.tuneparse import recipe_config
+    from tune_magic.config.tuneparse import recipe_config
 
     try:  # metric_logger=...WandBLogger (torchtune's component shorthand) counts too
         cfg = recipe_config(plan.config, plan.overrides)
@@ -296,8 +297,8 @@ def _uses_wandb(plan: LaunchPlan) -> bool:
 
 def _group_override(group: str) -> str:
     """``metric_logger.group=<group>``, YAML-quoted when the recipe would not read it as typed."""
-    from tune_magic.plan.overrides import yaml_quoted
-    from tune_magic.plan.launchwords import check_override
+    from tune_magic.config.overrides import yaml_quoted
+    from tune_magic.config.launchwords import check_override
 
     word = f"metric_logger.group={group}"
     try:

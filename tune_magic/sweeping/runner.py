@@ -36,10 +36,10 @@ from tune_magic.job import Job
 from tune_magic.job.launch import register_trial
 from tune_magic.logs.notify import get_notifier
 from tune_magic.registry import store as jobstore
-from tune_magic.registry import sweepstore
+from tune_magic.sweeping import store as sweepstore
 from tune_magic.registry.files import open_nofollow
 from tune_magic.registry.outcome import LAUNCH_INTERRUPTED
-from tune_magic.registry.sweeprecord import NOT_STARTED, QUEUED, STARTED, SweepRecord
+from tune_magic.sweeping.record import NOT_STARTED, QUEUED, STARTED, SweepRecord
 from tune_magic.gpus import GpuError
 from tune_magic.sweeping.start import no_room
 

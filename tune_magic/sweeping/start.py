@@ -19,10 +19,10 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-from tune_magic.registry import sweepstore
+from tune_magic.sweeping import store as sweepstore
 from tune_magic.registry.files import open_nofollow
 from tune_magic.registry.record import CorruptRecord
-from tune_magic.registry.sweeprecord import QUEUED, SweepRecord
+from tune_magic.sweeping.record import QUEUED, SweepRecord
 
 #: Bytes the registry's disk must have free for a sweep process to be started: it writes its log,
 #: the sweep's record and each trial's job directory (a few KiB each).

@@ -22,10 +22,10 @@ from tune_magic.errors import JobNotFound, PlanError
 from tune_magic.job import Job, wait_deadline
 from tune_magic.logs.notify import get_notifier
 from tune_magic.registry import store as jobstore
-from tune_magic.registry import sweepstore
+from tune_magic.sweeping import store as sweepstore
 from tune_magic.registry.files import check_job_dir
 from tune_magic.job.stopping import stop_jobs
-from tune_magic.registry.sweeprecord import NOT_STARTED, QUEUED, STARTED, SweepRecord
+from tune_magic.sweeping.record import NOT_STARTED, QUEUED, STARTED, SweepRecord
 from tune_magic.sweeping import start
 
 #: Seconds between two looks for a dead sweep process by the same :class:`Sweep`.
@@ -139,7 +139,7 @@ class Sweep:
         return job.refresh()
 
     def _value(self, key: str, text: str) -> Any:
-        from tune_magic.plan.overrides import recipe_value
+        from tune_magic.config.overrides import recipe_value
 
         if (key, text) not in self._values:
             try:
@@ -379,7 +379,7 @@ def get_sweep(sweep: str) -> Sweep:
 
 class DamagedSweep(JobNotFound):
     """A sweep whose record and its backup cannot be read (see
-    :func:`tune_magic.registry.sweepstore.rebuild`): its queued trials are unknown, its started
+    :func:`tune_magic.sweeping.store.rebuild`): its queued trials are unknown, its started
     trials are jobs like any (:func:`trial_jobs_of`), and :func:`stop_damaged` stops them."""
 
     def __init__(self, sweep_id: str, why: str) -> None:

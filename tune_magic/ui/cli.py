@@ -56,7 +56,7 @@ def _cmd(argv: Sequence[str]) -> int:
 
 
 def _ls(argv: Sequence[str]) -> int:
-    from tune_magic.plan import catalog
+    from tune_magic.config import catalog
 
     parser = argparse.ArgumentParser(prog="tune-magic ls", description="List recipes and configs, like tune ls.")
     parser.add_argument("--json", action="store_true", help="print a JSON list of recipes with their configs")

@@ -20,9 +20,9 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from tune_magic.plan import options as launchopts
-from tune_magic.plan.cellbody import expand_fields, parse_cell_body
+from tune_magic.config.cellbody import expand_fields, parse_cell_body
 from tune_magic.errors import UserError, launch_warnings_shown_here
-from tune_magic.registry.sweepstore import is_sweep_id
+from tune_magic.sweeping.store import is_sweep_id
 
 
 def _split_line(line: str) -> list[str]:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import ipywidgets as widgets
 
-from tune_magic.plan import catalog
-from tune_magic.plan.cellbody import parse_cell_body
+from tune_magic.config import catalog
+from tune_magic.config.cellbody import parse_cell_body
 from tune_magic.plan.model import JOB_ID_PLACEHOLDER
 from tune_magic.errors import PlanError
 from tune_magic.job.launch import build_plan

@@ -16,7 +16,7 @@ import threading
 import ipywidgets as widgets
 
 from tune_magic.logs.progress import fmt_duration
-from tune_magic.plan.sweep import short_keys
+from tune_magic.sweeping.grid import short_keys
 from tune_magic.sweeping.sweep import Sweep
 from tune_magic.ui.sweeptext import table_text
 from tune_magic.ui.sweepwatch import SweepSnapshot, SweepWatcher

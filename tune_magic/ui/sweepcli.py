@@ -173,7 +173,7 @@ def sweep_metrics(spec: str, fmt: str) -> int:
 
 def is_sweep(spec: str | None) -> bool:
     """Whether ``spec`` names a sweep (its id, or the name of one) rather than a job."""
-    from tune_magic.registry import sweepstore
+    from tune_magic.sweeping import store as sweepstore
 
     if not spec:
         return False

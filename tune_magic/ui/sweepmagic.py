@@ -14,8 +14,8 @@ import sys
 from typing import Any, Mapping
 
 from tune_magic.plan import options as launchopts
-from tune_magic.plan.cellbody import expand_fields, parse_cell_body
-from tune_magic.plan.shellwords import split_words, tail_words
+from tune_magic.config.cellbody import expand_fields, parse_cell_body
+from tune_magic.config.shellwords import split_words, tail_words
 
 
 def sweep_options(own: Mapping[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import time
 from typing import Callable
 
 from tune_magic.logs.progress import fmt_duration
-from tune_magic.plan.sweep import short_keys
+from tune_magic.sweeping.grid import short_keys
 from tune_magic.sweeping.sweep import Sweep
 from tune_magic.ui.sweepwatch import SweepSnapshot, SweepWatcher, TrialRow
 from tune_magic.ui.textfmt import cut, table

@@ -93,7 +93,7 @@ def test_a_slurm_sweep_is_capped_only_when_asked(tmp_path, monkeypatch):
 def test_a_slurm_sweeps_dry_run_shows_the_one_array_it_would_submit(tmp_path, monkeypatch):
     import tune_magic
     from tune_magic.registry import store as jobstore
-    from tune_magic.registry import sweepstore
+    from tune_magic.sweeping import store as sweepstore
     from jobhelpers import toy_args
 
     monkeypatch.delenv("TUNE_MAGIC_SCHEDULER", raising=False)

@@ -56,7 +56,7 @@ class ThirdScheduler(LocalScheduler):
     def submit_sweep(self, sweep):
         if sweep.options.get("label") != "array":
             return super().submit_sweep(sweep)  # the sweep process, trial by trial
-        from tune_magic.registry import sweepstore
+        from tune_magic.sweeping import store as sweepstore
 
         with sweepstore.locked(sweep.sweep_dir) as record:
             record.engine = {"array": f"third-{record.id}"}

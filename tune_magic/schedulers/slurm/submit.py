@@ -64,7 +64,7 @@ from tune_magic.errors import JobStartError, PlanError, UserError
 from tune_magic.plan.build import RunSpec
 from tune_magic.plan.model import LaunchPlan
 from tune_magic.plan.torchrun import check_endpoint, check_nproc, parse_nnodes, rank_log_dir, truthy
-from tune_magic.registry import sweepstore
+from tune_magic.sweeping import store as sweepstore
 from tune_magic.registry import store as jobstore
 from tune_magic.schedulers.base import SchedulerOptions, SweepSubmission
 from tune_magic.schedulers.slurm import status

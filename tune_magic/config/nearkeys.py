@@ -1,6 +1,6 @@
 """Which key of a config a mistyped key was meant to be. Pure.
 
-Used by :mod:`tune_magic.plan.checks` to refuse ``optimzer.lr=1e-3`` with ``did you mean
+Used by :mod:`tune_magic.config.checks` to refuse ``optimzer.lr=1e-3`` with ``did you mean
 optimizer.lr?`` while letting through keys a config lacks on purpose (recipes read optional keys
 with defaults). The rule is :func:`is_near_miss`; tests/plan/test_override_checks.py measures it
 on every key of torchtune 0.6.1's shipped configs.

@@ -5,7 +5,7 @@ oracle is torchtune itself: ``torchtune.config._parse.TuneRecipeArgumentParser``
 ``--config CONFIG WORDS`` and ``torchtune.config._utils._merge_yaml_and_cli_args`` merges them,
 as every recipe decorated with ``torchtune.config.parse`` does. Ours is the launch plan
 (``build_plan``: the override checks) and the config tune_magic resolves for it
-(``tune_magic.plan.tuneparse.recipe_config`` on the plan's words: what the dry run, the job's
+(``tune_magic.config.tuneparse.recipe_config`` on the plan's words: what the dry run, the job's
 directories and resume read). Both are compared with ``OmegaConf.to_container(resolve=False)``.
 Where torchtune refuses a form, ours refuses it too, with a PlanError, before anything starts.
 """
@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from tune_magic.errors import PlanError
 from tune_magic.job.launch import build_plan
 from tune_magic.plan.configview import resolve_dirs
-from tune_magic.plan.tuneparse import recipe_config
+from tune_magic.config.tuneparse import recipe_config
 
 ROOT = Path(__file__).resolve().parents[2]
 LORA = str(ROOT / "recipes" / "configs" / "tiny" / "lora.yaml")

@@ -94,7 +94,7 @@ def recipe_config(config: "str | os.PathLike | Mapping[str, Any] | None", overri
     """
     from omegaconf import OmegaConf
 
-    from tune_magic.plan.overrides import torchtune_text
+    from tune_magic.config.overrides import torchtune_text
 
     flags = [w for w in overrides if w.startswith("--")]
     if flags:  # TuneRecipeArgumentParser.parse_known_args

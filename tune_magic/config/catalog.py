@@ -2,7 +2,7 @@
 
 This is the only module that touches torchtune's private registry (``torchtune._recipe_registry``,
 0.6.1). Everything else asks :func:`recipes` / :func:`configs` / :func:`find_recipe` /
-:func:`find_config`. The registry is read through :mod:`tune_magic.plan.toolcache` (once per torchtune
+:func:`find_config`. The registry is read through :mod:`tune_magic.config.toolcache` (once per torchtune
 install, in a subprocess), so a process that only builds plans never loads it.
 """
 
@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from tune_magic.errors import UserError
-from tune_magic.plan import toolcache
+from tune_magic.config import toolcache
 
 #: ``source`` of entries that come from the installed torchtune.
 TORCHTUNE = "torchtune"
@@ -88,7 +88,7 @@ def _load_torchtune_registry() -> ModuleType:
 
     Importing the torchtune package costs ~5 s (it imports torchao and torch); the registry file
     itself only needs ``dataclasses``. Loading it alone keeps the tool cache's subprocess
-    (:mod:`tune_magic.plan.toolcache`), which runs it, about as fast as torchrun's own ``import torch``.
+    (:mod:`tune_magic.config.toolcache`), which runs it, about as fast as torchrun's own ``import torch``.
     """
     path = _torchtune_root() / "torchtune" / "_recipe_registry.py"
     if "torchtune._recipe_registry" in sys.modules:
@@ -118,7 +118,7 @@ def live_registry_rows() -> list[dict[str, Any]] | None:
         One dict per recipe in ``get_all_recipes()`` order: ``name``, ``file_path`` (relative to
         torchtune's ``recipes/`` folder), ``supports_distributed`` and ``configs`` (a list of
         ``{"name", "file_path"}``, file paths relative to ``recipes/configs/``); ``None`` when
-        torchtune is not installed. This is what :mod:`tune_magic.plan.toolcache` stores.
+        torchtune is not installed. This is what :mod:`tune_magic.config.toolcache` stores.
     """
     if importlib.util.find_spec("torchtune") is None:
         return None

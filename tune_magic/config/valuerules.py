@@ -1,6 +1,6 @@
 """What an override's value is, in words, and two rules on values that no recipe can run with. Pure.
 
-Used by :mod:`tune_magic.plan.checks` for its refusals: a value's kind (``a number``, ``a
+Used by :mod:`tune_magic.config.checks` for its refusals: a value's kind (``a number``, ``a
 section``) and short form (``0.0003``, ``{input, output}``); a ``_component_`` that cannot be a
 component; a float where the config holds an integer.
 """

@@ -1,4 +1,4 @@
-"""plan/sweep.py: axis syntax, trials, names, order and every refusal (pure; no process starts)."""
+"""sweeping/grid.py: axis syntax, trials, names, order and every refusal (pure; no process starts)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from tune_magic.errors import PlanError
 from tune_magic.job.launch import build_plan
-from tune_magic.plan.launchwords import check_override
-from tune_magic.plan.shellwords import Word, split_words
-from tune_magic.plan.axes import looks_like_axis, parse_range, refused_axis_key, split_items, word_axis
-from tune_magic.plan.sweep import MAX_TRIALS, parse_max_trials, plan_sweep, short_keys
+from tune_magic.config.launchwords import check_override
+from tune_magic.config.shellwords import Word, split_words
+from tune_magic.config.overrides import looks_like_axis, parse_range, refused_axis_key, split_items, word_axis
+from tune_magic.sweeping.grid import MAX_TRIALS, parse_max_trials, plan_sweep, short_keys
 
 LAUNCH = "--nproc_per_node 1 lora_finetune --config tiny/lora"
 

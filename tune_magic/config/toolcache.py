@@ -18,8 +18,8 @@ never the home or its parents (building a plan, a dry run, must not make directo
 that computed the tables while its home was missing writes them when it exits, if by then the
 home exists (a launch in that process created it), so the next process finds them.
 
-The readers themselves live with their users: :func:`tune_magic.plan.torchrun_options.live_rows` and
-:func:`tune_magic.plan.catalog.live_registry_rows`. Only this module's stdlib imports run in the caller.
+The readers themselves live with their users: :func:`tune_magic.config.torchrun_options.live_rows` and
+:func:`tune_magic.config.catalog.live_registry_rows`. Only this module's stdlib imports run in the caller.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def compute_in_subprocess(timeout_s: float = CHILD_TIMEOUT_S) -> dict[str, Any]:
     """
     package_parent = str(Path(__file__).resolve().parents[2])
     code = ("import sys; sys.path.insert(0, sys.argv[1]); "
-            "from tune_magic.plan.toolcache import child_main; child_main()")
+            "from tune_magic.config.toolcache import child_main; child_main()")
     try:
         proc = subprocess.run([sys.executable, "-c", code, package_parent], stdin=subprocess.DEVNULL,
                               capture_output=True, timeout=timeout_s)
@@ -196,8 +196,8 @@ def compute_in_subprocess(timeout_s: float = CHILD_TIMEOUT_S) -> dict[str, Any]:
 #: table name -> "module:function" that reads it live. Named, not imported: the readers' modules use
 #: this cache, and this module never imports them back.
 READERS = {
-    "torchrun": "tune_magic.plan.torchrun_options:live_rows",
-    "registry": "tune_magic.plan.catalog:live_registry_rows",
+    "torchrun": "tune_magic.config.torchrun_options:live_rows",
+    "registry": "tune_magic.config.catalog:live_registry_rows",
 }
 
 
@@ -298,5 +298,5 @@ def _compute_lock(path: Path) -> Iterator[None]:
         yield
 
 
-if __name__ == "__main__":  # ``python -m tune_magic.plan.toolcache``: print the tables (for a look by hand)
+if __name__ == "__main__":  # ``python -m tune_magic.config.toolcache``: print the tables (for a look by hand)
     child_main()

@@ -1,14 +1,14 @@
 """Sweeps: the grid of trials that a launch's axes make. Pure: nothing is started.
 
-Axes are found by :mod:`tune_magic.plan.axes` (override words: comma lists, ``range(...)``) and
-:mod:`tune_magic.plan.sweepsection` (a YAML cell body's ``sweep:`` mapping); :func:`plan_sweep`
+Axes are found by :mod:`tune_magic.config.overrides` (its comma lists and ranges) (override words: comma lists, ``range(...)``) and
+:func:`tune_magic.config.cellbody.split_sweep_section` (a YAML cell body's ``sweep:`` mapping); :func:`plan_sweep`
 checks them together and builds the trials.
 
 Trials are the cartesian product of the axes, first axis slowest (``itertools.product``): axes
 in the order their words appear in the launch (the line, then override lines of the cell body),
 then the body's ``sweep:`` axes in their order. Refused before anything starts
 (:class:`~tune_magic.errors.PlanError`, naming the fix): sweep mode with no axis; an axis on a
-directory the recipe writes (:func:`~tune_magic.plan.axes.refused_axis_key`), or one
+directory the recipe writes (:func:`~tune_magic.config.overrides.refused_axis_key`), or one
 ``output_dir`` shared by the trials (allowed when it names every axis,
 ``output_dir=/runs/lr_${optimizer.lr}``); an empty item (``1e-4,,3e-4``, a trailing comma); more
 than :data:`MAX_TRIALS` trials (``max_trials`` raises the cap); a key given twice (two axes, or an
@@ -24,8 +24,59 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, NamedTuple, Sequence
 
 from tune_magic.errors import PlanError
-from tune_magic.plan.axes import Axis, axis_from_items, parse_range, refused_axis_key, word_axis
-from tune_magic.plan.shellwords import Word, as_word
+from tune_magic.config.overrides import parse_range, refused_axis_key, word_axis
+from tune_magic.config.shellwords import Word, as_word
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One axis of a sweep.
+
+    Attributes:
+        key: the override key (``optimizer.lr``).
+        texts: each item as an override value, as typed (``"1e-4"``, ``"[q_proj,v_proj]"``,
+            ``"'a,b'"``); ``key=text`` passes :func:`~tune_magic.config.launchwords.check_override`.
+        values: what a torchtune 0.6.1 recipe reads for each item (``1e-4`` -> ``0.0001``), as
+            :func:`tune_magic.config.overrides.recipe_value` gives it; same length as ``texts``.
+        source: where it was written, for messages: ``"override"`` or ``"sweep: mapping"``.
+        position: index of its word in the launch words, ``None`` for a body ``sweep:`` axis.
+    """
+
+    key: str
+    texts: tuple[str, ...]
+    values: tuple[Any, ...]
+    source: str = "override"
+    position: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def axis_from_items(key: str, texts: Sequence[str], source: str, position: int | None, shown: str) -> Axis:
+    """Check each item as an override and read its value as the recipe would.
+
+    Args:
+        key: the override key.
+        texts: the item texts, as typed.
+        source: where the axis was written (:attr:`Axis.source`).
+        position: its word's index in the launch words, ``None`` for a body ``sweep:`` axis.
+        shown: the axis as written, for messages.
+
+    Raises:
+        PlanError: an item that :func:`~tune_magic.config.launchwords.check_override` refuses (the
+            message names the item).
+    """
+    from tune_magic.config.launchwords import check_override
+    from tune_magic.config.overrides import recipe_value
+
+    values = []
+    for i, text in enumerate(texts, 1):
+        try:
+            check_override(f"{key}={text}")
+        except PlanError as exc:
+            raise PlanError(f"sweep axis {shown}, item {i} ({text}): {exc}") from None
+        values.append(recipe_value(key, text))
+    return Axis(key, tuple(texts), tuple(values), source, position)
 
 __all__ = [
     "MAX_TRIALS",
@@ -122,11 +173,11 @@ def short_keys(keys: Sequence[str]) -> dict[str, str]:
 
 def _override_positions(texts: list[str]) -> list[int]:
     """Indexes of the words that the launch grammar reads as overrides (``key=value``/``~key``
-    after the recipe), found with :func:`tune_magic.plan.launchwords.tokenise` itself: every word
+    after the recipe), found with :func:`tune_magic.config.launchwords.tokenise` itself: every word
     that looks like ``key=value`` or ``~key`` is first replaced by a harmless placeholder, so an
     axis value (not yet a valid override) cannot fail it, and a torchrun option's value or the
     recipe stays what it was (a word, in its place). Its errors name the user's words."""
-    from tune_magic.plan.launchwords import tokenise as _tokenise
+    from tune_magic.config.launchwords import tokenise as _tokenise
 
     stand_in: dict[str, int] = {}
     probe = []
@@ -155,11 +206,11 @@ def plan_sweep(words: Sequence["str | Word"], *, body_axes: Sequence[tuple[str, 
     Args:
         words: the launch's ``tune run`` words after its own options
             (``[TORCHRUN-OPTIONS] RECIPE --config CONFIG [overrides]``), with override words
-            from an override-line cell body appended; :class:`~tune_magic.plan.shellwords.Word`
+            from an override-line cell body appended; :class:`~tune_magic.config.shellwords.Word`
             objects where they came from a shell-split line (so quoted commas are known), plain
             strings otherwise.
         body_axes: ``[(key, [item texts])]`` from a YAML body's ``sweep:`` section
-            (:func:`~tune_magic.plan.sweepsection.split_sweep_section`), applied after the words.
+            (:func:`~tune_magic.config.cellbody.split_sweep_section`), applied after the words.
         max_trials: the cap on the number of trials (default :data:`MAX_TRIALS`).
 
     Returns:
@@ -167,7 +218,7 @@ def plan_sweep(words: Sequence["str | Word"], *, body_axes: Sequence[tuple[str, 
 
     Raises:
         PlanError: no axis; an axis on a refused key
-            (:func:`~tune_magic.plan.axes.refused_axis_key`); an ``output_dir`` override that does
+            (:func:`~tune_magic.config.overrides.refused_axis_key`); an ``output_dir`` override that does
             not name every axis (``${key}``), so trials would share it; a key given twice; an empty
             item; a malformed or empty ``range()``; more than ``max_trials`` trials (the message
             gives the count); an item that is not a valid override value; or whatever the launch
@@ -284,7 +335,7 @@ def _trials(axes: tuple[Axis, ...], short: dict[str, str]) -> tuple[Trial, ...]:
 
 def parse_max_trials(value: "int | str") -> int:
     """Read ``--max-trials N`` (a whole number >= 1). Raises :class:`PlanError` otherwise."""
-    from tune_magic.plan.pool import parse_count
+    from tune_magic.sweeping.slots import parse_count
 
     return parse_count(value, "--max-trials", "--max-trials 2000")
 

@@ -100,7 +100,7 @@ def test_under_sweep_the_comma_list_is_an_axis_and_each_item_is_checked(nothing_
 
 
 def test_a_components_own_signature_decides_whether_a_key_takes_a_float():
-    from tune_magic.plan.valuerules import takes_float
+    from tune_magic.config.valuerules import takes_float
 
     assert takes_float("torchtune.models.llama2.lora_llama2", "lora_alpha")  # lora_alpha: float
     assert not takes_float("torchtune.models.llama2.lora_llama2", "lora_rank")  # lora_rank: int

@@ -1,6 +1,6 @@
 """A sweep's record: the validated JSON object in ``sweeps/<id>/sweep.json``. Stdlib only.
 
-A sweep is a grid of trials (:mod:`tune_magic.plan.sweep`), each a normal job once it starts. The
+A sweep is a grid of trials (:mod:`tune_magic.sweeping.grid`), each a normal job once it starts. The
 record keeps what is needed to start every trial the same way from any process (the launch words
 with each axis in place, the cell body, the scheduler and its options, the GPU slots) and, per
 trial, its state in the queue:
@@ -138,7 +138,7 @@ class SweepRecord:
     def trial_args(self, index: int) -> list[str]:
         """The launch words of trial ``index``: each axis word replaced in place by the trial's
         override word, the body's ``sweep:`` axes and :attr:`extra_overrides` appended (the same
-        words :meth:`tune_magic.plan.sweep.SweepPlan.args` gives, plus the extra overrides)."""
+        words :meth:`tune_magic.sweeping.grid.SweepPlan.args` gives, plus the extra overrides)."""
         trial = self.trials[index]
         out = list(self.args)
         appended = []

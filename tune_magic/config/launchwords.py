@@ -12,7 +12,7 @@ from typing import Sequence
 
 from tune_magic.errors import PlanError
 from tune_magic.registry.ids import check_job_id  # noqa: F401  (the words of a launch include its --job-id)
-from tune_magic.plan.torchrun_options import TorchrunOption, lookup
+from tune_magic.config.torchrun_options import TorchrunOption, lookup
 
 # Options that change what the training script *is*; tune_magic always launches a recipe file.
 REFUSED_OPTIONS = {
@@ -68,7 +68,7 @@ def _match_option(token: str) -> tuple[TorchrunOption | None, str | None]:
 
 
 def _unknown_option(token: str) -> PlanError:
-    from tune_magic.plan.torchrun_options import abbreviation_of, options
+    from tune_magic.config.torchrun_options import abbreviation_of, options
 
     name = token.split("=")[0]
     full = abbreviation_of(name)
@@ -222,15 +222,15 @@ def is_path_key(key: str) -> bool:
 def check_override(token: str) -> str:
     """Return ``token`` if a torchtune 0.6.1 recipe reads it as typed, else raise :class:`PlanError`.
 
-    The value is checked by :func:`tune_magic.plan.overrides.check_value` (YAML as OmegaConf reads it).
+    The value is checked by :func:`tune_magic.config.overrides.check_value` (YAML as OmegaConf reads it).
     An empty value (``key=``, or only spaces) is null to the recipe: accepted, except for a key
     that names a file or directory (``output_dir``, ``*_dir``, ``*.path``, ``*_path``, ``*_file``,
     ``*_files``), where null becomes the path ``None`` (``./None/...``) or a crash; a quoted empty
     string there (``output_dir=""``) is refused too. An explicit ``null`` stays accepted.
     ``+key=value`` adds a key the config lacks on purpose (Hydra's spelling; the recipe is handed
-    ``key=value``, see :mod:`tune_magic.plan.checks`): checked as ``key=value``, returned as typed.
+    ``key=value``, see :mod:`tune_magic.config.checks`): checked as ``key=value``, returned as typed.
     """
-    from tune_magic.plan import overrides
+    from tune_magic.config import overrides
 
     if token.startswith("+"):
         if token.startswith(("++", "+~")) or "=" not in token:

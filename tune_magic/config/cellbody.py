@@ -1,16 +1,16 @@
 """What a ``%%tune_run`` cell body means, and ``{name}`` expansion of the magic's line. Pure.
 
 A body is either a YAML mapping (a config, or an overlay merged over ``--config``) or lines of
-``key=value`` / ``+key=value`` (a key added on purpose, see :mod:`tune_magic.plan.checks`) / ``~key``
+``key=value`` / ``+key=value`` (a key added on purpose, see :mod:`tune_magic.config.checks`) / ``~key``
 overrides; ``#`` comments and blank lines are ignored; an empty body is fine.
 An override line is several overrides when every word is one (``seed=1 epochs=2``), else one
 override whose value is the rest of the line as typed (``metric_logger.name=my run``): see
 :func:`override_line`.
 
 Under sweep mode (``parse_cell_body(text, sweep=True)``) override lines keep where the shell
-quotes were (:class:`~tune_magic.plan.shellwords.Word`), so ``tag="a,b"`` stays one value while
+quotes were (:class:`~tune_magic.config.shellwords.Word`), so ``tag="a,b"`` stays one value while
 ``lr=1e-4,3e-4`` is an axis, and a YAML body's top-level ``sweep:`` mapping is taken out of the
-config (:mod:`tune_magic.plan.sweepsection`). Without sweep mode a YAML body with a ``sweep:`` mapping is
+config (:func:`split_sweep_section`). Without sweep mode a YAML body with a ``sweep:`` mapping is
 refused: it would reach the recipe as an unknown key and one job would run.
 """
 
@@ -22,10 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from tune_magic.errors import PlanError
-from tune_magic.plan.shellwords import Word, split_words
-from tune_magic.plan.axes import word_axis
-from tune_magic.plan.sweepsection import split_sweep_section
-from tune_magic.plan.launchwords import check_override
+from tune_magic.config.overrides import word_axis
+from tune_magic.config.shellwords import Word, split_words
+from tune_magic.config.launchwords import check_override
 
 _OVERRIDE_LINE = re.compile(r"^[~+]?[A-Za-z_][\w.\[\]\-]*(=|$)")
 _KEY_EQ = re.compile(r"^\+?[A-Za-z_][\w.\[\]\-]*=")
@@ -43,10 +42,10 @@ class CellBody:
         overrides: ``key=value`` / ``~key`` arguments from an override body (else empty).
         config_yaml: the YAML text of a config body (a mapping), or ``None`` (also for a body that
             held nothing but a ``sweep:`` mapping).
-        words: under sweep mode, ``overrides`` as :class:`~tune_magic.plan.shellwords.Word`
+        words: under sweep mode, ``overrides`` as :class:`~tune_magic.config.shellwords.Word`
             objects (where each line's shell quotes were); else empty.
         sweep: under sweep mode, the axes of a YAML body's ``sweep:`` mapping, ``[(key, [item
-            texts])]`` (see :func:`tune_magic.plan.sweepsection.split_sweep_section`); else empty.
+            texts])]`` (see :func:`split_sweep_section`); else empty.
     """
 
     overrides: list[str] = field(default_factory=list)
@@ -61,8 +60,8 @@ def parse_cell_body(text: str | None, *, sweep: bool = False) -> CellBody:
     Args:
         text: the cell body (``None`` or blank for none).
         sweep: sweep mode (``--sweep``): override words that are axes
-            (:func:`tune_magic.plan.axes.word_axis`) are not checked here (each of their items
-            is, by :func:`tune_magic.plan.sweep.plan_sweep`), ``words`` keeps the shell quotes,
+            (:func:`tune_magic.config.overrides.word_axis`) are not checked here (each of their items
+            is, by :func:`tune_magic.sweeping.grid.plan_sweep`), ``words`` keeps the shell quotes,
             and a YAML body's top-level ``sweep:`` mapping goes to ``sweep``, out of
             ``config_yaml``.
 
@@ -72,7 +71,7 @@ def parse_cell_body(text: str | None, *, sweep: bool = False) -> CellBody:
     Raises:
         PlanError: a YAML syntax error (the message gives the cell line number), a YAML body that
             is not a mapping, an override line that is not ``key=value``, or an override value that a
-            recipe would not read as typed (see :func:`tune_magic.plan.overrides.check_value`);
+            recipe would not read as typed (see :func:`tune_magic.config.overrides.check_value`);
             under sweep mode a malformed axis or ``sweep:`` mapping; without it, a ``sweep:``
             mapping.
     """
@@ -144,10 +143,10 @@ def _load_yaml_body(text: str) -> dict:
 
 def _refuse_empty_paths(node, prefix: str = "") -> None:
     """Refuse ``output_dir:`` with nothing after it (and other keys naming a path), as
-    :func:`tune_magic.plan.launchwords.check_override` refuses ``output_dir=``: the recipe reads null."""
+    :func:`tune_magic.config.launchwords.check_override` refuses ``output_dir=``: the recipe reads null."""
     import yaml
 
-    from tune_magic.plan.launchwords import empty_path_fix, is_path_key
+    from tune_magic.config.launchwords import empty_path_fix, is_path_key
 
     if not isinstance(node, yaml.MappingNode):
         return
@@ -207,7 +206,7 @@ def override_line(line: str, lineno: int = 1) -> list[str]:
 
 def override_line_words(line: str, lineno: int = 1) -> list[Word]:
     """:func:`override_line` keeping where the shell quotes were: the same texts, as
-    :class:`~tune_magic.plan.shellwords.Word` objects.
+    :class:`~tune_magic.config.shellwords.Word` objects.
 
     Under rule 1 (every word an override) a character typed inside quotes is marked quoted
     (``tag="a,b"`` -> ``tag=a,b`` with ``a,b`` quoted); under rule 2 (the value as typed) nothing
@@ -255,7 +254,7 @@ def expand_fields(token: "str | Word", namespace: Mapping[str, Any]) -> "str | W
     """Expand ``{name}`` (and ``{name.attr}``) in one argument from ``namespace``.
 
     ``${...}`` is left for OmegaConf, nested ones included. A
-    :class:`~tune_magic.plan.shellwords.Word` gives a ``Word``: the expanded text of a field
+    :class:`~tune_magic.config.shellwords.Word` gives a ``Word``: the expanded text of a field
     typed inside shell quotes is quoted too (``tag="{t}"`` with ``t = "a,b"`` stays one value),
     the rest keeps its marks.
 
@@ -297,3 +296,131 @@ def expand_fields(token: "str | Word", namespace: Mapping[str, Any]) -> "str | W
         pos = match.end()
     keep(pos, len(token.text))
     return Word("".join(text), frozenset(quoted))
+
+# ---------------------------------------------------------------------------------------------
+# A YAML cell body's ``sweep:`` mapping: the sweep axes written as a mapping, taken out of the body.
+# 
+# A YAML cell body may hold a top-level ``sweep:`` mapping of keys (dotted, or nested mappings) to
+# lists of values, removed from the body before it becomes the config overlay
+# ::
+# 
+#     sweep:
+#       optimizer.lr: [1.0e-4, 3.0e-4]
+#       model.lora_attn_modules: [[q_proj], [q_proj, v_proj]]
+# 
+# Item texts become override values , checked like any axis item by
+# :func:`tune_magic.sweeping.grid.axis_from_items` when :func:`tune_magic.sweeping.grid.plan_sweep`
+# builds the trials. PyYAML and OmegaConf are imported only when a body is read.
+
+
+def _node_text(node, resolver) -> str:
+    """An override value for one YAML node of a ``sweep:`` list, as typed where it can be."""
+    import yaml
+
+    from tune_magic.config.overrides import yaml_quoted
+
+    if isinstance(node, yaml.ScalarNode):
+        kind = node.tag.rsplit(":", 1)[-1]
+        implicit = resolver.resolve(yaml.ScalarNode, node.value, (True, False))
+        if not node.style and node.tag == implicit:  # plain, untagged ("" from the C parser, None from PyYAML)
+            return _plain_text(node.value)
+        if kind == "str":
+            return yaml_quoted("k", node.value)[2:]
+        return f"!!{kind} {node.value}"
+    if isinstance(node, yaml.SequenceNode):
+        return "[" + ", ".join(_node_text(n, resolver) for n in node.value) + "]"
+    if isinstance(node, yaml.MappingNode):
+        return "{" + ", ".join(f"{_node_text(k, resolver)}: {_node_text(v, resolver)}" for k, v in node.value) + "}"
+    raise PlanError(f"sweep: cannot read the YAML node {node!r}")  # pragma: no cover - compose makes only these
+
+
+def _plain_text(text: str) -> str:
+    """A plain YAML scalar of a body as an override value: as typed, unless an override refuses
+    that text for reading as something else (``yes``, ``010``, ``~``, ``1:30``), where the body
+    means that something else: then the value the body gives, written plainly (``true``, ``8``,
+    ``null``, ``90``)."""
+    from tune_magic.config.overrides import check_value, recipe_value, yaml_quoted
+
+    try:
+        check_value("k", text)
+        return text
+    except PlanError:
+        pass
+    value = recipe_value("k", text)  # what OmegaConf reads in the body too: the same loader
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return yaml_quoted("k", str(value))[2:]
+
+
+def _mapping_axes(node, prefix: str, line_of, resolver) -> list[tuple[str, list[str]]]:
+    import yaml
+
+    out: list[tuple[str, list[str]]] = []
+    for key_node, value in node.value:
+        key = f"{prefix}{key_node.value}" if isinstance(key_node, yaml.ScalarNode) else prefix + "?"
+        where = f"cell line {line_of(key_node)}: sweep: {key}"
+        if isinstance(value, yaml.MappingNode):
+            out += _mapping_axes(value, key + ".", line_of, resolver)
+        elif isinstance(value, yaml.SequenceNode):
+            if not value.value:
+                raise PlanError(f"{where} has no values; give a list of at least one value, e.g. {key}: [1, 2]")
+            out.append((key, [_node_text(n, resolver) for n in value.value]))
+        else:
+            raise PlanError(f"{where} must be a list of values, e.g. {key}: [1.0e-4, 3.0e-4] (a list value is a "
+                            f"nested list: {key}: [[q_proj], [q_proj, v_proj]])")
+    return out
+
+
+def split_sweep_section(text: str) -> tuple[str | None, list[tuple[str, list[str]]]]:
+    """Take the top-level ``sweep:`` mapping out of a YAML cell body.
+
+    Args:
+        text: a YAML body that is a mapping (already checked by
+            :func:`tune_magic.config.cellbody.parse_cell_body`).
+
+    Returns:
+        ``(rest, axes)``: ``rest`` is ``text`` without the ``sweep:`` key and its lines (other
+        lines unchanged), or ``None`` when nothing else is left; ``axes`` is ``[(key, [item
+        texts])]`` in the section's order, nested mappings joined with dots. Item texts are
+        override values: plain scalars as typed (``1.0e-4``), quoted scalars YAML-quoted
+        (``'a,b'``), lists and mappings in flow style (``[q_proj, v_proj]``). With no ``sweep:``
+        key: ``(text, [])``.
+
+    Raises:
+        PlanError: ``sweep:`` is not a mapping of keys to non-empty lists, or the body is a flow
+            mapping (``{...}``) from which the section cannot be cut as lines.
+    """
+    import yaml
+
+    from tune_magic.config.overrides import yaml_loader
+
+    loader = yaml_loader()
+    top = yaml.compose(text, Loader=loader)
+    if not isinstance(top, yaml.MappingNode):
+        return text, []
+    found = [(k, v) for k, v in top.value if isinstance(k, yaml.ScalarNode) and k.value == "sweep"]
+    if not found:
+        return text, []
+    key_node, value = found[0]
+    line_of = lambda n: n.start_mark.line + 1  # noqa: E731 - cell lines count from 1
+    if top.flow_style:
+        raise PlanError("the cell body's sweep: is inside a flow mapping ({...}); write the body as key: value lines "
+                        "with sweep: as a block")
+    if isinstance(value, yaml.ScalarNode) and value.tag.endswith(":null"):
+        axes: list[tuple[str, list[str]]] = []
+    elif not isinstance(value, yaml.MappingNode):
+        raise PlanError(f"cell line {line_of(key_node)}: sweep: must map keys to lists of values, e.g.\n"
+                        "sweep:\n  optimizer.lr: [1.0e-4, 3.0e-4]")
+    else:
+        resolver = loader("")
+        try:
+            axes = _mapping_axes(value, "", line_of, resolver)
+        finally:
+            resolver.dispose()
+    lines = text.splitlines(keepends=True)
+    end = value.end_mark.line if value.end_mark.column == 0 else value.end_mark.line + 1
+    rest = "".join(lines[:key_node.start_mark.line] + lines[end:])
+    meaningful = [ln for ln in rest.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    return (rest if meaningful else None), axes

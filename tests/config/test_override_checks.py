@@ -1,4 +1,4 @@
-"""Overrides and YAML cell bodies checked against the config (tune_magic.plan.checks), with the
+"""Overrides and YAML cell bodies checked against the config (tune_magic.config.checks), with the
 project's shipped configs (recipes/configs/tiny) and every config torchtune 0.6.1 ships."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from tune_magic.errors import PlanError
-from tune_magic.plan.checks import check_overrides, load_config, split_override
-from tune_magic.plan.nearkeys import edit_distance, is_near_miss, nearest_keys
+from tune_magic.config.checks import check_overrides, load_config, split_override
+from tune_magic.config.nearkeys import edit_distance, is_near_miss, nearest_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "configs" / "tiny"
@@ -81,9 +81,9 @@ def test_nearest_keys_are_ordered_by_distance_and_at_most_three():
     ("1e-4", False), ("ranges", False),
 ])
 def test_the_comma_list_refusal_and_the_sweep_grammar_agree_on_what_an_axis_is(value, axis):
-    """One rule (tune_magic.plan.axes.looks_like_axis) says what an axis is; without --sweep, such a
+    """One rule (tune_magic.config.overrides.looks_like_axis) says what an axis is; without --sweep, such a
     value where the config holds a number is refused saying to add --sweep, and nothing else is."""
-    from tune_magic.plan.axes import looks_like_axis, word_axis
+    from tune_magic.config.overrides import looks_like_axis, word_axis
 
     assert looks_like_axis(value) is axis
     assert (word_axis(f"batch_size={value}") is not None) is axis

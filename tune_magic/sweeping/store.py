@@ -3,7 +3,7 @@
 Layout (``$TUNE_MAGIC_HOME/sweeps``, directories mode 0700)::
 
     sweeps/.staging-<id>/          a sweep being registered (renamed to sweeps/<id> in one step)
-    sweeps/<id>/sweep.json         the record (:class:`~tune_magic.registry.sweeprecord.SweepRecord`),
+    sweeps/<id>/sweep.json         the record (:class:`~tune_magic.sweeping.record.SweepRecord`),
                                    replaced atomically
     sweeps/<id>/sweep.backup.json  the same record, written right after it: a damaged sweep.json is
                                    read from here, its trials' states from their own job records
@@ -38,7 +38,7 @@ from tune_magic.registry.files import check_job_dir, flocked, lock_is_held, open
 from tune_magic.registry.ids import new_job_id
 from tune_magic.registry import store as jobstore
 from tune_magic.registry.record import CorruptRecord
-from tune_magic.registry.sweeprecord import QUEUED, STARTED, SweepRecord
+from tune_magic.sweeping.record import QUEUED, STARTED, SweepRecord
 
 SWEEP_FILE = "sweep.json"
 BACKUP_FILE = "sweep.backup.json"

@@ -2,7 +2,7 @@
 
 Nothing here is hard-coded: the spellings, which options take a value and the ``PET_*`` variable of
 each come from the installed torch, so a new torchrun flag is understood the day it ships. The table
-is read through :mod:`tune_magic.plan.toolcache` (a subprocess reads it once per torch install), so
+is read through :mod:`tune_magic.config.toolcache` (a subprocess reads it once per torch install), so
 building a plan does not import torch into the notebook kernel.
 """
 
@@ -12,7 +12,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from tune_magic.plan import toolcache
+from tune_magic.config import toolcache
 
 # argparse ``type=`` callables that a cached row names and this process maps back without torch.
 _BUILTIN_TYPES: dict[str, Callable[[str], Any]] = {t.__name__: t for t in (str, int, float, complex)}
@@ -113,7 +113,7 @@ def live_rows() -> list[dict[str, Any]]:
     Returns:
         One dict per option, in the parser's order: ``dest``, ``spellings`` (list), ``takes_value``,
         ``type`` (``None``, a builtin's name such as ``"int"``, or ``"live:<qualname>"``) and
-        ``choices`` (list or ``None``). This is what :mod:`tune_magic.plan.toolcache` stores.
+        ``choices`` (list or ``None``). This is what :mod:`tune_magic.config.toolcache` stores.
     """
     rows = []
     for action in _live_actions():
@@ -143,7 +143,7 @@ def options() -> dict[str, TorchrunOption]:
     """Return torchrun's options keyed by every spelling (``--x-y``, ``--x_y``, ``-r``).
 
     ``--help`` is left out: it is not something to launch with. Read through
-    :func:`tune_magic.plan.toolcache.tables`, so this process imports no torch when the cache is current.
+    :func:`tune_magic.config.toolcache.tables`, so this process imports no torch when the cache is current.
     """
     return table_from_rows(toolcache.tables()["torchrun"])
 

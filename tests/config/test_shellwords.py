@@ -1,4 +1,4 @@
-"""plan/shellwords.py: shlex's words, plus where the shell quotes were (pure)."""
+"""config/shellwords.py: shlex's words, plus where the shell quotes were (pure)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tune_magic.errors import PlanError
-from tune_magic.plan.shellwords import Word, as_word, split_words, tail_words
+from tune_magic.config.shellwords import Word, as_word, split_words, tail_words
 
 
 def quoted_chars(word: Word) -> str:

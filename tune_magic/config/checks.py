@@ -9,7 +9,7 @@ as torchtune does (``OmegaConf.load``, interpolations unresolved) and checks eac
 each key of a YAML cell body merged over the config, against it:
 
 * **Keys.** A key the config has passes. For one it lacks, the first missing segment is compared
-  with the keys the config has at that level: a near miss (:func:`tune_magic.plan.nearkeys.is_near_miss`, e.g. ``optimzer``
+  with the keys the config has at that level: a near miss (:func:`tune_magic.config.nearkeys.is_near_miss`, e.g. ``optimzer``
   for ``optimizer``) is refused with the nearest keys (``did you mean optimizer.lr?``). Any other
   missing key is a warning, not a refusal, because recipes read optional keys with defaults
   (``profiler``, ``compile``, ``clip_grad_norm``, ``lr_scheduler`` in
@@ -29,10 +29,10 @@ each key of a YAML cell body merged over the config, against it:
   path through a list or a plain value; each is refused here before launch. Deletions apply to
   the config file only, in order (torchtune deletes from the YAML, then merges the ``key=value``
   overrides), so ``~a`` twice, or ``~a`` of a key only an override sets, is refused too.
-* **Values** are read as OmegaConf reads them (:func:`tune_magic.plan.overrides.recipe_value`:
+* **Values** are read as OmegaConf reads them (:func:`tune_magic.config.overrides.recipe_value`:
   ``1e-4`` is a number). Where the config holds a number or a boolean, text (unquoted) is refused,
   naming the key, what the config has, and how to pass text on purpose (quote it); a value that
-  would be a sweep axis (:func:`tune_magic.plan.axes.looks_like_axis`, the one rule: a comma list
+  would be a sweep axis (:func:`tune_magic.config.overrides.looks_like_axis`, the one rule: a comma list
   such as ``1e-4,3e-4`` or ``range(1,4)``) is told to add ``--sweep`` or to quote it. A list or mapping where the
   config holds a number or a boolean, a list over a section or a section over a list (merge
   fails), and a plain value over a section (the section is lost) are refused too. A float where the
@@ -41,7 +41,7 @@ each key of a YAML cell body merged over the config, against it:
   float passes, and a boolean is not an integer here. ``null``/``None``, ``${...}`` interpolations
   and quoted text always pass, and so does anything over a config value that is null or an
   interpolation.
-* **The component shorthand** (torchtune 0.6.1's own, :func:`tune_magic.plan.tuneparse.component_key`):
+* **The component shorthand** (torchtune 0.6.1's own, :func:`tune_magic.config.tuneparse.component_key`):
   ``optimizer=torch.optim.SGD``, where the config file's top-level ``optimizer`` is a section with a
   ``_component_``, is checked as ``optimizer._component_=torch.optim.SGD``: the section's other keys
   stay, so ``optimizer.lr=0.01`` may come before or after it. A ``_component_`` value that is a
@@ -59,17 +59,17 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from tune_magic.errors import PlanError
-from tune_magic.plan.axes import looks_like_axis
-from tune_magic.plan.nearkeys import nearest_keys
-from tune_magic.plan.valuerules import component_problem as _component_problem
-from tune_magic.plan.valuerules import float_for_int as _float_for_int
-from tune_magic.plan.valuerules import takes_float as _takes_float
-from tune_magic.plan.valuerules import kind_of as _kind
-from tune_magic.plan.valuerules import shown as _shown
+from tune_magic.config.overrides import looks_like_axis
+from tune_magic.config.nearkeys import nearest_keys
+from tune_magic.config.valuerules import component_problem as _component_problem
+from tune_magic.config.valuerules import float_for_int as _float_for_int
+from tune_magic.config.valuerules import takes_float as _takes_float
+from tune_magic.config.valuerules import kind_of as _kind
+from tune_magic.config.valuerules import shown as _shown
 
 __all__ = ["CheckResult", "check_overrides", "check_axis_items", "split_override", "load_config"]
 
-#: The key of an override, as ``tune_magic.plan.launchwords`` accepts it (dotted names, ``[i]`` items).
+#: The key of an override, as ``tune_magic.config.launchwords`` accepts it (dotted names, ``[i]`` items).
 KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z0-9_\-]+|\[[^\]]*\])*$")
 _SEGMENT_SPLIT = re.compile(r"\.|\[|\]\.?")
 _COMPONENT = "_component_"
@@ -240,7 +240,7 @@ def _structure_problem(segments: Sequence[str], walk: _Walk) -> str | None:
 
 def _quoted_forms(key: str, value: str) -> str:
     """``key='value'`` as YAML text, and how to type it where quotes are removed."""
-    from tune_magic.plan.overrides import shell_typed, yaml_quoted
+    from tune_magic.config.overrides import shell_typed, yaml_quoted
 
     return (f"{yaml_quoted(key, value)} (on a command line or a %%tune_run line, whose quotes are removed, "
             f"type {shell_typed(key, value)})")
@@ -293,7 +293,7 @@ def _type_problem(key: str, config_value: Any, value: Any, quoted: bool, *, type
 
 def _quoted_text(value: str) -> bool:
     """Whether an override's value has its type on purpose: quoted for YAML, or tagged (``!!str``,
-    ``!!float``: a YAML core tag, :data:`tune_magic.plan.overrides.ALLOWED_TAGS`)."""
+    ``!!float``: a YAML core tag, :data:`tune_magic.config.overrides.ALLOWED_TAGS`)."""
     v = value.strip()
     return v[:1] in ("'", '"') or v.startswith("!!")
 
@@ -319,7 +319,7 @@ class _Checker:
             self.result.overrides.append(token)
             return
         if kind == "add":
-            from tune_magic.plan import overrides
+            from tune_magic.config import overrides
 
             overrides.check_value(key, value)
         self._set(token, kind, key, value)
@@ -367,8 +367,8 @@ class _Checker:
                         del chain[depth - 1][segments[depth - 1]]
 
     def _set(self, token: str, kind: str, key: str, value: str) -> None:
-        from tune_magic.plan.overrides import recipe_value
-        from tune_magic.plan.tuneparse import component_key
+        from tune_magic.config.overrides import recipe_value
+        from tune_magic.config.tuneparse import component_key
 
         shorthand = component_key(key, self.yaml_doc) != key  # optimizer=torch.optim.SGD sets its _component_
         segments = _segments(key) + ([_COMPONENT] if shorthand else [])
@@ -378,7 +378,7 @@ class _Checker:
             self._refuse(token, problem)
         try:
             read = recipe_value(key, value)
-        except Exception:  # noqa: BLE001 - the value's own check (tune_magic.plan.overrides) says why
+        except Exception:  # noqa: BLE001 - the value's own check (tune_magic.config.overrides) says why
             read = _UNREADABLE
         if segments[-1] == _COMPONENT and read is not _UNREADABLE:
             why = _component_problem(key, shorthand, read, value)
@@ -497,7 +497,7 @@ def check_overrides(config_path: str | os.PathLike | None, overrides: Sequence[s
             ``OmegaConf.load``), or ``None`` when a YAML cell body is the whole config.
         overrides: ``key=value``, ``+key=value`` and ``~key`` words, in the order the recipe
             gets them, each already checked for syntax and YAML by
-            :func:`tune_magic.plan.launchwords.check_override` (``+key=value`` is checked here).
+            :func:`tune_magic.config.launchwords.check_override` (``+key=value`` is checked here).
         overlay_yaml: a ``%%tune_run`` YAML cell body merged over the config
             (:func:`tune_magic.plan.configview.write_overlaid_config`), or ``None``. Its keys are
             checked against the config; the overrides against the config with it merged.

@@ -1,4 +1,4 @@
-"""plan/pool.py (GPU ranges, trial slots) and the sweep's rendezvous rule (pure; no GPU needed:
+"""sweeping/slots.py (GPU ranges, trial slots) and the sweep's rendezvous rule (pure; no GPU needed:
 the ids are only divided, never opened)."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tune_magic.errors import PlanError
-from tune_magic.plan.pool import Slots, parse_count, parse_gpu_spec, plan_slots
-from tune_magic.plan.sweep import check_sweep_rendezvous
+from tune_magic.gpus import parse_gpu_spec
+from tune_magic.sweeping.slots import Slots, parse_count, plan_slots
+from tune_magic.sweeping.grid import check_sweep_rendezvous
 
 
 # --- --gpus with ranges -------------------------------------------------------------------------
@@ -149,7 +150,7 @@ def test_a_sweep_never_shares_a_rendezvous():
 
 
 def test_the_rendezvous_check_reads_the_launch_grammars_options():
-    from tune_magic.plan.launchwords import split_args, tokenise as _tokenise
+    from tune_magic.config.launchwords import split_args, tokenise as _tokenise
 
     parsed = _tokenise(split_args("--rdzv_endpoint=node0:29400 --nproc-per-node 2 lora_finetune --config c seed=1"))
     with pytest.raises(PlanError, match="--rdzv-endpoint would give every trial"):

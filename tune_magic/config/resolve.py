@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tune_magic.errors import PlanError
 from tune_magic.paths import file_kind
-from tune_magic.plan import catalog
+from tune_magic.config import catalog
 
 
 def _not_a_file(what: str, name: str, path: Path) -> None:
@@ -89,7 +89,7 @@ def config_output_dir(config: Path) -> str | None:
     from omegaconf.errors import OmegaConfBaseException
     import yaml
 
-    from tune_magic.plan.overrides import yaml_loader
+    from tune_magic.config.overrides import yaml_loader
 
     try:
         # OmegaConf.load turns a top-level scalar into {scalar: None}: look at the document itself

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tune_magic.plan.cellbody import CellBody, expand_fields, parse_cell_body
+from tune_magic.config.cellbody import CellBody, expand_fields, parse_cell_body
 from tune_magic.errors import PlanError
 
 
@@ -187,7 +187,7 @@ def test_other_empty_values_and_an_explicit_null_stay_accepted(body):
 
 
 def test_plus_key_lines_add_a_key_on_purpose():
-    """``+key=value`` (Hydra's spelling, tune_magic.plan.checks hands the recipe key=value) is an override line."""
+    """``+key=value`` (Hydra's spelling, tune_magic.config.checks hands the recipe key=value) is an override line."""
     assert parse_cell_body("+profiler.enabled=true seed=3\n+x.y=my run\n").overrides == [
         "+profiler.enabled=true", "seed=3", "+x.y=my run"]
     with pytest.raises(PlanError, match="cell line 1: override x=&a: '&a' is a YAML anchor"):

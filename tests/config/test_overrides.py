@@ -14,8 +14,8 @@ from argparse import Namespace
 
 import pytest
 
-from tune_magic.plan import overrides
-from tune_magic.plan.cellbody import parse_cell_body
+from tune_magic.config import overrides
+from tune_magic.config.cellbody import parse_cell_body
 from tune_magic.errors import PlanError
 from tune_magic.job.launch import build_plan
 

@@ -1,7 +1,7 @@
-"""GPU lists with ranges, and how a sweep's trials share a pool of GPUs. Pure.
+"""How a sweep's trials share a pool of GPUs. Pure.
 
-``--gpus`` takes ids and inclusive ranges (``0-7``, ``0-3,6,7``); :func:`parse_gpu_spec` reads
-both (the launch's ``--gpus`` goes through it).
+``--gpus`` takes ids and inclusive ranges (``0-7``, ``0-3,6,7``), read by
+:func:`tune_magic.gpus.parse_gpu_spec` (as a launch's ``--gpus`` is).
 
 A sweep runs up to K trials at once (:func:`plan_slots`). With a GPU pool, the pool is cut into
 consecutive groups of G GPUs (``--gpus-per-trial``, default the launch's processes per node) and
@@ -15,66 +15,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from tune_magic.errors import PlanError
 
-_RANGE = re.compile(r"([0-9]+)\s*-\s*([0-9]+)")
-
-
-def parse_gpu_spec(gpus: "str | Iterable[int] | None") -> list[int] | None:
-    """Parse a GPU list with ranges: ``"0-7"``, ``"0-3,6,7"``, ``"0,1"``, ``[2, 3]``; ``None`` or
-    ``""`` for none.
-
-    Ranges are inclusive (``0-3`` is 0, 1, 2, 3) and keep their order (``4-7,0-3`` is 4..7 then
-    0..3). Only the syntax is checked: whether the ids exist is checked at launch.
-
-    Returns:
-        The ids in the order given, or ``None`` for no list.
-
-    Raises:
-        PlanError: not non-negative integers or ``A-B`` ranges with A <= B, a GPU named twice
-            (also through overlapping ranges), or ``"auto"`` (resolved at launch time).
-    """
-    if gpus is None:
-        return None
-    if isinstance(gpus, str):
-        text = gpus.strip()
-        if not text:
-            return None
-        if text == "auto":
-            raise PlanError("gpus='auto' is resolved when launching; to build a plan, give ids such as --gpus 0,1 "
-                            "or 0-3")
-        ids: list[int] = []
-        for part in (p.strip() for p in text.split(",")):
-            m = _RANGE.fullmatch(part)
-            if m:
-                lo, hi = int(m[1]), int(m[2])
-                if lo > hi:
-                    raise PlanError(f"GPU range {part!r} runs backwards; write the lower id first, e.g. --gpus "
-                                    f"{hi}-{lo}")
-                ids.extend(range(lo, hi + 1))
-            elif re.fullmatch(r"[0-9]+", part):
-                ids.append(int(part))
-            else:
-                raise PlanError(f"bad GPU id {part!r}: give non-negative integers or ranges, e.g. --gpus 0,1 or "
-                                "--gpus 0-3,6")
-    elif isinstance(gpus, (bytes, bool, int, float, dict)) or not hasattr(gpus, "__iter__"):
-        raise PlanError(f"gpus={gpus!r}: give a list of GPU ids such as [0, 1] or a string such as '0,1' or '0-3'")
-    else:
-        ids = []
-        for part in gpus:
-            if isinstance(part, bool) or not (
-                    (isinstance(part, int) and part >= 0) or (isinstance(part, str) and re.fullmatch(r"[0-9]+", part))):
-                raise PlanError(f"bad GPU id {part!r}: give non-negative integers, e.g. --gpus 0,1")
-            ids.append(int(part))
-    if not ids:
-        return None
-    if len(set(ids)) != len(ids):
-        twice = sorted({i for i in ids if ids.count(i) > 1})
-        raise PlanError(f"GPU list {gpus!r} names GPU {', '.join(map(str, twice))} twice; give each id once, "
-                        "e.g. --gpus 0-3")
-    return ids
 
 
 def parse_count(value: "int | str", flag: str, example: str) -> int:
@@ -122,7 +66,7 @@ def plan_slots(*, n_trials: int, pool: "Sequence[int] | None" = None, gpus_per_t
 
     Args:
         n_trials: the number of trials (>= 1); never more slots than trials.
-        pool: the GPU ids the sweep may use (:func:`parse_gpu_spec`), ``None``/empty for none.
+        pool: the GPU ids the sweep may use (:func:`tune_magic.gpus.parse_gpu_spec`), ``None``/empty for none.
         gpus_per_trial: G (``--gpus-per-trial``); default ``nproc_per_node`` when it is a number,
             else 1.
         max_parallel: K (``--max-parallel``); default: every group of the pool, or 1 without GPUs.

@@ -1,10 +1,10 @@
 """Split a line into words as a POSIX shell would, remembering which characters were quoted. Pure.
 
 :func:`split_words` gives exactly the words of ``shlex.split(line, posix=True)`` (what
-:func:`tune_magic.plan.launchwords.split_args` and the ``%%tune_run`` line use), and for each word the
+:func:`tune_magic.config.launchwords.split_args` and the ``%%tune_run`` line use), and for each word the
 positions of the characters that were typed inside quotes or after a backslash. ``shlex`` throws
 that away, but a sweep needs it: ``tag="a,b"`` is one value, ``tag=a,b`` two (see
-:mod:`tune_magic.plan.axes`).
+:mod:`tune_magic.config.overrides` (its comma lists and ranges)).
 """
 
 from __future__ import annotations

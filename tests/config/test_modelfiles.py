@@ -8,7 +8,7 @@ import pytest
 
 import tune_magic
 from tune_magic.errors import PlanError
-from tune_magic.plan.modelfiles import checkpoint_file_names, download_commands
+from tune_magic.config.modelfiles import checkpoint_file_names, download_commands
 from tune_magic.registry import store as jobstore
 
 #: llama3_2/1B_lora.yaml's own header line (torchtune 0.6.1), read from the shipped file below
@@ -53,7 +53,7 @@ def test_a_config_of_ones_own_without_a_header_says_to_download_and_point_the_ke
 
 
 def test_the_header_commands_and_the_file_forms_read_as_torchtune_reads_them(tmp_path):
-    from tune_magic.plan.catalog import find_config
+    from tune_magic.config.catalog import find_config
 
     assert download_commands(find_config("llama3_2/1B_lora").path) == [LLAMA_DOWNLOAD]
     kd = download_commands(find_config("llama3_2/8B_to_1B_KD_lora_single_device").path)
@@ -91,7 +91,7 @@ def test_checkpoint_files_are_looked_for_where_torchtune_reads_them(case, tmp_pa
     from torchtune.training.checkpointing._utils import get_adapter_checkpoint_path, get_model_checkpoint_path
 
     from tune_magic.plan.configview import _select
-    from tune_magic.plan.modelfiles import FILES_KEY, RESUMED_FILES_KEY, missing_model_paths
+    from tune_magic.config.modelfiles import FILES_KEY, RESUMED_FILES_KEY, missing_model_paths
 
     out_files, adapter, resume, files = RESUME_CASES[case]
     model, out = tmp_path / "model", tmp_path / "out"

@@ -1,4 +1,4 @@
-"""The sweep record (registry/sweeprecord.py, sweepstore.py) and a job record's optional ``sweep`` field."""
+"""The sweep record (sweeping/record.py, sweepstore.py) and a job record's optional ``sweep`` field."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import os
 import pytest
 
 from tune_magic.registry import store as jobstore
-from tune_magic.registry import sweepstore
+from tune_magic.sweeping import store as sweepstore
 from tune_magic.registry.record import CorruptRecord, JobRecord
-from tune_magic.registry.sweeprecord import NOT_STARTED, QUEUED, STARTED, SweepRecord, TrialState
+from tune_magic.sweeping.record import NOT_STARTED, QUEUED, STARTED, SweepRecord, TrialState
 
 
 def record(**changes) -> SweepRecord:

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from tune_magic.plan import catalog
+from tune_magic.config import catalog
 
-from tune_magic.plan import toolcache
+from tune_magic.config import toolcache
 
-from tune_magic.plan import torchrun_options
+from tune_magic.config import torchrun_options
 
 from jobhelpers import REPO
 

@@ -1,5 +1,5 @@
 """%%tune_run cell bodies under sweep mode: override lines keep their shell quotes, a YAML body's
-sweep: mapping is taken out (plan/cellbody.py with plan/sweep.py; pure)."""
+sweep: mapping is taken out (config/cellbody.py with sweeping/grid.py; pure)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tune_magic.errors import PlanError
-from tune_magic.plan.cellbody import (
+from tune_magic.config.cellbody import (
     CellBody,
     expand_fields,
     override_line,
     override_line_words,
     parse_cell_body,
 )
-from tune_magic.plan.shellwords import Word, split_words
-from tune_magic.plan.sweep import plan_sweep
-from tune_magic.plan.sweepsection import split_sweep_section
+from tune_magic.config.shellwords import Word, split_words
+from tune_magic.sweeping.grid import plan_sweep
+from tune_magic.config.cellbody import split_sweep_section
 
 LAUNCH = ["lora_finetune", "--config", "tiny/lora"]
 
