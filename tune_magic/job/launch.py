@@ -230,7 +230,7 @@ def register_trial(args: Sequence[str], *, sweep_trial: Mapping[str, Any], name:
     """Register one trial of a sweep as a job of its scheduler, checked and planned as
     :func:`launch` does, without submitting it: the sweep process registers under the sweep's
     lock and submits outside it (several trials start side by side), and a scheduler that runs a
-    whole sweep as one engine job (``Scheduler.submit_sweep``) submits every registered trial at once.
+    whole sweep as one engine job (``Scheduler.sweep_engine``) submits every registered trial at once.
 
     Returns:
         The :class:`RegisteredJob` (its directory, record and plan); call its ``submit()``, or its

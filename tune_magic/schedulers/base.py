@@ -29,12 +29,14 @@ Contract:
    after saving a checkpoint is started again from it, as the same job, recording each attempt in
    ``record.attempts``: :mod:`tune_magic.registry.attempts`); launches asking it of another
    scheduler are refused.
-8. ``submit_sweep`` runs a registered sweep (:mod:`tune_magic.sweeping`). The default starts the
-   sweep process (``start_queue``), which queues the trials and launches each as a job through
-   :meth:`submit`, as slots free up. A scheduler that runs a whole sweep as one engine job (a job
-   array) overrides it: it registers every trial (``register_trial``) and submits them together;
-   ``cancel_sweep`` then ends that engine job when the sweep is stopped (each trial's job is
-   stopped through :meth:`cancel` too), and ``sweep_dry_run`` shows it in a sweep's dry run.
+8. Sweeps are an optional capability. A scheduler without one (``sweep_engine = None``) has its
+   sweeps run by the sweep process (:mod:`tune_magic.sweeping.runner`), which queues the trials
+   and launches each as a job through :meth:`submit` as slots free up. A scheduler that runs a
+   whole sweep as one engine job (a job array) sets ``sweep_engine`` to a :class:`SweepEngine`: it
+   registers every trial (``register_trial``) and submits them together, ends that engine job when
+   the sweep is stopped (each trial's job is stopped through :meth:`cancel` too), and shows it in a
+   sweep's dry run. ``default_max_parallel`` says how many trials run at once when neither the
+   user nor a GPU pool says.
 
 Schedulers are found by name through :mod:`tune_magic.schedulers` (the built-in ones, and any
 package's entry points in the group ``tune_magic.schedulers``).
@@ -111,6 +113,37 @@ class SweepSubmission:
     register_trial: Callable[[int], tuple]
 
 
+class SweepEngine(ABC):
+    """The optional capability of a scheduler that runs a whole sweep as ONE engine job (e.g. a
+    job array), queueing its trials itself (contract item 8). A scheduler leaves it out by keeping
+    ``Scheduler.sweep_engine = None``: its sweeps are then run by the sweep process, trial by trial."""
+
+    @abstractmethod
+    def submit_sweep(self, sweep: SweepSubmission) -> None:
+        """Run a registered sweep: register every trial (``sweep.register_trial``) and submit them
+        as one engine job. ``sweep.start_queue()`` hands a sweep back to the sweep process instead.
+
+        Raises:
+            JobStartError: the engine did not take the sweep.
+            PlanError: the engine refused it as described; nothing is left running.
+        """
+
+    def sweep_dry_run(self, sweep_dir: Path, plans: "list[LaunchPlan]", max_parallel: int, options: SchedulerOptions,
+                      cwd: str, env: Mapping[str, str]) -> str | None:
+        """What a sweep's dry run shows of the engine job it would submit (e.g. the job array's
+        submit command and script), or ``None``. ``plans`` are the trials' plans in order;
+        ``sweep_dir`` is where the sweep's directory would be.
+
+        Raises:
+            PlanError: the sweep could not be submitted as described.
+        """
+        return None
+
+    def cancel_sweep(self, sweep_dir: Path, record: "SweepRecord", grace_s: float) -> None:
+        """End the engine job of a stopped sweep (each trial's job is stopped on its own too).
+        Default: nothing."""
+
+
 class Scheduler(ABC):
     """One engine that runs jobs. See the module docstring for the contract."""
 
@@ -131,6 +164,9 @@ class Scheduler(ABC):
     #: (``--gpus``, ``CUDA_VISIBLE_DEVICES``, a sweep's GPU pool), the rendezvous endpoint is
     #: chosen here, and there is no submit script to preview. Callers ask this, never the name.
     runs_on_this_machine: bool = False
+    #: The optional capability of running a whole sweep as one engine job (contract item 8), or
+    #: ``None``: the sweep process queues the trials and starts each through :meth:`submit`.
+    sweep_engine: SweepEngine | None = None
     #: Lines of the engine's own that a card's display tail collapses (e.g. SLURM's cancel
     #: messages): :class:`tune_magic.logs.cardtail.TailRule` rows.
     tail_rules: tuple = ()
@@ -217,32 +253,12 @@ class Scheduler(ABC):
         """Move this scheduler's fields of a record written by an earlier release (found in
         ``record.extra``) into ``record.backend`` / ``record.scheduler_options``, in place."""
 
-    def submit_sweep(self, sweep: SweepSubmission) -> None:
-        """Run a registered sweep. Default: the local sweep process (``sweep.start_queue()``),
-        which starts each queued trial through :meth:`submit` as a slot frees up; it outlives the
-        caller, and a listing starts it again if it dies.
-
-        Raises:
-            JobStartError: the engine did not take the sweep.
-            PlanError: the engine refused it as described; nothing is left running.
-        """
-        sweep.start_queue()
-
-    def sweep_dry_run(self, sweep_dir: Path, plans: "list[LaunchPlan]", max_parallel: int, options: SchedulerOptions,
-                      cwd: str, env: Mapping[str, str]) -> str | None:
-        """What a sweep's dry run shows of the one engine job this scheduler would submit for the
-        whole sweep (see :meth:`submit_sweep`; e.g. the job array's submit command and script), or
-        ``None``: each trial is submitted alone (the default). ``plans`` are the trials' plans in
-        order; ``sweep_dir`` is where the sweep's directory would be.
-
-        Raises:
-            PlanError: the sweep could not be submitted as described.
-        """
+    def default_max_parallel(self, n_trials: int) -> int | None:
+        """How many of a sweep's ``n_trials`` trials run at once when neither ``--max-parallel`` nor
+        a GPU pool says: ``None`` for the slot rule of :func:`tune_magic.sweeping.slots.plan_slots`
+        (one at a time without GPUs), the default; an engine with a queue of its own returns
+        ``n_trials``, leaving it to that queue."""
         return None
-
-    def cancel_sweep(self, sweep_dir: Path, record: "SweepRecord", grace_s: float) -> None:
-        """End the engine job of a sweep this scheduler runs as one (see :meth:`submit_sweep`).
-        Default: nothing (each trial's job is stopped on its own)."""
 
     def engine_id(self, record: "JobRecord") -> str | None:
         """The engine's own id of the job (e.g. SLURM's job id), else ``None``."""

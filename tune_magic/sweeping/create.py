@@ -5,7 +5,7 @@
 trial's plan as a launch would (recipe, config, overrides, cell body, GPUs, directories), checks
 every axis item against the config (:func:`tune_magic.config.checks.check_axis_items`), and only
 then registers the sweep (``$TUNE_MAGIC_HOME/sweeps/<id>/``: staged under a hidden name and renamed
-into place, as jobs are) and hands it to its scheduler (``Scheduler.submit_sweep``: by default the
+into place, as jobs are) and hands it to its scheduler (``Scheduler.sweep_engine``; without one, the
 sweep process, which starts the trials). It returns at once; a dry run returns
 :class:`SweepDryRun`: the trials and each one's command.
 """
@@ -230,7 +230,7 @@ def _check(inputs: _Inputs, sweep_id: str, *, name, gpus, gpus_per_trial, max_pa
     check_sweep_rendezvous(parsed.torchrun, inputs.env)
     slots = _slots(len(plan), parsed.torchrun.get("nproc_per_node") or inputs.env.get("PET_NPROC_PER_NODE"),
                    gpus=gpus, gpus_per_trial=gpus_per_trial, max_parallel=max_parallel, env=inputs.env,
-                   local=schedulers.get(inputs.options.scheduler).runs_on_this_machine, checking=real)
+                   scheduler=schedulers.get(inputs.options.scheduler), checking=real)
     first = _trial_plan(inputs, plan, 0, slots, (), force)
     extra: tuple[str, ...] = ()
     if _uses_wandb(first) and not any(w.split("=", 1)[0].lstrip("+") == "metric_logger.group" for w in plan.words):
@@ -247,11 +247,14 @@ def _check(inputs: _Inputs, sweep_id: str, *, name, gpus, gpus_per_trial, max_pa
     return plan, slots, first, extra
 
 
-def _slots(n_trials: int, nproc, *, gpus, gpus_per_trial, max_parallel, env, local: bool, checking: bool) -> Slots:
-    """The slots: the pool is ``gpus``, else every GPU visible here (cut to a multiple of the
-    GPUs per trial), else none. With ``checking``, explicit ids must be GPUs this process may use."""
+def _slots(n_trials: int, nproc, *, gpus, gpus_per_trial, max_parallel, env, scheduler, checking: bool) -> Slots:
+    """The slots: the pool is ``gpus``, else every GPU visible here when the scheduler runs jobs on
+    this machine (cut to a multiple of the GPUs per trial), else none; without a pool and without
+    ``max_parallel``, the scheduler's default (:meth:`~tune_magic.schedulers.base.Scheduler.default_max_parallel`).
+    With ``checking``, explicit ids must be GPUs this process may use."""
     from tune_magic import gpus as gpu_mod
 
+    local = scheduler.runs_on_this_machine
     implicit = gpus is None or (isinstance(gpus, str) and gpus.strip() in ("", "auto"))
     if implicit:
         pool = [g.typed for g in gpu_mod.visibility(env).gpus] if local else []
@@ -261,8 +264,8 @@ def _slots(n_trials: int, nproc, *, gpus, gpus_per_trial, max_parallel, env, loc
             pool = pool[:len(pool) - len(pool) % per] or pool
     else:
         pool = parse_gpu_spec(gpus) or []
-    if not local and max_parallel is None and not pool:
-        max_parallel = n_trials  # the engine's queue decides how many run at once
+    if max_parallel is None and not pool:
+        max_parallel = scheduler.default_max_parallel(n_trials)
     slots = plan_slots(n_trials=n_trials, pool=pool or None, gpus_per_trial=gpus_per_trial,
                        max_parallel=max_parallel, nproc_per_node=nproc)
     if pool and not implicit and checking and local:
@@ -315,7 +318,8 @@ def _dry_run(inputs: _Inputs, sweep_id: str, name: str, plan: SweepPlan, slots: 
     if slots.unused:
         notes.append(f"GPU {','.join(map(str, slots.unused))} of the pool stay unused (--max-parallel "
                      f"{slots.max_parallel})")
-    engine = None if first_only else schedulers.get(inputs.options.scheduler).sweep_dry_run(
+    sweep_engine = schedulers.get(inputs.options.scheduler).sweep_engine
+    engine = None if first_only or sweep_engine is None else sweep_engine.sweep_dry_run(
         sweepstore.sweeps_root(inputs.env) / sweep_id, plans, slots.max_parallel, inputs.options, inputs.cwd,
         inputs.env)
     return SweepDryRun(id=sweep_id, name=name, plan=plan, plans=tuple(plans), slots=slots,
@@ -349,7 +353,10 @@ def _register(inputs: _Inputs, record: SweepRecord) -> Sweep:
             start_queue=lambda: _start_queue(final, inputs, lock_fd),
             register_trial=lambda index: _register_trial(final, inputs, index))
         try:
-            sched.submit_sweep(submission)
+            if sched.sweep_engine is None:
+                submission.start_queue()  # the sweep process queues the trials
+            else:
+                sched.sweep_engine.submit_sweep(submission)
         except UserError:
             shutil.rmtree(final, ignore_errors=True)  # the engine refused it as described: nothing runs
             raise

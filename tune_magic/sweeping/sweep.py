@@ -253,7 +253,9 @@ class Sweep:
         with sweepstore.locked(self.dir) as record:
             record.stop_requested_at = record.stop_requested_at or time.time()
         self._record, self._stamp = record, None
-        schedulers.get_or_missing(record.scheduler).cancel_sweep(self.dir, record, float(grace_s))
+        engine = schedulers.get_or_missing(record.scheduler).sweep_engine
+        if engine is not None:
+            engine.cancel_sweep(self.dir, record, float(grace_s))
         ids = {t.job_id for t in record.trials if t.job_id}
         for r in jobstore.list_records():  # a job registered by a sweep process killed before it wrote it down
             hit = sweepstore.trial_of(r.sweep)

@@ -6,15 +6,18 @@ It runs jobs as plain local processes under another name, with options of its ow
 ``--niceness N`` runs the job's processes at that niceness (``nice -n N`` in front of the command
 each node runs), and ``--label TEXT`` is kept in the scheduler's own part of the record.
 
-Sweeps labelled ``array`` show the seam a scheduler with job arrays uses (``submit_sweep``): instead
-of the sweep process, the whole sweep is taken at once, as one engine job would take it: every trial
-registered (``register_trial``) and started together, ``engine`` set in the sweep's record, and
-``cancel_sweep`` leaving a marker file in the sweep's directory.
+Sweeps labelled ``array`` show the optional capability a scheduler with job arrays has
+(``sweep_engine``, a :class:`~tune_magic.schedulers.base.SweepEngine`): instead of the sweep
+process, the whole sweep is taken at once, as one engine job would take it: every trial registered
+(``register_trial``) and started together, ``engine`` set in the sweep's record, and
+``cancel_sweep`` leaving a marker file in the sweep's directory. Other sweeps go back to the sweep
+process (``start_queue``).
 """
 
 from tune_magic.errors import PlanError
 from tune_magic.plan.options import Option
 from tune_magic.registry import store
+from tune_magic.schedulers.base import SweepEngine
 from tune_magic.schedulers.local import LocalScheduler
 
 
@@ -35,6 +38,9 @@ class ThirdScheduler(LocalScheduler):
     )
     engine_id_label = "THIRD LABEL"
 
+    def __init__(self):
+        self.sweep_engine = ThirdArrays(self)
+
     def place(self, spec, options):
         plan = super().place(spec, options)
         niceness = options.get("niceness")
@@ -53,16 +59,23 @@ class ThirdScheduler(LocalScheduler):
     def engine_id(self, record):
         return record.backend.get("label")
 
+
+class ThirdArrays(SweepEngine):
+    """A sweep labelled ``array`` taken whole, as one engine job would take it."""
+
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+
     def submit_sweep(self, sweep):
         if sweep.options.get("label") != "array":
-            return super().submit_sweep(sweep)  # the sweep process, trial by trial
+            return sweep.start_queue()  # the sweep process, trial by trial
         from tune_magic.sweeping import store as sweepstore
 
         with sweepstore.locked(sweep.sweep_dir) as record:
             record.engine = {"array": f"third-{record.id}"}
         registered = [sweep.register_trial(index) for index in range(len(sweep.record.trials))]
         for job in registered:  # "the engine job": every trial at once
-            self.submit(job.dir, job.record, job.plan, sweep.options, sweep.env, job.lock_fd)
+            self.scheduler.submit(job.dir, job.record, job.plan, sweep.options, sweep.env, job.lock_fd)
             job.release()
 
     def cancel_sweep(self, sweep_dir, record, grace_s):

@@ -31,7 +31,7 @@ from tune_magic.errors import JobStartError, PlanError, UserError
 from tune_magic.paths import home
 from tune_magic.registry.store import PENDING, RUNNING, UNKNOWN, JobRecord
 from tune_magic.registry.status import Status
-from tune_magic.schedulers.base import Scheduler, SchedulerOptions
+from tune_magic.schedulers.base import Scheduler, SchedulerOptions, SweepEngine
 from tune_magic.schedulers.slurm import exits, requeue, status
 from tune_magic.schedulers.slurm import options as sopts
 from tune_magic.schedulers.slurm.exits import TAIL_RULES
@@ -115,6 +115,9 @@ class SlurmScheduler(Scheduler):
     engine_id_label = "SLURM ID"
     tail_rules = TAIL_RULES
 
+    def __init__(self) -> None:
+        self.sweep_engine = JobArrays()  # a sweep is one job array: SLURM queues its trials
+
     def available(self, env: Mapping[str, str]) -> str | None:
         if shutil.which("sbatch", path=env.get("PATH")) is None:
             return _CLIENTS_MISSING
@@ -146,33 +149,9 @@ class SlurmScheduler(Scheduler):
         """SLURM's job id, once sbatch answered (an array task's: ``7_3``)."""
         return record.backend.get("job_id")
 
-    # -- sweeps: one job array ----------------------------------------------------------------
-    def submit_sweep(self, sweep) -> None:
-        """The whole sweep as ONE job array, each task one trial (:mod:`.submit`).
-
-        Raises:
-            PlanError: an array larger than the cluster's ``MaxArraySize``, or sbatch refused it.
-            JobStartError: sbatch did not answer in time.
-        """
-        submit_array(sweep, script_name=SCRIPT, clients_missing=_CLIENTS_MISSING)
-
-    def sweep_dry_run(self, sweep_dir: Path, plans, max_parallel: int, options: SchedulerOptions,
-                      cwd: str, env: Mapping[str, str]) -> str | None:
-        """The job array's sbatch command and script (:func:`.array_text`)."""
-        root = jobstore.jobs_root(env, create=False)
-        script = array_text(sweep_dir, [root / p.job_id for p in plans], plans[0], max_parallel, options,
-                                       cwd, SCRIPT)
-        return f"{shlex.join(sbatch_argv(str(sweep_dir / ARRAY_SCRIPT)))}\n\n{script}"
-
-    def cancel_sweep(self, sweep_dir: Path, record, grace_s: float) -> None:
-        """Cancel the array's pending tasks (they never start); each running trial is then
-        stopped as a job (:meth:`cancel`).
-
-        Raises:
-            ControllerUnreachable: scancel could not reach the controller.
-        """
-        WATCHER.forget()
-        cancel_array(record, self._scancel)
+    def default_max_parallel(self, n_trials: int) -> int | None:
+        """Every trial: SLURM's queue decides how many of the array's tasks run at once."""
+        return n_trials
 
     # -- launching ----------------------------------------------------------------------------
     def prepare(self, plan, options: SchedulerOptions, env: Mapping[str, str], job_dir: Path) -> dict[str, Any]:
@@ -378,21 +357,21 @@ class SlurmScheduler(Scheduler):
         if answer.kind == status.NOT_LISTED or (said is not None and said.is_terminal):
             return
         if said is Status.PENDING:
-            self._scancel([slurm_id], env)
+            self.scancel([slurm_id], env)
         else:
             # the agents forward SIGTERM to their workers; what ignores it goes after the grace
-            self._scancel(["--signal=TERM", "--full", slurm_id], env)
+            self.scancel(["--signal=TERM", "--full", slurm_id], env)
             deadline = time.monotonic() + grace_s
             while time.monotonic() < deadline and self._alive(slurm_id, env) is not False:
                 time.sleep(0.5)
-            self._scancel([slurm_id], env)
+            self.scancel([slurm_id], env)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and self._alive(slurm_id, env) is not False:
             time.sleep(0.5)
         WATCHER.forget()
 
     @staticmethod
-    def _scancel(args: list[str], env: Mapping[str, str]) -> None:
+    def scancel(args: list[str], env: Mapping[str, str]) -> None:
         """Run ``scancel ARGS``; an answer that the job already ended is fine.
 
         Raises:
@@ -438,3 +417,33 @@ class SlurmScheduler(Scheduler):
         env = _client_env(None, record)
         slurm_id = (self.engine_id(record) if record is not None else None) or find_by_name(job_dir.name, env)[0]
         return slurm_id is not None and self._alive(slurm_id, env) is not False
+
+
+class JobArrays(SweepEngine):
+    """A sweep as ONE job array, each task one trial (:mod:`.submit`): SLURM queues the trials."""
+
+    def submit_sweep(self, sweep) -> None:
+        """Register every trial and submit the array (:func:`.submit_array`).
+
+        Raises:
+            PlanError: an array larger than the cluster's ``MaxArraySize``, or sbatch refused it.
+            JobStartError: sbatch did not answer in time.
+        """
+        submit_array(sweep, script_name=SCRIPT, clients_missing=_CLIENTS_MISSING)
+
+    def sweep_dry_run(self, sweep_dir: Path, plans, max_parallel: int, options: SchedulerOptions,
+                      cwd: str, env: Mapping[str, str]) -> str | None:
+        """The job array's sbatch command and script (:func:`.array_text`)."""
+        root = jobstore.jobs_root(env, create=False)
+        script = array_text(sweep_dir, [root / p.job_id for p in plans], plans[0], max_parallel, options, cwd, SCRIPT)
+        return f"{shlex.join(sbatch_argv(str(sweep_dir / ARRAY_SCRIPT)))}\n\n{script}"
+
+    def cancel_sweep(self, sweep_dir: Path, record, grace_s: float) -> None:
+        """Cancel the array's pending tasks (they never start); each running trial is then
+        stopped as a job (:meth:`SlurmScheduler.cancel`).
+
+        Raises:
+            ControllerUnreachable: scancel could not reach the controller.
+        """
+        WATCHER.forget()
+        cancel_array(record, SlurmScheduler.scancel)
