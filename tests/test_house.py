@@ -385,6 +385,44 @@ def test_outside_schedulers_schedulers_are_asked_never_named():
                        "tune_magic.schedulers.base.Scheduler instead):\n" + "\n".join(found))
 
 
+SWEEP_HOME = "tune_magic.sweeping"
+
+
+def sweep_only_modules(edges: dict[str, dict[str, int]]) -> list[str]:
+    """Modules outside the sweep package that only sweeps use (every module importing them is in
+    the sweep package), or whose name says sweep."""
+    importers: dict[str, set[str]] = {}
+    for module, targets in edges.items():
+        for target in targets:
+            importers.setdefault(target, set()).add(module)
+    out = []
+    for module in edges:
+        if module == SWEEP_HOME or module.startswith(SWEEP_HOME + "."):
+            continue
+        users = importers.get(module, set())
+        named = "sweep" in module.rsplit(".", 1)[-1]
+        if named or (users and all(u == SWEEP_HOME or u.startswith(SWEEP_HOME + ".") for u in users)):
+            out.append(module)
+    return sorted(out)
+
+
+def test_the_sweep_only_rule_sees_a_module_only_sweeps_use_and_a_sweep_name():
+    edges = {"tune_magic.sweeping.runner": {"tune_magic.plan.pool": 1, "tune_magic.logs.parse": 2},
+             "tune_magic.sweeping.create": {"tune_magic.plan.pool": 1},
+             "tune_magic.job": {"tune_magic.logs.parse": 1},
+             "tune_magic.plan.pool": {}, "tune_magic.logs.parse": {}, "tune_magic.registry.sweepstore": {}}
+    assert sweep_only_modules(edges) == ["tune_magic.plan.pool", "tune_magic.registry.sweepstore"]
+    edges["tune_magic.ui.cards"] = {"tune_magic.plan.pool": 3}  # a user outside the sweep package
+    assert sweep_only_modules(edges) == ["tune_magic.registry.sweepstore"]
+
+
+def test_every_sweep_only_module_lives_in_the_sweep_package():
+    """Issue 27: one concept, one place. A module that only the sweep package uses (or named after
+    sweeps) belongs in it."""
+    found = sweep_only_modules(module_edges())
+    assert not found, "sweep-only modules outside tune_magic/sweeping/ (move them in):\n" + "\n".join(found)
+
+
 def test_the_rules_read_every_module():
     """The rules above read the whole package: every module is found and parses."""
     assert len(SOURCES) == len(list(PACKAGE.rglob("*.py"))) > 50

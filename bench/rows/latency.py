@@ -4,7 +4,7 @@ Write times come from the job itself: the toy recipe's ``write_times_file`` gets
 right after each DiskLogger line is written and flushed, and ``crash,time.time()`` right before the
 crashing rank raises. Arrival times are taken with ``time.time()`` in this process:
 
-* this project: a :class:`tune_magic.ui.views.JobCard` as ``%%tune_run`` shows it (its own watcher
+* this project: a :class:`tune_magic.ui.cards.JobCard` as ``%%tune_run`` shows it (its own watcher
   thread, woken by file-change notification, polling at least once a second), observed with
   traitlets ``observe`` on ``card.loss_line`` ``y``: when ``y`` changes, every step newly in
   ``card.loss_line.x`` has arrived;
@@ -57,7 +57,7 @@ def _wait(pred, timeout: float, what: str, interval: float = 0.01) -> float:
 
 def metric_latency(steps: int, step_s: float, home: Path, jobs: list) -> dict:
     import tune_magic
-    from tune_magic.ui.views import JobCard
+    from tune_magic.ui.cards import JobCard
 
     times_file = home / f"times_{len(jobs)}.csv"
     job = tune_magic.launch(toy_args(f"steps={steps}", f"step_s={step_s}", f"write_times_file={times_file}"), cwd=REPO)
@@ -117,7 +117,7 @@ def metric_latency(steps: int, step_s: float, home: Path, jobs: list) -> dict:
 def crash_latency(home: Path, jobs: list, i: int) -> dict:
     import tune_magic
     from tune_magic.registry.ids import new_job_id
-    from tune_magic.ui.views import JobCard
+    from tune_magic.ui.cards import JobCard
 
     times_file = home / f"crash_{i}.csv"
     args = toy_args("steps=5", "step_s=0.5", "crash_rank=1", f"write_times_file={times_file}")

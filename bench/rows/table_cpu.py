@@ -8,7 +8,7 @@ and one real running toy job (2 processes under torchrun, 1,000,000 steps of 0.1
 a step: about 200 lines/s), whose supervisor keeps its summary current.
 
 Windows alternate card, table, card, table (``--quick``: 8 s each; full: 20 s), after a 4 s
-warm-up each: during a card window one :class:`tune_magic.ui.views.JobCard` (its watcher thread
+warm-up each: during a card window one :class:`tune_magic.ui.cards.JobCard` (its watcher thread
 polls every 0.25 s, as in a notebook) is the only live view; during a table window one
 :class:`tune_magic.ui.views.JobsTable` of all 200 jobs (its refresher thread, once a second) is:
 the table after "show all" (``limit=None``), the most it ever shows; ``%tune_jobs`` shows the newest

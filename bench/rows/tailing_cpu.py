@@ -3,7 +3,7 @@
 Busy: 4 toy jobs (2 processes each) that each write about 200 lines/s to their combined log
 (``lines_per_step=20``, ``step_s=0.1``; plus a progress redraw and a DiskLogger line per step).
 Idle: 4 toy jobs sleeping in their first step (they write nothing). Each phase: 4
-:class:`tune_magic.ui.views.JobCard` live in this process, in turns: notified cards (the default:
+:class:`tune_magic.ui.cards.JobCard` live in this process, in turns: notified cards (the default:
 file-change notification, polling at least once a second) and today's polling cards
 (``notify=False``: a poll every 0.25 s, backing off to 1 s while nothing changes), never both at
 once, in the order notified, polling, polling, notified (half a window each, after a 3 s warm-up),
@@ -94,7 +94,7 @@ def _measure(cards, jobs, tail_ps, window_s: float) -> dict:
 
 
 def _cards(jobs, notify: bool) -> list:
-    from tune_magic.ui.views import JobCard
+    from tune_magic.ui.cards import JobCard
 
     return [JobCard(job, notify=notify) for job in jobs]
 
@@ -175,7 +175,7 @@ def profile_polls(job, spacing_s: float, n: int = 40) -> dict:
     import cProfile
     import pstats
 
-    from tune_magic.ui.views import JobCard
+    from tune_magic.ui.cards import JobCard
 
     card = JobCard(job, watch=False)
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tune_magic.ui.views import JobCard
+from tune_magic.ui.cards import JobCard
 
 import waiting
 from jobhelpers import toy_args

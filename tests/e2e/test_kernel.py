@@ -60,7 +60,7 @@ def test_interrupt_restart_and_no_prints_from_threads(kernel):
     assert job.gpus == [2, 3]
 
     # case 14: while the card's thread updates it, another cell's output stays empty
-    card_step = f"getattr(__import__('tune_magic.ui.views').ui.views.JobCard.for_job('{job_id}').snapshot, 'step', None)"
+    card_step = f"getattr(__import__('tune_magic.ui.cards').ui.cards.JobCard.for_job('{job_id}').snapshot, 'step', None)"
     wait_for(lambda: kernel.value(card_step) is not None, timeout=TIMEOUT, interval=0.5, what="a step on the card")
     before = kernel.value(card_step)
     quiet = kernel.run("import time; time.sleep(3); print('only this')")
@@ -84,9 +84,9 @@ def test_interrupt_restart_and_no_prints_from_threads(kernel):
     row = next(l for d in table.data for l in d.get("text/plain", "").splitlines() if l.startswith(job_id))
     assert row.split()[1:3] == ["survivor", "running"]
     kernel.run(f"%tune_logs {job_id}")
-    first = kernel.value(f"__import__('tune_magic.ui.views').ui.views.JobCard.for_job('{job_id}').watcher.poll_once().step")
+    first = kernel.value(f"__import__('tune_magic.ui.cards').ui.cards.JobCard.for_job('{job_id}').watcher.poll_once().step")
     time.sleep(2)
-    later = kernel.value(f"__import__('tune_magic.ui.views').ui.views.JobCard.for_job('{job_id}').watcher.poll_once().step")
+    later = kernel.value(f"__import__('tune_magic.ui.cards').ui.cards.JobCard.for_job('{job_id}').watcher.poll_once().step")
     assert later > first  # still followed after the restart
     stopped = kernel.run(f"%tune_stop {job_id}")
     assert stopped.stdout.strip() == f"{job_id} stopped"
@@ -102,7 +102,7 @@ def test_300k_lines_stay_within_iopub_limits(kernel):
     job_id = launch_in(kernel, "--name chatty " + toy_args("steps=5", "step_s=0.5", "lines_per_step=60000"))
     job = J.get_job(job_id)
     assert job.wait(TIMEOUT) == "succeeded"
-    card = f"__import__('tune_magic.ui.views').ui.views.JobCard.for_job('{job_id}')"
+    card = f"__import__('tune_magic.ui.cards').ui.cards.JobCard.for_job('{job_id}')"
     wait_for(lambda: kernel.value(f"{card}.watcher.finished"), timeout=TIMEOUT, interval=0.5,
              what="the card to read the log to its end")
     time.sleep(0.5)
@@ -127,7 +127,7 @@ def test_lora_job_card_shows_the_losses_the_recipe_logged(kernel, tiny_assets):
     job = J.get_job(job_id)
     assert job.wait(TIMEOUT) == "succeeded", job.tail(30)
     time.sleep(1.5)
-    shown = kernel.value(f"list(__import__('tune_magic.ui.views').ui.views.JobCard.for_job('{job_id}').snapshot.losses)")
+    shown = kernel.value(f"list(__import__('tune_magic.ui.cards').ui.cards.JobCard.for_job('{job_id}').snapshot.losses)")
     logged = [float(m) for m in re.findall(r"^Step \d+ \| loss:(\S+) ", next(Path(job.record.metric_log_dir).glob("log_*.txt")).read_text(), re.M)]
     assert len(logged) == 5
     assert shown == pytest.approx(logged)

@@ -16,7 +16,7 @@ from IPython.core.error import UsageError
 import tune_magic.job as J
 from tune_magic.registry import store as jobstore
 from tune_magic.plan.model import LaunchPlan
-from tune_magic.ui.views import JobCard
+from tune_magic.ui.cards import JobCard
 
 import waiting
 from jobhelpers import TOY_CONFIG, processes_mentioning, toy_args

@@ -212,7 +212,7 @@ def test_max_resumes_1_recovers_a_rank_that_crashes_once_after_its_first_checkpo
     assert one["started_at"] == job.started_at <= one["ended_at"] <= two["started_at"] < two["ended_at"] == job.ended_at
     assert "resume_from_checkpoint=True" in job.argv  # the command of the attempt that ran last
     assert (job.dir / "exit_code.attempt-1").is_file()
-    from tune_magic.ui.views import JobCard
+    from tune_magic.ui.cards import JobCard
 
     card = JobCard(job, watch=False)
     card.watcher.poll_once()

@@ -304,7 +304,7 @@ def test_a_notification_wakes_the_watcher_before_its_interval(tmp_path):
 
 
 def test_watchers_share_the_process_notifier_and_release_their_watches_on_stop(tmp_path):
-    from tune_magic.ui.views import JobCard
+    from tune_magic.ui.cards import JobCard
 
     job, other = pending_job(tmp_path), pending_job(tmp_path, "20990101-000000-notif2")
     shared = notify.get_notifier()

@@ -9,7 +9,7 @@ import re
 import pytest
 
 import tune_magic
-from tune_magic.ui.views import JobCard
+from tune_magic.ui.cards import JobCard
 
 from jobhelpers import toy_args
 from waiting import wait_for

@@ -107,7 +107,8 @@ def first_on_path(cluster, tmp_path):
 
 
 def _card_and_table(job):
-    from tune_magic.ui.views import JobCard, JobsTable
+    from tune_magic.ui.cards import JobCard
+    from tune_magic.ui.views import JobsTable
 
     card = JobCard(tune_magic.get_job(job.id), watch=False)
     card.update(card.watcher.poll_once())

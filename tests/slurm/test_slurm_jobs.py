@@ -153,7 +153,8 @@ def test_squeue_runs_at_most_once_per_5_s_for_a_listing_and_live_cards(cluster, 
     """A PATH wrapper counts squeue calls while 20 held (pending) SLURM jobs are listed again and
     again (at least 20 listings, each a live table) and 4 live cards follow 4 of them for 30 s or
     more: at most one call per 5 s of that time, plus the first."""
-    from tune_magic.ui.views import JobCard, JobsTable
+    from tune_magic.ui.cards import JobCard
+    from tune_magic.ui.views import JobsTable
 
     held = [launch(cluster, toy_args("steps=1", nproc=1), sbatch=["--hold"]) for _ in range(20)]
     real = subprocess.run(["which", "squeue"], capture_output=True, text=True).stdout.strip()

@@ -43,7 +43,7 @@ def _follow_and_stop(c, env, job_id, tmp_path):
         listed = k.run("%tune_jobs").text
         assert job_id in listed and ("pending" in listed or "running" in listed)
         k.run(f"%tune_logs {job_id}")
-        k.run(f"from tune_magic.ui.views import JobCard; card = JobCard.for_job({job_id!r})")
+        k.run(f"from tune_magic.ui.cards import JobCard; card = JobCard.for_job({job_id!r})")
 
         def at_step_2() -> bool:
             step = k.value("card.snapshot.step if card.snapshot else None")

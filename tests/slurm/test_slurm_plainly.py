@@ -14,7 +14,8 @@ import sys
 import pytest
 
 import tune_magic
-from tune_magic.ui.views import JobCard, JobsTable
+from tune_magic.ui.cards import JobCard
+from tune_magic.ui.views import JobsTable
 
 from jobhelpers import toy_args
 from waiting import wait_for

@@ -71,7 +71,7 @@ def test_a_requeued_job_resumes_from_epoch_1s_checkpoint_and_ends_as_an_uninterr
     assert f"attempt 2: resumed from epoch_0/ at step {STEPS} after requeued (scontrol requeue) " \
            f"(attempt 1 reached step {one.step})" in notes(job.record)
     assert "; attempt 2 resumes from epoch_0/ at step 4: resume_from_checkpoint=True" in "\n".join(job.tail(400))
-    from tune_magic.ui.views import JobCard
+    from tune_magic.ui.cards import JobCard
 
     card = JobCard(job, watch=False)
     card.watcher.poll_once()
@@ -166,7 +166,7 @@ def test_a_requeued_attempt_that_cannot_continue_says_why_in_the_record_the_card
     said = subprocess.run([sys.executable, "-m", "tune_magic", "logs", job.id, "--error"], capture_output=True,
                           text=True, timeout=TIMEOUT)
     assert said.returncode == 0 and job.error in said.stdout.splitlines()[0], said
-    from tune_magic.ui.views import JobCard
+    from tune_magic.ui.cards import JobCard
 
     card = JobCard(job, watch=False)
     card.watcher.poll_once()

@@ -51,8 +51,8 @@ def tied_sweep(job_registry):
 
 def test_every_view_names_the_same_best_trial_on_a_tie(tied_sweep, capsys):
     from tune_magic.ui import cli
-    from tune_magic.ui.sweeptext import table_text
-    from tune_magic.ui.sweepwatch import SweepWatcher
+    from tune_magic.ui.snapshot import table_text
+    from tune_magic.ui.watch import SweepWatcher
 
     best = tied_sweep.best()
     assert (best.trial.index, best.final_loss, best.min_loss, best.steps) == (1, 1.0, 0.5, 3)

@@ -1,4 +1,4 @@
-"""A job's card (tune_magic.ui.views.JobCard), asserted on its widgets' traits, no browser.
+"""A job's card (tune_magic.ui.cards.JobCard), asserted on its widgets' traits, no browser.
 
 Jobs here are records and logs written by the test in the format the real ones have (torchtune
 0.6.1's bar and DiskLogger lines, torchrun's output); the card reads them through its real
@@ -25,7 +25,8 @@ from tune_magic.job import Job
 from tune_magic.registry.store import JobRecord
 from tune_magic.checkpoints.layout import RECIPE_STATE
 from tune_magic.ui.cardlines import OVERRIDES_LINE_CHARS, overrides_text
-from tune_magic.ui.views import JobCard, int_ticks, step_domain
+from tune_magic.ui.cards import JobCard
+from tune_magic.ui.charts import int_ticks, step_domain
 from tune_magic.ui.watch import JobSnapshot
 
 SAVE_START = "INFO:torchtune.utils._logging:Saving checkpoint. This may take some time. Retrieving full model state dict..."

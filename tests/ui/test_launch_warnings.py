@@ -73,7 +73,7 @@ def test_a_launch_says_each_warning_once_in_the_api_the_magic_and_the_cli(ip, ca
     cleanup_jobs.append(job)
     assert [w for w in _python_warnings(caught) if "UserWarning" in w or "LaunchWarning" in w] == []
     assert "UserWarning" not in capsys.readouterr().err
-    from tune_magic.ui.views import JobCard
+    from tune_magic.ui.cards import JobCard
 
     card = JobCard.for_job(job.id)
     notes = card.notes.value

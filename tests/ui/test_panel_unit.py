@@ -143,7 +143,7 @@ def test_an_override_value_with_spaces_needs_no_quotes_in_the_panel(tmp_path):
     (3, 7, [3, 4, 5, 6, 7]), (1, 1000, [200, 400, 600, 800, 1000]), (100, 130, list(range(100, 131, 5))),
 ])
 def test_int_ticks(lo, hi, ticks):
-    from tune_magic.ui.views import MAX_TICKS, int_ticks
+    from tune_magic.ui.charts import MAX_TICKS, int_ticks
 
     got = int_ticks(lo, hi)
     assert got == ticks and len(got) <= MAX_TICKS and len(set(got)) == len(got)

@@ -16,7 +16,8 @@ import pytest
 import tune_magic
 from tune_magic.job import Job
 from tune_magic.ui.resumeview import marker_steps
-from tune_magic.ui.views import JobCard, JobsTable
+from tune_magic.ui.cards import JobCard
+from tune_magic.ui.views import JobsTable
 
 from resumehelpers import fake_job, metric_log, toy_checkpoint
 

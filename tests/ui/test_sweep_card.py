@@ -11,9 +11,10 @@ import pytest
 from tune_magic.sweeping import store as sweepstore
 from tune_magic.sweeping.record import SweepRecord, TrialState
 from tune_magic.sweeping.sweep import Sweep
-from tune_magic.ui.sweepcard import PALETTE, SweepCard, trial_colours
-from tune_magic.ui.sweeptext import table_text
-from tune_magic.ui.sweepwatch import SweepSnapshot, TrialRow
+from tune_magic.ui.cards import SweepCard
+from tune_magic.ui.charts import PALETTE, trial_colours
+from tune_magic.ui.snapshot import table_text
+from tune_magic.ui.snapshot import SweepSnapshot, TrialRow
 
 SWEEP_ID = "sweep-20261201-100000-abcdef"
 

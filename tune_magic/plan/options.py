@@ -148,6 +148,14 @@ def check_sweep_options(own: Mapping[str, Any]) -> None:
         raise PlanError(f"{flag} goes with --sweep (a grid of trials); add --sweep, or drop {flag} to run one job")
 
 
+def sweep_kwargs(own: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of :func:`tune_magic.sweep` among own options split off a line (the
+    generic ones; the caller adds the scheduler's): the magic's, the CLI's and the panel's."""
+    return {"name": own.get("name"), "gpus": own.get("gpus"), "force": bool(own.get("force")),
+            "max_parallel": own.get("max_parallel"), "gpus_per_trial": own.get("gpus_per_trial"),
+            "max_trials": own.get("max_trials"), "scheduler": own.get("scheduler")}
+
+
 def generic(flag: str) -> Option:
     """The generic option ``flag`` (``-h`` is ``--help``).
 

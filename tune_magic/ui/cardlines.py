@@ -89,25 +89,25 @@ _GONE_CSS = ("<style>.tune-magic-card .tm-gone{display:none}"
              ".tune-magic-card.jupyter-widgets-disconnected .tm-progress{opacity:.6}</style>")
 
 
-def gone_text(job_id: str) -> str:
+def gone_text(job_id: str, what: str = "job") -> str:
     """What a card says once its kernel is gone: that it was live there and shows job ``job_id``
-    as it was then, and the two ways to see the job again (the magic and the CLI)."""
-    return (f"This card was live in a kernel that is gone: it shows job {job_id} as it was then. "
-            f"See the job again with %tune_logs {job_id} in a notebook (after %load_ext tune_magic), "
+    (or a sweep: ``what``) as it was then, and the two ways to see it again (the magic and the CLI)."""
+    return (f"This card was live in a kernel that is gone: it shows {what} {job_id} as it was then. "
+            f"See the {what} again with %tune_logs {job_id} in a notebook (after %load_ext tune_magic), "
             f"or tune-magic logs {job_id} --follow in a terminal.")
 
 
-def gone_hint(job_id: str) -> str:
+def gone_hint(job_id: str, what: str = "job") -> str:
     """The card's text/plain last line: true where the kernel runs on (terminal IPython prints the
     text/plain) and where it is gone (a saved notebook read as text)."""
-    return (f"(this card is live only in the kernel that showed it; once that kernel is gone, see job {job_id} "
+    return (f"(this card is live only in the kernel that showed it; once that kernel is gone, see {what} {job_id} "
             f"again with %tune_logs {job_id} in a notebook or tune-magic logs {job_id} --follow in a terminal)")
 
 
-def gone_html(job_id: str) -> str:
+def gone_html(job_id: str, what: str = "job") -> str:
     """The card's hidden "kernel is gone" line and the CSS that shows it on a disconnected card
     (see the comment above), for the top of the card's header; all escaped."""
-    text = html.escape(gone_text(job_id))
+    text = html.escape(gone_text(job_id, what))
     for command in (f"%tune_logs {job_id}", f"tune-magic logs {job_id} --follow"):
         # a command never breaks at its hyphens ("tune-magic logs JOB -" / "-follow")
         # (a span, not <code>: the header's first <code> stays the job id, which readers pick)
@@ -117,8 +117,8 @@ def gone_html(job_id: str) -> str:
             f"white-space:normal;line-height:1.4'>{text}</div>")
 
 
-def fallback_html(job_id: str, card_text: str) -> str:
+def fallback_html(job_id: str, card_text: str, what: str = "job") -> str:
     """The card's text/html for frontends that do not draw its widget: the "kernel is gone" line,
     then ``card_text`` (the card as text when it was shown), escaped."""
-    return (f"<div class='tm-card-gone'><p><b>{html.escape(gone_text(job_id))}</b></p>"
+    return (f"<div class='tm-card-gone'><p><b>{html.escape(gone_text(job_id, what))}</b></p>"
             f"<pre>{html.escape(card_text)}</pre></div>")

@@ -1,11 +1,17 @@
-"""The cards' loss-vs-step chart (bqplot): integer step ticks, each label once. Presentation only."""
+"""The cards' loss-vs-step charts (bqplot): a job's curve, a sweep's trials' curves, integer step
+ticks, each label once. Presentation only."""
 
 from __future__ import annotations
+
+import colorsys
 
 import ipywidgets as widgets
 
 #: Most x-axis ticks on a card's chart (integer steps, each label once).
 MAX_TICKS = 8
+#: The first ten trials' colours (matplotlib's tab10); more trials get hues spread evenly.
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf")
 
 
 def int_ticks(lo: int, hi: int, most: int = MAX_TICKS) -> list[int]:
@@ -57,3 +63,43 @@ def loss_chart():
         padding_x=0.03, fig_margin={"top": 10, "bottom": 40, "left": 60, "right": 25},
     )
     return fig, line, x_axis, x
+
+
+def fit_steps(x_scale, x_axis, steps) -> None:
+    """Set a chart's x range to ``steps`` (:func:`step_domain`) and its integer ticks
+    (:func:`int_ticks`), touching only the traits that change."""
+    lo, hi = step_domain(steps)
+    if (x_scale.min, x_scale.max) != (lo, hi):
+        x_scale.min, x_scale.max = float(lo), float(hi)
+    ticks = int_ticks(lo, hi)
+    if list(x_axis.tick_values if x_axis.tick_values is not None else []) != ticks:
+        x_axis.tick_values = ticks
+
+
+def trial_colours(n: int) -> list[str]:
+    """``n`` distinct colours, one per trial (:data:`PALETTE` up to ten)."""
+    if n <= len(PALETTE):
+        return list(PALETTE[:n])
+    out = []
+    for i in range(n):
+        r, g, b = colorsys.hls_to_rgb(i / n, 0.45, 0.65)
+        out.append(f"#{int(r * 255):02x}{int(g * 255):02x}{int(b * 255):02x}")
+    return out
+
+
+def trials_chart():
+    """Return (figure, curves mark, best-point mark, x axis, x scale): every trial's loss curve on one
+    chart (one Lines mark, a row per trial), the best trial's last point as a black diamond."""
+    import bqplot
+
+    x, y = bqplot.LinearScale(), bqplot.LinearScale()
+    curves = bqplot.Lines(x=[], y=[], scales={"x": x, "y": y}, colors=[PALETTE[0]], marker="circle", marker_size=10,
+                          stroke_width=1.5)
+    best = bqplot.Scatter(x=[], y=[], scales={"x": x, "y": y}, marker="diamond", colors=["#000000"], default_size=160,
+                          stroke="#ffffff", visible=False)
+    x_axis = bqplot.Axis(scale=x, label="step", tick_format="d", tick_values=[])
+    fig = bqplot.Figure(marks=[curves, best], axes=[x_axis, bqplot.Axis(scale=y, side="left", label="loss")],
+                        layout=widgets.Layout(width="100%", min_width="0", height="280px", margin="2px 0px",
+                                              overflow="hidden", display="none"),
+                        padding_y=0.05, padding_x=0.03, fig_margin={"top": 10, "bottom": 40, "left": 60, "right": 25})
+    return fig, curves, best, x_axis, x

@@ -1,7 +1,7 @@
 """The CLI's reading of a job's files and its words for OS errors: a job's log is read only when it
 is a regular file (``O_NOFOLLOW`` + ``O_NONBLOCK`` + ``fstat``: a link is not followed, a FIFO does
 not hang), in chunks of at most :data:`CHUNK_BYTES`; an ``OSError`` becomes one paragraph naming
-the fix. Used by :mod:`tune_magic.ui.cli`.
+the fix. Used by :mod:`tune_magic.ui.cli` and :mod:`tune_magic.ui.clitargets`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ from tune_magic.paths import file_kind
 
 class CliError(UserError, ValueError):
     """A user mistake on the command line: printed as one paragraph, exit 2."""
+
+
+#: The job (or sweep) a command is following right now, under ``"job"``: what Ctrl-C leaves running.
+FOLLOWING: dict[str, str] = {}
 
 
 #: errno values that are the machine's state, not a bug: reported as one paragraph, exit 2.

@@ -21,8 +21,8 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from tune_magic.plan import options as launchopts
 from tune_magic.config.cellbody import expand_fields, parse_cell_body
+from tune_magic.config.shellwords import split_words, tail_words
 from tune_magic.errors import UserError, launch_warnings_shown_here
-from tune_magic.sweeping.store import is_sweep_id
 
 
 def _split_line(line: str) -> list[str]:
@@ -119,10 +119,8 @@ class TuneMagics(Magics):
                 print(self.tune_run.__doc__)
                 return None
             if own.get("sweep"):  # a grid of trials: the line is split again, keeping its quotes
-                from tune_magic.ui.sweepmagic import sweep_cell
-
-                with launch_warnings_shown_here():  # sweep_cell prints them, once
-                    return sweep_cell(line, cell, self.shell.user_ns)
+                with launch_warnings_shown_here():  # _sweep_cell prints them, once
+                    return self._sweep_cell(line, cell, own.get("wait"))
             launchopts.check_sweep_options(own)
             body = parse_cell_body(cell)
             overrides = [expand_fields(t, self.shell.user_ns) for t in body.overrides]
@@ -142,7 +140,7 @@ class TuneMagics(Magics):
             for warning in result.warnings:  # what a launch would warn about (the card shows them)
                 print(f"warning: {warning}", file=sys.stderr)
             return result
-        return self._show_job(result, bool(own.get("wait")))
+        return self._show(result, bool(own.get("wait")))
 
     @no_var_expand
     @line_magic("tune_resume")
@@ -182,22 +180,46 @@ class TuneMagics(Magics):
         if not hasattr(result, "id"):  # a dry run: the plan, nothing started
             print(result.summary())
             return result
-        return self._show_job(result, bool(own.get("wait")))
+        return self._show(result, bool(own.get("wait")))
 
-    def _show_job(self, job, wait: bool):
-        """Show a launched job: stream it as text with ``--wait``, else display its live card."""
+    def _sweep_cell(self, line: str, cell: str | None, wait: bool):
+        """A ``%%tune_run --sweep`` cell: the line split again keeping where the shell quotes were
+        (``tag="a,b"`` is one value, ``lr=1e-4,3e-4`` an axis), and so are the body's override lines;
+        a YAML body may hold a ``sweep:`` mapping. Returns the Sweep after showing its card, or the
+        dry run (:class:`~tune_magic.sweeping.create.SweepDryRun`) after printing every trial's command."""
+        from tune_magic.job.launch import launch_options, scheduler_values
+        from tune_magic.sweeping.create import sweep
+
+        namespace = self.shell.user_ns
+        words = [expand_fields(w, namespace) for w in split_words(line)]
+        own, rest = launchopts.split_own([w.text for w in words], launch_options(launchopts.RUN), "%%tune_run")
+        body = parse_cell_body(cell, sweep=True)
+        args = tail_words(words, rest) + [expand_fields(w, namespace) for w in body.words]
+        overlay = cell if body.config_yaml is not None or body.sweep else None
+        result = sweep(args, cwd=os.getcwd(), dry_run=True if own.get("dry_run") else None, config_overlay=overlay,
+                       **launchopts.sweep_kwargs(own), **scheduler_values(own))
+        if not hasattr(result, "wait"):  # a dry run
+            print(result.text())
+            return result
+        for warning in result.record.warnings:  # once, as plain lines (the sweep card does not repeat them)
+            print(f"warning: {warning}", file=sys.stderr)
+        return self._show(result, wait)
+
+    def _show(self, target, wait: bool):
+        """Show a launched job or sweep: stream it as text with ``--wait``, else display its live card."""
+        from tune_magic.ui.targets import card
+
         if wait:
             from tune_magic.ui.watch import stream_text
 
+            goes = "sweep {} goes on" if hasattr(target, "trials") else "job {} keeps running"
             try:
-                stream_text(job, lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+                stream_text(target, lambda s: (sys.stdout.write(s), sys.stdout.flush()))
             except KeyboardInterrupt:
-                print(f"\nstopped following; job {job.id} keeps running (%tune_stop {job.id} stops it)")
-            return job
-        from tune_magic.ui.views import JobCard
-
-        display(JobCard(job))
-        return job
+                print(f"\nstopped following; {goes.format(target.id)} (%tune_stop {target.id} stops it)")
+            return target
+        display(card(target))
+        return target
 
     @magic_arguments()
     @_filter_arguments
@@ -229,33 +251,25 @@ class TuneMagics(Magics):
         return Panel()
 
     @magic_arguments()
-    @argument("job", help="job id or the name of one job (%%tune_jobs lists them), or a sweep id: its sweep card")
+    @argument("job", help="job id or the name of one job (%%tune_jobs lists them), or a sweep's id or name: its card")
     @line_magic("tune_logs")
     def tune_logs(self, line: str):
-        """Show a job's live card again (e.g. after a kernel restart)."""
+        """Show a job's (or a sweep's) live card again (e.g. after a kernel restart)."""
         if _wants_help(line):
             print(self.tune_logs.__doc__)
             return None
-        from tune_magic.job import get_job
-        from tune_magic.ui.views import JobCard
+        from tune_magic.ui.targets import card, find
 
         ns = _parse(self.tune_logs, line)
         try:
-            if is_sweep_id(ns.job):  # a sweep: its card
-                from tune_magic.sweeping.sweep import get_sweep
-                from tune_magic.ui.sweepcard import SweepCard
-
-                sweep = get_sweep(ns.job)
-                display(SweepCard(sweep))
-                return sweep
-            job = get_job(ns.job)
+            target = find(ns.job)
         except UserError as exc:
             raise UsageError(str(exc)) from None
-        display(JobCard(job))
-        return job
+        display(card(target))
+        return target
 
     @magic_arguments()
-    @argument("job", nargs="?", help="job id or the name of one job, or a sweep id: every trial of the sweep")
+    @argument("job", nargs="?", help="job id or the name of one job, or a sweep's id or name: every trial of the sweep")
     @argument("--all", action="store_true", help="stop every live job (running or pending)")
     @argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL (10)")
     @line_magic("tune_stop")
@@ -267,6 +281,7 @@ class TuneMagics(Magics):
             return None
         from tune_magic.job import damaged_live_jobs, get_job, jobs
         from tune_magic.job.stopping import stop_jobs
+        from tune_magic.ui.targets import counts_text, find, is_sweep
 
         ns = _parse(self.tune_stop, line)
         if bool(ns.job) == ns.all:
@@ -274,16 +289,15 @@ class TuneMagics(Magics):
         if not 0 <= ns.grace < float("inf"):
             raise UsageError(f"--grace {ns.grace}: give the seconds between SIGTERM and SIGKILL, a number >= 0")
         try:
-            if ns.job and is_sweep_id(ns.job):  # a sweep: every trial; queued ones never start
-                from tune_magic.sweeping.sweep import get_sweep
-
-                print(f"{ns.job} {get_sweep(ns.job).stop(grace_s=ns.grace)}")
+            if ns.job and is_sweep(ns.job):  # a sweep: every trial; queued ones never start
+                sweep = find(ns.job)
+                print(f"{sweep.id} {counts_text(sweep.stop(grace_s=ns.grace))}")
                 return
             if ns.all:  # sweeps first: their queued trials never start
                 from tune_magic.sweeping.sweep import stop_running_sweeps
 
                 for sweep_id, counts in stop_running_sweeps(ns.grace):
-                    print(f"{sweep_id} {counts}")
+                    print(f"{sweep_id} {counts_text(counts)}")
             targets = ([j for j in jobs() if j.status.is_live] + damaged_live_jobs()) if ns.all else [get_job(ns.job)]
         except UserError as exc:
             raise UsageError(str(exc)) from None

@@ -1,6 +1,7 @@
-"""What a view shows of a job at one moment (:class:`JobSnapshot`), and the short form of
-torchtune's progress line (:func:`progress_summary`). Pure: built by
-:class:`tune_magic.ui.watch.JobWatcher` from what it read; views only read it.
+"""What a view shows of a job or a sweep at one moment (:class:`JobSnapshot`,
+:class:`SweepSnapshot`), their plain-text forms, and the short form of torchtune's progress line
+(:func:`progress_summary`). Pure: built by the watchers of :mod:`tune_magic.ui.watch` from what
+they read; cards, tables, ``--wait`` and the CLI only read them.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from dataclasses import dataclass
 from tune_magic.logs.progress import SAVED, SAVING, RunProgress, fmt_duration, fmt_rate
 from tune_magic.registry.status import Status
 from tune_magic.gpus import gpus_label
+from tune_magic.sweeping.grid import short_keys
 from tune_magic.ui.cardlines import engine_id_text, overrides_text
+from tune_magic.ui.textfmt import cut, table
 
 #: Metric plotted by the views.
 LOSS = "loss"
@@ -212,3 +215,132 @@ class JobSnapshot:
         if self.step is not None:
             lines.append(f"step {self.step} loss {self.loss:.6g}  {progress_summary(self.progress)}".rstrip())
         return "\n".join(lines)
+
+    def news(self, before: "JobSnapshot | None") -> list[str]:
+        """Lines for what is new since ``before`` (``--wait``'s stream): one per loss point after
+        its last step."""
+        shown = before.step if before is not None and before.step is not None else -1
+        return [f"step {step} | loss {loss:.6g}" for step, loss in zip(self.steps, self.losses) if step > shown]
+
+
+#: Marks the best trial in text tables.
+BEST_MARK = "*"
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """One trial of a sweep as views show it.
+
+    Attributes:
+        index, name: the trial's index and label (its values).
+        texts: ``{axis key: item as typed}``.
+        status: its job's status label once started; ``queued``, ``cancelled``, ``not started`` before.
+        job_id: its job's id once started.
+        step, loss: its latest step with a loss, and that loss.
+        best_loss: its lowest loss so far (``nan`` ignored).
+        elapsed_s: seconds since its job started (its whole run once ended); 0 before.
+        note: why it waits or could not start, or its failure reason.
+        steps, losses: its loss curve (thinned for the chart).
+    """
+
+    index: int
+    name: str
+    texts: tuple[tuple[str, str], ...]
+    status: str
+    job_id: str | None = None
+    step: int | None = None
+    loss: float | None = None
+    best_loss: float | None = None
+    elapsed_s: float = 0.0
+    note: str | None = None
+    steps: tuple[int, ...] = ()
+    losses: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class SweepSnapshot:
+    """What a view shows of a sweep at one moment.
+
+    Attributes:
+        sweep_id, name: the sweep's id and name.
+        status: ``running``, ``finished`` or ``stopped``.
+        keys: the axis keys, in trial order.
+        max_parallel: trials at once; ``slots``: each slot's GPUs (``None``: no GPUs).
+        rows: every trial, in order.
+        best: the index of the best trial so far (:func:`tune_magic.sweeping.results.best`), or ``None``.
+    """
+
+    sweep_id: str
+    name: str
+    status: str
+    keys: tuple[str, ...]
+    max_parallel: int
+    slots: tuple
+    rows: tuple[TrialRow, ...]
+    best: int | None
+
+    def counts(self) -> dict[str, int]:
+        """``{status: trials}``, in the order statuses first appear."""
+        out: dict[str, int] = {}
+        for r in self.rows:
+            out[r.status] = out.get(r.status, 0) + 1
+        return out
+
+    def summary(self) -> str:
+        """A plain-text rendering: :func:`table_text`."""
+        return table_text(self)
+
+    def news(self, before: "SweepSnapshot | None") -> list[str]:
+        """Lines for what is new since ``before`` (``--wait``'s stream): one per trial that started
+        or ended (:func:`line_of`)."""
+        was = {r.index: r.status for r in (before.rows if before is not None else ())}
+        return [line_of(r) for r in self.rows if r.status != "queued" and was.get(r.index) != r.status]
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.5g}"
+
+
+def line_of(row: TrialRow) -> str:
+    """One line about a trial: ``trial 2 (lr=3e-4,seed=1): succeeded, step 20, loss 1.2345 (job ID)``."""
+    bits = [f"trial {row.index} ({cut(row.name)}): {row.status}"]
+    if row.step is not None:
+        bits.append(f"step {row.step}, loss {_num(row.loss)}")
+    if row.note:
+        bits.append(cut(row.note, 160))
+    text = ", ".join(bits)
+    return text + (f" (job {row.job_id})" if row.job_id else "")
+
+
+def header_of(snap: SweepSnapshot) -> str:
+    """``sweep NAME (ID): STATUS, 4 trials, 2 at a time: 2 running, 1 succeeded, 1 queued``."""
+    counts = ", ".join(f"{n} {status}" for status, n in snap.counts().items())
+    gpus = [",".join(map(str, s)) for s in snap.slots if s]
+    where = f" on GPUs {' | '.join(gpus)}" if gpus else ""
+    return (f"sweep {cut(snap.name)} ({snap.sweep_id}): {snap.status}, {len(snap.rows)} trials, "
+            f"{snap.max_parallel} at a time{where}: {counts}")
+
+
+def table_rows(snap: SweepSnapshot) -> list[tuple[str, ...]]:
+    """The trial table: a header row, then one row per trial (the best one marked
+    :data:`BEST_MARK` in the first column)."""
+    short = short_keys(list(snap.keys))
+    rows: list[tuple[str, ...]] = [("TRIAL", *(short[k].upper() for k in snap.keys), "STATUS", "STEP", "LOSS",
+                                    "BEST LOSS", "ELAPSED", "JOB")]
+    for r in snap.rows:
+        texts = dict(r.texts)
+        mark = BEST_MARK if snap.best == r.index else ""
+        rows.append((f"{r.index}{mark}", *(cut(texts.get(k, ""), 24) for k in snap.keys), r.status,
+                     "-" if r.step is None else str(r.step), _num(r.loss), _num(r.best_loss),
+                     fmt_duration(r.elapsed_s) if r.job_id else "-", r.job_id or "-"))
+    return rows
+
+
+def table_text(snap: SweepSnapshot) -> str:
+    """The header line, the trial table, and which trial is best and why."""
+    lines = [header_of(snap), *table(table_rows(snap))]
+    if snap.best is not None:
+        row = snap.rows[snap.best]
+        lines.append(f"{BEST_MARK} best: trial {row.index} ({cut(row.name)}), final loss {_num(row.loss)} "
+                     f"(lowest final loss; ties: lowest minimum loss)")
+    return "\n".join(lines)

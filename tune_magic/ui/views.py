@@ -1,10 +1,7 @@
-"""Widgets that show jobs: a live card per job and a jobs table. They only set traits.
-
-Each card owns a :class:`~tune_magic.ui.watch.JobWatcher` whose daemon thread calls
-:meth:`JobCard.update`, which assigns widget traits and nothing else: no ``print``, no
-``with out:``, so nothing lands in whatever cell happens to be running. Where widgets cannot render
-(terminal IPython, nbconvert), the text/plain form of a card is the same information as text.
-The jobs table has one refresher thread of its own, bound by the same rule (:class:`JobsTable`).
+"""The jobs table (``%tune_jobs``, the panel's table): every job, live, in a bounded grid. It only
+sets traits: one refresher thread of its own, bound by the rule of the cards
+(:mod:`tune_magic.ui.cards`, where :class:`~tune_magic.ui.cards.JobCard` lives; it is importable
+from here too, its path in the tutorials before the cards got a module of their own).
 """
 
 from __future__ import annotations
@@ -12,243 +9,27 @@ from __future__ import annotations
 import html
 import itertools
 import threading
-import weakref
 from dataclasses import replace
 from typing import Iterable
 
 import ipywidgets as widgets
 
 from tune_magic.registry import store as jobstore
-from tune_magic.gpus import gpus_label
 from tune_magic.job import Job, jobs
 from tune_magic.registry.status import Status
-from tune_magic.ui.cardlines import engine_id_text, fallback_html, gone_hint, gone_html, overrides_html, overrides_text
 from tune_magic.ui import tablecols
 from tune_magic.ui.listing import JobFilter, newest_first
 from tune_magic.ui.tablerows import TABLE_ROWS, TABLE_STYLE, TableRows, dir_stamp
-from tune_magic.ui.resumeview import ResumeControl, can_resume, lineage_marks, resume_row, show_lineage
-from tune_magic.ui.charts import MAX_TICKS, int_ticks, loss_chart, step_domain  # noqa: F401
+from tune_magic.ui.resumeview import can_resume, resume_row
+from tune_magic.ui.cards import STATUS_COLOURS, JobCard  # noqa: F401  (JobCard: its earlier path)
 from tune_magic.ui.textfmt import cut, escape, table
-from tune_magic.ui.watch import JobSnapshot, JobWatcher, stopped_how
 
-#: Longest log line shown in a card, in characters (the full line stays on disk).
-MAX_LINE_CHARS = 400
-
-_STATUS_COLOURS = {"pending": "#ff7f0e", "running": "#1f77b4", "unknown": "#8c564b", "succeeded": "#2ca02c",
-                   "failed": "#d62728", "stopped": "#7f7f7f"}
-#: Each status's colour in cards and tables (the sweep card uses them too).
-STATUS_COLOURS = _STATUS_COLOURS
 
 
 def _fmt_elapsed(seconds: float) -> str:
     m, s = divmod(int(seconds), 60)
     h, m = divmod(m, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
-
-
-# text that wraps anywhere (long paths, long log lines), never widening the card
-_CARD_WRAP = "white-space:normal;overflow-wrap:anywhere;word-break:break-word;line-height:1.4"
-
-
-class JobCard(widgets.VBox):
-    """A live view of one job.
-
-    Public child widgets (stable names, for tests and tutorials), top to bottom: ``error`` (HTML,
-    shown for a failed job: its first line is the job's ``error``; for a stopped one: "stopped by
-    the user"), ``traceback`` (Accordion, collapsed, holding ``traceback_html``: a failed job's
-    whole traceback, :meth:`Job.failure`), ``header`` (HTML: name/id, status, the engine's id of the
-    job (``SLURM ID 7``), GPUs, endpoint, output_dir; above them a line, hidden while the card is
-    live, saying that its kernel is gone, :func:`~tune_magic.ui.cardlines.gone_html`),
-    ``overrides`` (HTML: the overrides the job ran with, one collapsed line,
-    :mod:`tune_magic.ui.cardlines`), ``notes`` (HTML, small: nodes of a multi-node or SLURM job,
-    launch warnings, a lost log), ``progress`` (HTML: where the run is: epoch of epochs, step of steps, loss, steps
-    this epoch, elapsed, ETA, throughput; "waiting for the first step", "waiting in the queue:
-    <reason>", "saving checkpoint…"), ``chart`` (bqplot Figure, hidden until the first loss) with
-    ``loss_line`` (its Lines mark: ``x`` steps, ``y`` losses) and ``x_axis`` (integer ticks),
-    ``log_tail`` (HTML: the last log lines, :func:`tune_magic.logs.cardtail.display_tail`; long lines
-    wrap), ``stop_button`` (shown while the job is pending or running) and ``resume_control``
-    (stopped, failed, unknown jobs: :class:`~tune_magic.ui.resumeview.ResumeControl`); the chart's
-    ``earlier_line`` and ``resume_markers`` draw its lineage. ``snapshot``: the last :class:`JobSnapshot` shown.
-
-    Args:
-        job: the job to show.
-        watch: start the watcher thread now (default True).
-        interval_s: seconds between refreshes (at most a few per second).
-        tail_lines: log lines shown.
-        notify: refresh when the job's files change (file-change notification, polling at least
-            once a second), or only poll every ``interval_s`` (False); see :class:`JobWatcher`.
-    """
-
-    _by_job: "weakref.WeakValueDictionary[str, JobCard]" = weakref.WeakValueDictionary()
-
-    @classmethod
-    def for_job(cls, job_id: str) -> "JobCard | None":
-        """Return the most recent live card of ``job_id`` in this process, if any."""
-        return cls._by_job.get(job_id)
-
-    def __init__(self, job: Job, *, watch: bool = True, interval_s: float = 0.25, tail_lines: int = 15,
-                 notify: bool = True):
-        self.job = job
-        hidden = dict(display="none", min_width="0")
-        self.error = widgets.HTML(layout=widgets.Layout(**hidden))
-        self.traceback_html = widgets.HTML(layout=widgets.Layout(min_width="0"))
-        self.traceback = widgets.Accordion(children=[self.traceback_html], titles=("traceback",),
-                                           selected_index=None, layout=widgets.Layout(**hidden))
-        self.header = widgets.HTML(layout=widgets.Layout(min_width="0"))
-        self.overrides = widgets.HTML(layout=widgets.Layout(**hidden))
-        self.notes = widgets.HTML(layout=widgets.Layout(**hidden))
-        self.progress = widgets.HTML(layout=widgets.Layout(min_width="0"))
-        self.chart, self.loss_line, self.x_axis, self._x_scale = loss_chart()
-        self.log_tail = widgets.HTML(layout=widgets.Layout(min_width="0"))
-        self.stop_button = widgets.Button(description="Stop", button_style="danger", icon="stop",
-                                          tooltip=f"Stop job {job.id}")
-        self.stop_button.on_click(self._on_stop)
-        self.snapshot: JobSnapshot | None = None
-        self._shown_steps: tuple | None = None
-        self.earlier_line, self.resume_markers = lineage_marks(self.chart, self.loss_line)
-        self.resume_control = ResumeControl(job, JobCard)
-        super().__init__(children=[self.error, self.traceback, self.header, self.overrides, self.notes, self.progress,
-                                   self.chart, self.log_tail, self.stop_button, self.resume_control],
-                         layout=widgets.Layout(border="1px solid #ddd", padding="6px", min_width="0",
-                                               max_width="100%"))
-        self.add_class("tune-magic-card")
-        self.watcher = JobWatcher(job, self.update, interval_s=interval_s, tail_lines=tail_lines, notify=notify)
-        JobCard._by_job[job.id] = self
-        if watch:
-            self.watcher.start()
-
-    def update(self, snap: JobSnapshot) -> None:
-        """Show ``snap``. Sets traits only, so it is safe from the watcher thread."""
-        self.snapshot = snap
-        status = Status(snap.status) if snap.status in Status._value2member_map_ else None
-        colour = _STATUS_COLOURS.get(snap.status, "#000")
-        bits = [f"<b>{html.escape(snap.name)}</b> <code>{snap.job_id}</code>",
-                f"<span class='tm-status' style='color:{colour}'>{html.escape(snap.label)}</span>"]
-        if snap.engine_id:
-            engine = engine_id_text(snap.engine_id_label, snap.engine_id)
-            bits.append(f"<span class='tm-engine-id'>{html.escape(engine)}</span>")
-        if snap.gpus:
-            bits.append(html.escape(gpus_label(snap.gpus, snap.physical_gpus)))
-        if snap.endpoint:
-            bits.append(f"rendezvous <code class='tm-endpoint'>{html.escape(snap.endpoint)}</code>")
-        if snap.output_dir:
-            bits.append(f"<code>{html.escape(snap.output_dir)}</code>")
-        _set(self.header, gone_html(snap.job_id) + f"<div class='tm-header' style='{_CARD_WRAP}'>"
-             + " · ".join(bits) + "</div>")
-        _set(self.overrides, overrides_html(snap.overrides))
-        _show(self.overrides, bool(snap.overrides))
-        notes = snap.notes()
-        _set(self.notes, f"<div class='tm-notes' style='{_CARD_WRAP};font-size:11px;color:#8a6d3b'>"
-             + "<br>".join(html.escape(n) for n in notes) + "</div>")
-        _show(self.notes, bool(notes))
-        parts = [f"<span class='{cls}'>{html.escape(text)}</span>{html.escape(suffix)}"
-                 for cls, text, suffix in snap.progress_parts()]
-        _set(self.progress, f"<div class='tm-progress' style='{_CARD_WRAP}'>" + " · ".join(parts) + "</div>")
-        self._chart(snap)
-        lines = [line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + " …" for line in snap.tail]
-        # the tail is already bounded (tail_lines), so show all of it: newest lines last, in view;
-        # long lines wrap (a horizontal scrollbar would hide the end of every line)
-        _set(self.log_tail, "<pre class='tm-log' style='font-size:11px;margin:0;white-space:pre-wrap;"
-             "overflow-wrap:anywhere;word-break:break-all;line-height:1.35'>" + html.escape("\n".join(lines)) + "</pre>")
-        self._ending(snap, status)
-        live = status is not None and status.is_live
-        self.stop_button.disabled = not live or self.stop_button.description != "Stop"
-        self.stop_button.layout.display = None if live else "none"
-        self.resume_control.show_for(self.job.record)
-
-    def _chart(self, snap: JobSnapshot) -> None:
-        """The curve and integer step ticks; the chart stays hidden until the first point."""
-        steps = snap.steps + snap.earlier_steps  # the earlier runs of its lineage, dimmed
-        if not steps or (snap.steps, snap.earlier_steps, snap.resumed_at) == self._shown_steps:
-            return
-        self.loss_line.x, self.loss_line.y = list(snap.steps), list(snap.losses)
-        show_lineage(self.earlier_line, self.resume_markers, snap)
-        lo, hi = step_domain(steps)
-        ticks = int_ticks(lo, hi)
-        if (self._x_scale.min, self._x_scale.max) != (lo, hi):
-            self._x_scale.min, self._x_scale.max = float(lo), float(hi)
-        if list(self.x_axis.tick_values if self.x_axis.tick_values is not None else []) != ticks:
-            self.x_axis.tick_values = ticks
-        self._shown_steps = (snap.steps, snap.earlier_steps, snap.resumed_at)
-        self.chart.layout.display = None
-
-    def _ending(self, snap: JobSnapshot, status: Status | None) -> None:
-        """The first lines of an ended job: why it failed (and its traceback), or that it was stopped."""
-        if status is Status.FAILED:
-            line = snap.error or f"exited with code {snap.returncode}"
-            _set(self.error, f"<div class='tm-error' style='{_CARD_WRAP};color:#d62728;font-weight:bold' "
-                             f"title='failed'>{html.escape(line)}</div>")
-            _show(self.error, True)
-            if snap.traceback:
-                _set(self.traceback_html, "<pre class='tm-traceback' style='font-size:11px;margin:0;"
-                     "white-space:pre-wrap;overflow-wrap:anywhere;word-break:break-all'>"
-                     + html.escape(snap.traceback) + "</pre>")
-                _show(self.traceback, True)
-        elif status is Status.STOPPED:
-            _set(self.error, f"<div class='tm-stopped' style='{_CARD_WRAP};color:#7f7f7f'><b>stopped</b>"
-                 f"{html.escape(stopped_how(snap)[len('stopped'):])}</div>")
-            _show(self.error, True)
-        elif status is Status.SUCCEEDED and snap.error:  # "the stop arrived after training ended"
-            _set(self.error, f"<div class='tm-note' style='{_CARD_WRAP};color:#7f7f7f'><b>succeeded</b>: "
-                 f"{html.escape(snap.error)}</div>")
-            _show(self.error, True)
-        elif status is Status.UNKNOWN:
-            _set(self.error, f"<div class='tm-unknown' style='{_CARD_WRAP};color:#8c564b'><b>outcome unknown</b>: its "
-                 "processes are gone and no exit code was recorded (yet)</div>")
-            _show(self.error, True)
-        else:
-            _show(self.error, False)
-
-    def _on_stop(self, _button=None) -> None:
-        self.stop_button.disabled = True
-        self.stop_button.description = "Stopping…"
-        # stop() waits up to its grace period; keep the kernel free for other cells meanwhile
-        threading.Thread(target=self.job.stop, name=f"tune_magic-stop-{self.job.id}", daemon=True).start()
-
-    def text(self) -> str:
-        """The card as plain text: what the widgets show (the traceback as a pointer to it)."""
-        snap = self.snapshot or self.watcher.poll_once()
-        lines = [f"job {snap.job_id} ({snap.name}): {snap.label}"]
-        if snap.status == Status.FAILED:
-            lines.append(snap.error or f"exited with code {snap.returncode}")
-            if snap.traceback:
-                lines.append(f"(whole traceback: tune-magic logs {snap.job_id} --error)")
-        elif snap.status == Status.STOPPED:
-            lines.append(stopped_how(snap))
-        elif snap.status == Status.SUCCEEDED and snap.error:  # "the stop arrived after training ended"
-            lines.append(f"succeeded: {snap.error}")
-        lines += snap.placement()
-        lines += [overrides_text(snap.overrides)] if snap.overrides else []
-        lines += snap.notes()
-        lines.append(snap.progress_text())
-        return "\n".join(lines + list(snap.tail[-5:]))
-
-    def _repr_mimebundle_(self, **kwargs):
-        """The widget, and for frontends that cannot draw it (a saved notebook whose kernel is gone:
-        :mod:`tune_magic.ui.cardlines`) text/html and text/plain saying so, with the card's text."""
-        bundle = super()._repr_mimebundle_(**kwargs)
-        text = self.text()
-        bundle["text/plain"] = text + "\n" + gone_hint(self.job.id)
-        bundle["text/html"] = fallback_html(self.job.id, text)
-        return bundle
-
-    def close(self) -> None:
-        """Stop following (the job keeps running) and close the widgets."""
-        watcher = getattr(self, "watcher", None)
-        if watcher is not None:
-            watcher.stop()
-        super().close()
-
-
-def _set(widget: widgets.HTML, value: str) -> None:
-    if widget.value != value:
-        widget.value = value
-
-
-def _show(widget: widgets.Widget, shown: bool) -> None:
-    want = None if shown else "none"
-    if widget.layout.display != want:
-        widget.layout.display = want
 
 
 #: Seconds between a live table's refreshes: at most one update a second.
@@ -475,7 +256,7 @@ class JobsTable(TableRows, widgets.VBox):
             c["name"].value = (f"<div title='{html.escape(escape(name))}' style='{_WRAP}'>"
                                f"{html.escape(cut(name))}</div>")
         if label != old[1]:
-            colour = _STATUS_COLOURS.get(state.value, "#000")
+            colour = STATUS_COLOURS.get(state.value, "#000")
             c["status"].value = f"<span class='tm-status' style='color:{colour}'>{html.escape(label)}</span>"
         if step != old[2]:
             c["step"].value = "" if step is None else f"<span class='tm-step'>{step}</span>"
@@ -490,7 +271,7 @@ class JobsTable(TableRows, widgets.VBox):
                 if state is Status.PENDING and job.record.pending_reason:
                     kind, why = "pending", "waiting for"
                 row.reason.value = (f"<div class='tm-reason tm-reason-{kind}' title='{html.escape(escape(reason))}' "
-                                    f"style='color:{_STATUS_COLOURS.get(state.value, '#000')};{_WRAP}'>"
+                                    f"style='color:{STATUS_COLOURS.get(state.value, '#000')};{_WRAP}'>"
                                     f"{why} {html.escape(cut(reason, REASON_WIDTH))}</div>")
             row.reason.layout.display = None if reason else "none"
         live = state.is_live

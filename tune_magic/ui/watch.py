@@ -1,9 +1,13 @@
-"""Follow one job in a named daemon thread and hand snapshots of it to a sink callback.
+"""Follow a job or a sweep in a named daemon thread and hand snapshots of it to a sink callback.
 
-The thread never prints and never touches widgets itself: the sink (a view) receives a
-:class:`JobSnapshot` and only sets widget traits. Snapshots are taken at most every
-``interval_s`` seconds and handed on only when something changed, which bounds the traffic to the
-browser however fast the job writes.
+One watcher, two things it follows: :class:`Watcher` is the thread, the sink and the rule of when a
+snapshot is handed on; :class:`JobWatcher` reads one job (its log, metric file and record, woken by
+file-change notification) and :class:`SweepWatcher` every trial of a sweep. The thread never
+prints and never touches widgets itself: the sink (a card) receives a snapshot
+(:mod:`tune_magic.ui.snapshot`) and only sets widget traits. Snapshots are taken at most every
+``interval_s`` seconds and handed on only when something changed (or the elapsed time ticked a whole
+second), which bounds the traffic to the browser however fast the job writes. :func:`stream_text`
+follows either in the calling thread, as text (``--wait``).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import os
 import threading
 import time
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Union
 
 from tune_magic import schedulers
 from tune_magic.logs.metricfollow import JobMetricsFollower
@@ -23,10 +27,87 @@ from tune_magic.registry.status import Status
 from tune_magic.logs.cardtail import display_tail
 from tune_magic.ui.cardlines import shown_overrides
 
-from tune_magic.ui.snapshot import LOSS, READ_PER_SHOWN, THROUGHPUT, JobSnapshot, progress_summary  # noqa: F401  (views import them from here too)
+from tune_magic.sweeping.results import best, results
+from tune_magic.sweeping.sweep import Sweep, sweep_status
+from tune_magic.ui.snapshot import (LOSS, READ_PER_SHOWN, THROUGHPUT, JobSnapshot, SweepSnapshot, TrialRow,  # noqa: F401
+                                    progress_summary)  # (views import them from here too)
+
+#: What a watcher follows.
+Target = Union[Job, Sweep]
 
 
-class JobWatcher:
+class Watcher:
+    """The thread of a watcher: poll, hand the snapshot to ``sink`` when it changed, wait, again
+    until :attr:`finished`. Subclasses read (:meth:`_poll`) and may wait their own way (:meth:`_run`).
+
+    Args:
+        sink: called with each new snapshot, from the watcher thread (or from the caller of
+            :meth:`poll_once`). It must only set widget traits.
+        interval_s: seconds between polls.
+        name: the thread's name.
+    """
+
+    def __init__(self, sink: Callable | None, interval_s: float, name: str):
+        self.sink = sink
+        self.interval_s = interval_s
+        self.changed = False  # whether the last poll found something new
+        self._name = name
+        self._stop = threading.Event()
+        self._poll_lock = threading.Lock()  # the thread and a caller (e.g. text()) may poll at once
+        self._thread: threading.Thread | None = None
+        self._last = None
+
+    def poll_once(self):
+        """Read what is new, return the snapshot, and hand it to the sink if it changed."""
+        with self._poll_lock:
+            return self._poll()
+
+    def _poll(self):  # pragma: no cover - every watcher reads its own way
+        raise NotImplementedError
+
+    def _hand_over(self, snap, changed: bool, ticked: bool):
+        """Keep ``snap`` as the last one; give it to the sink when it changed or a second ticked."""
+        self.changed = changed
+        self._last = snap
+        if (changed or ticked) and self.sink is not None:
+            self.sink(snap)
+        return snap
+
+    @property
+    def finished(self) -> bool:
+        """True once what it follows ended and was read to its end."""
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll_once()
+            except Exception:  # noqa: BLE001 - a view never kills its watcher; the next poll retries
+                pass
+            if self.finished:
+                return
+            self._stop.wait(self.interval_s)
+
+    def start(self):
+        """Start the daemon thread; return self."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = 2.0) -> None:
+        """Stop following (what it follows goes on)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the thread to end (once what it follows ended and was read)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
+class JobWatcher(Watcher):
     """Follow a job's log and metric file; call ``sink(snapshot)`` when something changed.
 
     With ``notify`` (the default) the watcher waits for "a followed file changed or the interval
@@ -71,15 +152,13 @@ class JobWatcher:
     def __init__(self, job: Job, sink: Callable[[JobSnapshot], None] | None = None, *,
                  interval_s: float = 0.25, tail_lines: int = 20, max_points: int = 2000,
                  max_interval_s: float = 1.0, notify: bool = True, notifier=None):
+        super().__init__(sink, interval_s, f"tune_magic-watch-{job.id}")
         self.job = job
-        self.sink = sink
-        self.interval_s = interval_s
         self.tail_lines = tail_lines
         self.max_points = max_points
         self.max_interval_s = max(max_interval_s, interval_s)
         self.notify = notify
         self.notifier = notifier
-        self.changed = False  # whether the last poll found something new
         self.polls = 0  #: polls done
         self.woken = 0  #: polls started by a notification
         self.missed = 0  #: polls since the last notification that found writes none announced
@@ -91,11 +170,7 @@ class JobWatcher:
                                            rank_log_dir=r.rank_log_dir,
                                            max_lines=max(tail_lines * READ_PER_SHOWN, 1), cwd=r.cwd)
         self._record_path = os.path.join(str(job.dir), RECORD)
-        self._stop = threading.Event()
         self._wake = threading.Event()
-        self._poll_lock = threading.Lock()  # the thread and a caller (e.g. text()) may poll at once
-        self._thread: threading.Thread | None = None
-        self._last: JobSnapshot | None = None
         self._finished = False
         self._curve: tuple | None = None  # (steps, losses, step, loss) of the last snapshot
         self._seen: tuple | None = None  # identity of the record and the files at the last read
@@ -132,17 +207,13 @@ class JobWatcher:
                 and self.follower.caught_up):
             # nothing was written and the record is the same object: only the elapsed time moved
             snap = replace(last, elapsed_s=self.job.elapsed_s, engine_note=self.job.engine_note)
-            self.changed = snap.engine_note != last.engine_note
+            changed = snap.engine_note != last.engine_note
         else:
             snap = self._read(status)
             self._seen = seen
             # elapsed time moves on every poll; "changed" means the job wrote something or changed state
-            self.changed = last is None or replace(snap, elapsed_s=0.0) != replace(last, elapsed_s=0.0)
-        ticked = last is None or int(snap.elapsed_s) != int(last.elapsed_s)
-        self._last = snap
-        if (self.changed or ticked) and self.sink is not None:
-            self.sink(snap)
-        return snap
+            changed = last is None or replace(snap, elapsed_s=0.0) != replace(last, elapsed_s=0.0)
+        return self._hand_over(snap, changed, last is None or int(snap.elapsed_s) != int(last.elapsed_s))
 
     def _read(self, status) -> JobSnapshot:
         if not status.is_live and not self._finished:
@@ -339,24 +410,11 @@ class JobWatcher:
         f = self.follower
         return (f.metrics_path, f.log_dir) != self._followed_key
 
-    def start(self) -> "JobWatcher":
-        """Start the daemon thread ``tune_magic-watch-<job id>``; return self."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=f"tune_magic-watch-{self.job.id}", daemon=True)
-            self._thread.start()
-        return self
-
     def stop(self, timeout: float | None = 2.0) -> None:
         """Stop following (the job keeps running); the thread releases its file watches."""
         self._stop.set()
         self._wake.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-
-    def join(self, timeout: float | None = None) -> None:
-        """Wait for the thread to end (it ends once the job ended and was read)."""
-        if self._thread is not None:
-            self._thread.join(timeout)
+        super().stop(timeout)
 
 
 def stopped_how(snap: JobSnapshot) -> str:
@@ -391,21 +449,117 @@ def _stat(path) -> tuple | None:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def stream_text(job: Job, write: Callable[[str], None], *, interval_s: float = 0.5) -> JobSnapshot:
-    """Follow ``job`` in the calling thread, writing one line per new loss point and a final summary.
+class SweepWatcher(Watcher):
+    """Follow a sweep: every trial's status from its job's record and summary, each started trial's
+    losses through its own incremental follower (read while the trial runs, once more when it
+    ends). Each look also starts the sweep process again when it died with trials queued
+    (:meth:`tune_magic.sweeping.sweep.Sweep.revive`: a card of such a sweep would wait for good).
 
-    Used by ``%%tune_run --wait`` and the CLI, where widgets cannot render. Returns the final snapshot.
+    Args:
+        sweep: the sweep.
+        sink: as :class:`Watcher`'s; receives a :class:`~tune_magic.ui.snapshot.SweepSnapshot`.
+        interval_s: seconds between looks.
     """
-    watcher = JobWatcher(job, interval_s=interval_s, tail_lines=5)
-    shown = -1
+
+    #: Most points per trial handed to the chart (older ones thinned; the logs keep every one).
+    MAX_POINTS = 500
+
+    def __init__(self, sweep: Sweep, sink: Callable[[SweepSnapshot], None] | None = None, *,
+                 interval_s: float = 0.5):
+        super().__init__(sink, interval_s, f"tune_magic-sweep-{sweep.id}")
+        self.sweep = sweep
+        self._followers: dict[str, JobMetricsFollower] = {}
+        self._ended: set[str] = set()
+        self._curves: dict[str, tuple] = {}
+        self.done = False  #: the sweep ended and every trial's logs were read to their end
+
+    @property
+    def finished(self) -> bool:
+        return self.done
+
+    def _poll(self) -> SweepSnapshot:
+        snap = self._read()
+        last = self._last
+        ticked = last is None or any(int(a.elapsed_s) != int(b.elapsed_s) for a, b in zip(snap.rows, last.rows))
+        return self._hand_over(snap, last is None or snap != last, ticked)
+
+    def _read(self) -> SweepSnapshot:
+        self.sweep.revive()
+        rows = []
+        trials = self.sweep.trials
+        for t in trials:
+            texts = tuple(t.texts.items())
+            if t.job is None:
+                rows.append(TrialRow(t.index, t.name, texts, t.status, note=t.error or t.waiting))
+                continue
+            steps, losses, lowest = self._curve(t.job)
+            rows.append(TrialRow(t.index, t.name, texts, t.status, t.job.id, steps[-1] if steps else None,
+                                 losses[-1] if losses else None, lowest, t.job.elapsed_s, note=t.error,
+                                 steps=steps, losses=losses))
+        status = sweep_status([r.status for r in rows], self.sweep.record.stop_requested_at)
+        self.done = status != "running" and all(r.job_id in self._ended for r in rows if r.job_id)
+        top = best(results(trials))  # the one measure on the one input every view uses
+        rec = self.sweep.record
+        return SweepSnapshot(sweep_id=rec.id, name=rec.name, status=status, keys=tuple(rec.keys),
+                             max_parallel=rec.max_parallel, slots=tuple(tuple(s) if s else None for s in rec.slots),
+                             rows=tuple(rows), best=None if top is None else top.trial.index)
+
+    def _curve(self, job) -> tuple[tuple[int, ...], tuple[float, ...], float | None]:
+        """The job's loss curve and lowest loss: its follower is read while it runs, and once more
+        to the end when it has ended; an ended job's curve is kept as read."""
+        if job.id in self._ended:
+            return self._curves[job.id]
+        follower = self._followers.get(job.id)
+        if follower is None:
+            r = job.record
+            follower = self._followers[job.id] = JobMetricsFollower(
+                r.log_path, log_dir=r.metric_log_dir, started_after=r.started_at - 1, max_lines=1, cwd=r.cwd,
+                rank_log_dir=r.rank_log_dir)
+        ended = not job.record.state.is_live
+        changes = follower.finish() if ended else follower.poll()
+        if changes or job.id not in self._curves or ended:
+            series = follower.series(LOSS, self.MAX_POINTS)
+            lowest = self._curves.get(job.id, ((), (), None))[2]
+            finite = [p.value for p in changes if p.name == LOSS and p.value == p.value]  # nan != nan
+            if finite:
+                lowest = min(finite) if lowest is None else min(lowest, *finite)
+            self._curves[job.id] = (tuple(series.steps), tuple(series.values), lowest)
+        if ended:
+            self._ended.add(job.id)
+            self._followers.pop(job.id).close()
+        return self._curves[job.id]
+
+    def stop(self, timeout: float | None = 2.0) -> None:
+        """Stop following (the sweep goes on); close the followers."""
+        super().stop(timeout)
+        with self._poll_lock:
+            for follower in self._followers.values():
+                follower.close()
+            self._followers.clear()
+
+
+def watcher_for(target: Target, sink: Callable | None = None, *, interval_s: float = 0.5, **options) -> Watcher:
+    """The watcher of a job (:class:`JobWatcher`, ``options`` passed on) or of a sweep
+    (:class:`SweepWatcher`)."""
+    if isinstance(target, Sweep):
+        return SweepWatcher(target, sink, interval_s=interval_s)
+    return JobWatcher(target, sink, interval_s=interval_s, **options)
+
+
+def stream_text(target: Target, write: Callable[[str], None], *, interval_s: float = 0.5):
+    """Follow a job or a sweep in the calling thread, writing a line for each new thing (a job's
+    loss points; a sweep's trials as they start and end) and a final summary (``%%tune_run --wait``,
+    ``tune-magic run --wait``, where widgets cannot render). Returns the final snapshot."""
+    watcher = watcher_for(target, interval_s=interval_s, tail_lines=5)
+    before = None
     while True:
         snap = watcher.poll_once()
-        for step, loss in zip(snap.steps, snap.losses):
-            if step > shown:
-                write(f"step {step} | loss {loss:.6g}\n")
-                shown = step
+        for line in snap.news(before):
+            write(line + "\n")
+        before = snap
         if watcher.finished:
             break
         time.sleep(interval_s)
+    watcher.stop()
     write(snap.summary() + "\n")
     return snap
