@@ -88,3 +88,31 @@ def test_the_summary_keeps_the_lowest_loss_of_the_source_it_reports(tmp_path):
         f.write("Step 1 | loss:1.25 lr:0.001 \nStep 2 | loss:nan lr:0.001 \nStep 3 | loss:1.5 lr:0.001 \n")
     tracker.advance(final=True)
     assert (tracker.summary.loss, tracker.summary.min_loss) == (1.5, 1.25)
+
+
+def test_a_sweep_is_named_by_its_id_or_name_in_the_magics_and_the_cli_alike(tied_sweep, ip, capsys):
+    """Issue 27: one rule for what a command names (tune_magic.ui.targets): %tune_logs and
+    tune-magic logs take the sweep by its id or its name, and show the same table of trials."""
+    from tune_magic.ui import cli
+    from tune_magic.ui.cards import SweepCard
+    from tune_magic.ui.targets import find, is_sweep
+
+    assert is_sweep(SWEEP_ID) and is_sweep("tie") and not is_sweep("lr=1")
+    assert find("tie").id == SWEEP_ID and find("lr=1").id == "20261201-100001-aaaaa1"
+    capsys.readouterr()
+    for spec in (SWEEP_ID, "tie"):
+        shown = ip.run_line_magic("tune_logs", spec)
+        assert shown.id == SWEEP_ID
+        assert cli.main(["logs", spec]) == 0
+        out = capsys.readouterr().out
+        assert f"sweep tie ({SWEEP_ID}): finished, 3 trials" in out and "* best: trial 1 (lr=1)" in out
+    card = SweepCard(tied_sweep, watch=False)
+    try:
+        card.update(card.watcher.poll_once())
+        bundle = card._repr_mimebundle_()
+        assert bundle["text/plain"].startswith(f"sweep tie ({SWEEP_ID}): finished")
+        assert f"see sweep {SWEEP_ID} again with %tune_logs {SWEEP_ID}" in bundle["text/plain"]
+    finally:
+        card.close()
+    assert cli.main(["logs", "--error", "tie"]) == 2
+    assert f"{SWEEP_ID} is a sweep" in capsys.readouterr().err
