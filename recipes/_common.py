@@ -185,7 +185,6 @@ class DistributedRecipeBase(FTRecipeInterface):
         self._enable_activation_checkpointing = cfg.get("enable_activation_checkpointing", False)
         # Fails before any work when run_val_every_n_steps has no dataset_val to run on.
         self._run_val_every_n_steps = _validation.check_keys(cfg)
-        self._val: _validation.ValLoader | None = None
         self._last_val_step: int | None = None
 
     # -- to implement -------------------------------------------------------------------------
@@ -284,16 +283,7 @@ class DistributedRecipeBase(FTRecipeInterface):
             collate_fn=cfg.get("collate_fn", "torchtune.data.padded_collate_sft"),
         )
 
-        if cfg.get("dataset_val") is not None:
-            self._val = _validation.build_val_loader(
-                cfg.dataset_val,
-                self._tokenizer,
-                self._loss_fn.ignore_index,
-                batch_size=cfg.get("batch_size_val", cfg.batch_size),
-                collate_fn=cfg.get("collate_fn", _validation.DEFAULT_COLLATE),
-                world_size=self.world_size,
-                rank=self.rank,
-            )
+        self._val = self._setup_val(cfg)
 
         self._steps_per_epoch = len(self._dataloader) // self._gradient_accumulation_steps
         if self.max_steps_per_epoch is not None and self.max_steps_per_epoch < self._steps_per_epoch:
@@ -318,6 +308,17 @@ class DistributedRecipeBase(FTRecipeInterface):
         self._pause_after_step = int(os.environ.get(PAUSE_STEP_ENV, "0") or 0)
         if os.path.exists(os.environ.get(PAUSE_FILE_ENV, "")):  # paused once already: a requeued run goes on
             self._pause_after_step = 0
+
+    def _setup_val(self, cfg: DictConfig) -> _validation.ValLoader | None:
+        """This rank's share of ``dataset_val`` (``None`` without one); after tokenizer and loss."""
+        if cfg.get("dataset_val") is None:
+            return None
+        return _validation.build_val_loader(
+            cfg.dataset_val, self._tokenizer, self._loss_fn.ignore_index,
+            batch_size=cfg.get("batch_size_val", cfg.batch_size),
+            collate_fn=cfg.get("collate_fn", _validation.DEFAULT_COLLATE),
+            world_size=self.world_size, rank=self.rank,
+        )  # fmt: skip
 
     def _rng_state(self) -> dict[str, Any]:
         state = {"cpu": torch.get_rng_state()}
@@ -552,14 +553,10 @@ class DistributedRecipeBase(FTRecipeInterface):
             self.save_checkpoint(epoch=curr_epoch)
 
     def validate(self) -> float:
-        """Compute the validation loss over ``dataset_val`` and log it at the current global step.
+        """Return the validation loss (nats per label token); rank 0 logs it at ``global_step``.
 
         A collective: every rank calls it. Rank 0 logs ``Validation loss: X.XXXX`` (INFO) and
-        ``{"val_loss": X}`` through the metric logger at ``global_step``, as torchtune's later
-        distributed recipes' ``validate()`` does; the model is back in train mode afterwards.
-
-        Returns:
-            The validation loss, mean cross-entropy per label token (nats).
+        ``{"val_loss": X}`` through the metric logger, as torchtune's later ``validate()`` does.
         """
         result = _validation.validation_loss(self._model, self._val, self._loss_fn, self._device)
         self._last_val_step = self.global_step

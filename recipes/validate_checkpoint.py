@@ -96,12 +96,13 @@ def read_options(cfg: DictConfig) -> Options:
         ValueError: a key is missing, unknown or of the wrong type; the folder is missing;
             ``validate.output_dir`` is the job's ``output_dir``, inside it or inside the folder.
     """
-    node = cfg.pop("validate", None)
+    node = cfg.get("validate", None)
     usage = ("give validate.checkpoint_dir=<the epoch_N folder> validate.step=<the step it was saved at> "
              "validate.output_dir=<this evaluation's own folder>")
     if not isinstance(node, DictConfig):
         raise ValueError(f"validate_checkpoint needs its validate.* keys: {usage}")
-    opts = OmegaConf.to_container(node, resolve=True)
+    opts = OmegaConf.to_container(node, resolve=True)  # resolved while still in the config
+    cfg.pop("validate")
     unknown = sorted(set(opts) - _OPTION_KEYS)
     missing = sorted({"checkpoint_dir", "step", "output_dir"} - set(opts))
     if unknown or missing:
