@@ -20,6 +20,12 @@ learning rates and step numbers as an uninterrupted run. Two differences from th
 exact: the global step is always ``epochs_run * steps_per_epoch`` (lora_finetune_single_device sets
 it only when ``max_steps_per_epoch`` truncates an epoch), and each rank's RNG state is restored.
 
+Validation (issue 28) takes torchtune's later keys (``dataset_val``, ``batch_size_val``,
+``run_val_every_n_steps``; see ``recipes/_validation.py`` for the exact value): every
+``run_val_every_n_steps`` optimizer steps and at each epoch's end, before its checkpoint is saved (so
+the value is that of the saved weights), rank 0 logs ``val_loss`` at the current global step through
+the metric logger (DiskLogger: ``Step N | val_loss:X ``), once per step even when both fall on it.
+
 Test-only knob (environment, read by every rank): ``TUNE_MAGIC_TEST_PAUSE_AFTER_STEP=N`` with
 ``TUNE_MAGIC_TEST_PAUSE_FILE=PATH`` makes the run stop moving right after global step N is logged:
 rank 0 writes PATH, then every rank sleeps (up to 600 s), so a test can interrupt a tiny run at a
@@ -48,6 +54,8 @@ from torchtune.data import padded_collate_packed
 from torchtune.datasets import ConcatDataset
 from torchtune.recipe_interfaces import FTRecipeInterface
 from tqdm import tqdm
+
+from tune_magic.recipes import _validation
 
 log = utils.get_logger("DEBUG")
 
@@ -175,6 +183,9 @@ class DistributedRecipeBase(FTRecipeInterface):
         self._clip_grad_norm = cfg.get("clip_grad_norm", None)
         self._gradient_accumulation_steps = cfg.get("gradient_accumulation_steps", 1)
         self._enable_activation_checkpointing = cfg.get("enable_activation_checkpointing", False)
+        # Fails before any work when run_val_every_n_steps has no dataset_val to run on.
+        self._run_val_every_n_steps = _validation.check_keys(cfg)
+        self._last_val_step: int | None = None
 
     # -- to implement -------------------------------------------------------------------------
 
@@ -272,6 +283,8 @@ class DistributedRecipeBase(FTRecipeInterface):
             collate_fn=cfg.get("collate_fn", "torchtune.data.padded_collate_sft"),
         )
 
+        self._val = self._setup_val(cfg)
+
         self._steps_per_epoch = len(self._dataloader) // self._gradient_accumulation_steps
         if self.max_steps_per_epoch is not None and self.max_steps_per_epoch < self._steps_per_epoch:
             self._steps_per_epoch = self.max_steps_per_epoch
@@ -295,6 +308,17 @@ class DistributedRecipeBase(FTRecipeInterface):
         self._pause_after_step = int(os.environ.get(PAUSE_STEP_ENV, "0") or 0)
         if os.path.exists(os.environ.get(PAUSE_FILE_ENV, "")):  # paused once already: a requeued run goes on
             self._pause_after_step = 0
+
+    def _setup_val(self, cfg: DictConfig) -> _validation.ValLoader | None:
+        """This rank's share of ``dataset_val`` (``None`` without one); after tokenizer and loss."""
+        if cfg.get("dataset_val") is None:
+            return None
+        return _validation.build_val_loader(
+            cfg.dataset_val, self._tokenizer, self._loss_fn.ignore_index,
+            batch_size=cfg.get("batch_size_val", cfg.batch_size),
+            collate_fn=cfg.get("collate_fn", _validation.DEFAULT_COLLATE),
+            world_size=self.world_size, rank=self.rank,
+        )  # fmt: skip
 
     def _rng_state(self) -> dict[str, Any]:
         state = {"cpu": torch.get_rng_state()}
@@ -512,6 +536,10 @@ class DistributedRecipeBase(FTRecipeInterface):
 
                     running_loss = 0
                     num_tokens = 0
+                    every = self._run_val_every_n_steps
+                    if every is not None and self.global_step % every == 0:
+                        pbar.refresh()
+                        self.validate()
                     if self._pause_after_step:
                         self._pause_if_asked()
                     t0 = time.perf_counter()
@@ -520,7 +548,22 @@ class DistributedRecipeBase(FTRecipeInterface):
                     break
 
             self.epochs_run += 1
+            if self._val is not None and self._last_val_step != self.global_step:
+                self.validate()  # before the save: the value is that of the weights saved
             self.save_checkpoint(epoch=curr_epoch)
+
+    def validate(self) -> float:
+        """Return the validation loss (nats per label token); rank 0 logs it at ``global_step``.
+
+        A collective: every rank calls it. Rank 0 logs ``Validation loss: X.XXXX`` (INFO) and
+        ``{"val_loss": X}`` through the metric logger, as torchtune's later ``validate()`` does.
+        """
+        result = _validation.validation_loss(self._model, self._val, self._loss_fn, self._device)
+        self._last_val_step = self.global_step
+        if self._is_rank_zero:
+            log.info(f"Validation loss: {result.val_loss:.4f}")
+            self._metric_logger.log_dict({_validation.VAL_LOSS_KEY: result.val_loss}, step=self.global_step)
+        return result.val_loss
 
     def cleanup(self) -> None:
         """Close the metric logger (rank 0) and leave the process group, all ranks together."""

@@ -48,6 +48,8 @@ class FullFinetuneRecipe(_common.DistributedRecipeBase):
 
     Config keys are those of torchtune 0.6.1's ``full_finetune_distributed`` configs (without
     tensor parallelism, optimizer-in-backward or async checkpointing).
+    Validation takes torchtune's later keys ``dataset_val``, ``batch_size_val`` and
+    ``run_val_every_n_steps`` (``recipes/_validation.py``, docs/validation.md).
 
     Args:
         cfg: merged YAML + CLI config.

@@ -57,6 +57,8 @@ class LoRAFinetuneRecipe(_common.DistributedRecipeBase):
 
     Config keys are those of torchtune 0.6.1's ``lora_finetune_distributed`` configs, plus
     ``save_adapter_weights_only`` (default False: also write merged full weights).
+    Validation takes torchtune's later keys ``dataset_val``, ``batch_size_val`` and
+    ``run_val_every_n_steps`` (``recipes/_validation.py``, docs/validation.md).
 
     Args:
         cfg: merged YAML + CLI config.

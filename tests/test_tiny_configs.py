@@ -13,7 +13,7 @@ from tune_magic.paths import home
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "recipes" / "configs" / "tiny"
-NAMES = ("lora", "full", "builtin_lora", "builtin_lora_single", "builtin_full_single")
+NAMES = ("lora", "full", "builtin_lora", "builtin_lora_single", "builtin_full_single", "lora_val", "full_val")
 
 
 def parse(name: str, *overrides: str) -> DictConfig:
@@ -145,3 +145,20 @@ def test_builtin_lora_config_instantiates_on_cpu(built: A.AssetPaths, tmp_path: 
     assert logits.shape == (cfg.batch_size, batch["tokens"].shape[1], A.TINY_MODEL["vocab_size"])
     optimizer = config.instantiate(cfg.optimizer, [p for p in model.parameters() if p.requires_grad])
     assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-2)
+
+
+@pytest.mark.parametrize("name", ["lora", "full"])
+def test_val_configs_are_their_base_config_plus_a_held_out_split(name: str):
+    """``<name>_val.yaml`` = ``<name>.yaml`` + torchtune's validation keys (issue 28): training on
+    ``train[:90%]``, validating on ``train[90%:]``, everything else the same."""
+    base = OmegaConf.to_container(parse(name), resolve=True)
+    val = OmegaConf.to_container(parse(f"{name}_val"), resolve=True)
+    assert (base["dataset"]["split"], val["dataset"]["split"]) == ("train", "train[:90%]")
+    assert val["dataset_val"] == {**base["dataset"], "split": "train[90%:]"}
+    assert (val["run_val_every_n_steps"], val["batch_size_val"]) == (None, base["batch_size"])
+    for key in ("dataset_val", "run_val_every_n_steps", "batch_size_val"):
+        assert key not in base
+        del val[key]
+    for cfg in (base, val):
+        del cfg["dataset"]["split"], cfg["output_dir"], cfg["checkpointer"]["output_dir"], cfg["metric_logger"]
+    assert val == base

@@ -4,6 +4,9 @@ Records come from :class:`~tune_magic.logs.splitter.RecordSplitter` (lines and `
 removed); their formats (DiskLogger ``Step N | ...`` lines, JSON lines, the tqdm progress bar,
 ``Writing logs to``, torch's line prefixes) are described in :mod:`tune_magic.logs.lineformat`.
 Uniform DiskLogger blocks take the column-wise fast path of :mod:`tune_magic.logs.columns`.
+A line gives points for the names it holds and no others: a validation line
+(``Step N | val_loss:X `` or ``{"step": N, "val_loss": X}``, torchtune's recipes after 0.6.1 and
+tune_magic's) is a ``val_loss`` point at step N and never makes or changes a ``loss`` point.
 Nothing here reads files or starts threads: the file follower lives in
 :mod:`tune_magic.logs.linefollow`, and :mod:`tune_magic.logs.readers` parses a whole line, text or
 file at once.
