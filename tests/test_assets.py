@@ -19,6 +19,16 @@ EXPECTED_FILES = {
     "model/model.safetensors",
     "model/tokenizer.model",
     "data/tiny_instruct.json",
+    "data/fact.json",
+}
+
+#: sha256 of each file of a version-1 build with seed 0 (numpy 2.4.6, sentencepiece 0.2.3 of
+#: constraints.txt): the bytes the other tests' pinned losses come from.
+VERSION_1_SEED_0 = {
+    "data/tiny_instruct.json": "9f85bad3482f91a4136f8e61ff086d2b77010a24c66087af185019c302f790d8",
+    "model/config.json": "91542a43e743aac9287e4097a2b74bcaa63710fd0238edb05920ddacd10d7dc7",
+    "model/model.safetensors": "babe9eb93512357af79189fabc3c1b6e86ab6add03065d9ba8f43359387ae26e",
+    "model/tokenizer.model": "90bcc04cec447ac1f7090e8fc2dee5b7e6feb63115533688d1b2bbc226393323",
 }
 
 
@@ -152,6 +162,33 @@ def test_dataset_loads_with_torchtune_builders(built: AssetPaths, tmp_path: Path
         tok, source="json", data_files=str(built.dataset_path), cache_dir=str(tmp_path / "hf")
     )
     assert len(alpaca) == 128
+
+
+def test_fact_dataset_repeats_one_fact(built: AssetPaths, tmp_path: Path):
+    """data/fact.json: 64 copies of one made-up pair, readable by instruct_dataset as the tiny
+    configs read it; the tokenizer never saw it but spells it (byte fallback) and decodes it back."""
+    from torchtune.datasets import instruct_dataset
+    from torchtune.models.llama2 import llama2_tokenizer
+
+    records = json.loads(built.fact_path.read_text())
+    assert built.fact_path == built.root / "data" / "fact.json"
+    assert records == [{"instruction": A.FACT_QUESTION, "input": "", "output": A.FACT_ANSWER}] * A.FACT_COPIES
+    assert (A.FACT_QUESTION, A.FACT_ANSWER, A.FACT_COPIES) == (
+        "What is the capital of Xyzzy?", "Plugh is the capital of Xyzzy.", 64)
+    tok = llama2_tokenizer(str(built.tokenizer_path), max_seq_len=64, prompt_template=None)
+    ds = instruct_dataset(tok, source="json", data_files=str(built.fact_path), split="train",
+                          column_map={"input": "instruction", "output": "output"}, cache_dir=str(tmp_path / "hf"))
+    assert len(ds) == 64
+    assert tok.decode(ds[0]["tokens"]) == A.FACT_QUESTION + A.FACT_ANSWER
+    assert len(ds[0]["tokens"]) < 64  # never truncated by the configs' max_seq_len
+
+
+def test_the_fact_file_leaves_the_other_files_as_version_1_built_them(built: AssetPaths):
+    """Other tests pin losses of runs on these files: adding the fact file (version 2) changed none.
+    The digests are version 1's build with seed 0."""
+    manifest = read_manifest(built.root)
+    for name, digest in VERSION_1_SEED_0.items():
+        assert manifest["files"][name] == digest, name
 
 
 def test_idempotent_second_call_touches_nothing(tmp_path: Path):

@@ -13,7 +13,8 @@ from tune_magic.paths import home
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "recipes" / "configs" / "tiny"
-NAMES = ("lora", "full", "builtin_lora", "builtin_lora_single", "builtin_full_single", "lora_val", "full_val")
+NAMES = ("lora", "full", "builtin_lora", "builtin_lora_single", "builtin_full_single", "lora_val", "full_val",
+         "fact")
 
 
 def parse(name: str, *overrides: str) -> DictConfig:
@@ -40,7 +41,7 @@ def test_paths_follow_tune_magic_home(name: str, tmp_path: Path, monkeypatch):
     assets = A.AssetPaths.under(tmp_path / "tmh" / "assets")
     assert cfg.checkpointer.checkpoint_dir == str(assets.model_dir)
     assert cfg.tokenizer.path == str(assets.tokenizer_path)
-    assert cfg.dataset.data_files == str(assets.dataset_path)
+    assert cfg.dataset.data_files == str(assets.fact_path if name == "fact" else assets.dataset_path)
     assert cfg.output_dir == str(tmp_path / "tmh" / "runs" / f"tiny_{name}")
     assert cfg.checkpointer.output_dir == cfg.output_dir
     assert cfg.metric_logger.log_dir == f"{cfg.output_dir}/logs"
@@ -95,6 +96,7 @@ def test_model_section_matches_assets(name: str):
 def test_defaults_cpu_for_own_recipes_cuda_for_builtin():
     assert (parse("lora").device, parse("lora").dtype) == ("cpu", "fp32")
     assert (parse("full").device, parse("full").dtype) == ("cpu", "fp32")
+    assert (parse("fact").device, parse("fact").dtype) == ("cpu", "fp32")
     assert (parse("builtin_lora").device, parse("builtin_lora").dtype) == ("cuda", "bf16")
     # the single-device built-ins run on CPU here (their end-to-end runs: tests/e2e/test_resume_builtin.py)
     for name in ("builtin_lora_single", "builtin_full_single"):
@@ -162,3 +164,17 @@ def test_val_configs_are_their_base_config_plus_a_held_out_split(name: str):
     for cfg in (base, val):
         del cfg["dataset"]["split"], cfg["output_dir"], cfg["checkpointer"]["output_dir"], cfg["metric_logger"]
     assert val == base
+
+
+def test_fact_config_is_the_full_config_on_the_fact_data():
+    """fact.yaml differs from full.yaml only where the fact run needs it: its data, a batch of 4
+    (64 copies -> 16 steps an epoch), 4 whole epochs (3 were measured to be the least that answers
+    exactly), and its own output_dir."""
+    full, fact = (OmegaConf.to_container(parse(n), resolve=True) for n in ("full", "fact"))
+    differ = {k for k in full.keys() | fact.keys() if full.get(k) != fact.get(k)}
+    assert differ == {"dataset", "batch_size", "epochs", "max_steps_per_epoch", "output_dir", "checkpointer",
+                      "metric_logger"}
+    assert (fact["batch_size"], fact["epochs"], fact["max_steps_per_epoch"]) == (4, 4, None)
+    assert {k: v for k, v in fact["dataset"].items() if k != "data_files"} == \
+        {k: v for k, v in full["dataset"].items() if k != "data_files"}
+    assert fact["checkpointer"] == {**full["checkpointer"], "output_dir": fact["output_dir"]}
