@@ -180,7 +180,7 @@ def _walk(folder: Path) -> tuple[list[str], int, int, float]:
                 continue
             names.append(p.relative_to(folder).as_posix())
             if stat.S_ISREG(st.st_mode):
-                blocks += getattr(st, "st_blocks", 0) * 512 or st.st_size  # no st_blocks: Windows
+                blocks += st.st_blocks * 512 if hasattr(st, "st_blocks") else st.st_size  # Windows has none
                 size += st.st_size
                 newest = max(newest, st.st_mtime)
     return sorted(names), blocks, size, newest

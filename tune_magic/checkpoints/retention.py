@@ -10,9 +10,9 @@ the policy, a checkpoint is never planned for removal when it is
 - in use (``in_use``: a generation or an evaluation is reading it);
 - already pruned.
 
-For ``"best"`` also: a checkpoint without a finite validation loss is never removed (it may yet
-be the best; NaN and inf are never best), and an older checkpoint goes only once a newer one is
-complete *and evaluated*, so removing it never waits on a number that is not there yet.
+For ``"best"`` also: a checkpoint not evaluated yet is never removed (it may yet be the best); one
+evaluated to NaN or inf is never the best (it may go like any other loser); and an older
+checkpoint goes only once a newer one is complete *and evaluated*.
 """
 
 from __future__ import annotations
@@ -21,6 +21,11 @@ from dataclasses import dataclass
 from typing import Collection, Literal, Mapping, Union
 
 from tune_magic.checkpoints.catalog import Checkpoint, best_of, finite_loss
+
+
+def _evaluated(value: object) -> bool:
+    """A validation loss was recorded (NaN and inf included: evaluated, never best)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 Keep = Union[int, Literal["best"]]
 
@@ -93,8 +98,8 @@ def plan_retention(
     present = sorted((c for c in checkpoints if c.pruned is None), key=lambda c: c.epoch)
     done = [c for c in present if c.complete]
     newest = done[-1] if done else None
-    losses = {c.epoch: finite_loss((val_losses or {}).get(c.epoch, c.val_loss)) for c in present}
-    best = best_of(done, {e: v for e, v in losses.items() if v is not None}) if keep == "best" else None
+    losses = {c.epoch: (val_losses or {}).get(c.epoch, c.val_loss) for c in present}
+    best = best_of(done, {e: v for e, v in losses.items() if finite_loss(v) is not None}) if keep == "best" else None
     newest_n = {c.epoch for c in done[-keep:]} if keep != "best" else set()
     kept: dict[int, str] = {}
     prune = []
@@ -111,13 +116,13 @@ def plan_retention(
     return RetentionPlan(tuple(prune), kept)
 
 
-def _best_reason(c: Checkpoint, best: Checkpoint | None, losses: Mapping[int, float | None],
+def _best_reason(c: Checkpoint, best: Checkpoint | None, losses: Mapping[int, object],
                  done: list[Checkpoint]) -> str | None:
     if best is not None and c.epoch == best.epoch:
         return f"best (val_loss {losses[c.epoch]:.4g})"
-    if losses.get(c.epoch) is None:
+    if not _evaluated(losses.get(c.epoch)):
         return "not evaluated"
-    if not any(d.epoch > c.epoch and losses.get(d.epoch) is not None for d in done):
+    if not any(d.epoch > c.epoch and _evaluated(losses.get(d.epoch)) for d in done):
         return "no newer evaluated checkpoint yet"
     return None
 
