@@ -351,28 +351,49 @@ class _Streamer:
 
 
 def _checkpoint(name: str, cfg):
-    """The catalog's view of ``generate.checkpoint_dir`` (``None`` for ``base``).
+    """The catalog's view of ``generate.checkpoint_dir`` (``None`` for ``base``), checked against the
+    job's settings.
 
     Raises:
-        UsageError: not a complete ``epoch_N/`` folder of a kind this model takes.
+        UsageError: not a complete ``epoch_N/`` folder, or of a kind this model cannot take.
     """
     from omegaconf import OmegaConf
 
-    from tune_magic.checkpoints.catalog import CheckpointError, SaveSettings, read_checkpoint
+    from tune_magic.checkpoints.catalog import SaveSettings
+
+    settings = SaveSettings.from_config(OmegaConf.to_container(cfg, resolve=True))
+    ckpt = _checkpoint_folder(name, settings)
+    if ckpt is not None and ckpt.kind == "adapter_only" and settings.lora is False:
+        raise UsageError(f"{ckpt.path} holds a LoRA adapter only, and the config's model "
+                         f"({cfg.model._component_}) is not a LoRA builder: pass the config the job trained with")
+    return ckpt
+
+
+def _checkpoint_folder(name: str, settings=None):
+    """``name``'s folder as the catalog reads it, with the job's settings when given (``None`` for
+    ``base``). Without them a merged LoRA save that has written its shards but not yet its adapter
+    passes as a full checkpoint; with them it is incomplete.
+
+    Raises:
+        UsageError: not an ``epoch_N/`` folder, gone (pruned), or still being written.
+    """
+    from tune_magic.checkpoints.catalog import CheckpointError, read_checkpoint
 
     if name == "base":
         return None
-    settings = SaveSettings.from_config(OmegaConf.to_container(cfg, resolve=True))
     try:
-        ckpt = read_checkpoint(Path(name), replace(settings, adapter_weights_only=None, lora=None))
+        ckpt = read_checkpoint(Path(name))
+        if settings is not None:
+            if ckpt.kind == "adapter_only" and settings.lora:
+                # The shards come first in a save: an adapter alone is a whole adapter-only save,
+                # whatever save_adapter_weights_only the words given here say.
+                settings = replace(settings, adapter_weights_only=True)
+            ckpt = read_checkpoint(Path(name), settings)
     except CheckpointError as exc:
         raise UsageError(f"{exc}; pass generate.checkpoint_dir=<the job's output_dir>/epoch_N") from None
     if not ckpt.complete:
         raise UsageError(f"{ckpt.path} is not a complete checkpoint ({'; '.join(ckpt.problems)}): wait for the "
                          "save to end, or use an earlier epoch")
-    if ckpt.kind == "adapter_only" and settings.lora is False:
-        raise UsageError(f"{ckpt.path} holds a LoRA adapter only, and the config's model "
-                         f"({cfg.model._component_}) is not a LoRA builder: pass the config the job trained with")
     return ckpt
 
 
@@ -455,17 +476,34 @@ def _answer(gen: Generator, line: str, defaults: Options, n: int, out: TextIO) -
     return {**result, **head, "loads": gen.loads, "load_seconds": round(gen.load_seconds, 6)}
 
 
-def serve(gen: Generator, defaults: Options, out: TextIO, stdin=None) -> int:
-    """Answer JSON requests from ``stdin`` until it ends, ``idle_timeout_s`` pass, or SIGTERM."""
+def _read_lines(fd: int, lines: queue.Queue) -> None:
+    """Put each line of ``fd`` on ``lines`` (bytes), then ``None`` at its end.
+
+    Reads the file descriptor itself, not ``sys.stdin``: a daemon thread blocked inside the
+    buffered ``sys.stdin`` holds its lock, and interpreter shutdown (after an idle timeout or
+    SIGTERM) then aborts the process (``could not acquire lock for <stdin> at interpreter shutdown``).
+    """
+    pending = b""
+    while True:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            break
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        for line in complete:
+            lines.put(line)
+    if pending:
+        lines.put(pending)
+    lines.put(None)
+
+
+def serve(gen: Generator, defaults: Options, out: TextIO, stdin_fd: int = 0) -> int:
+    """Answer JSON requests from ``stdin_fd`` until it ends, ``idle_timeout_s`` pass, or SIGTERM."""
     lines: queue.Queue = queue.Queue()
-    source = stdin if stdin is not None else sys.stdin.buffer
-
-    def read() -> None:
-        for raw in source:
-            lines.put(raw)
-        lines.put(None)
-
-    threading.Thread(target=read, name="generate-stdin", daemon=True).start()
+    threading.Thread(target=_read_lines, args=(stdin_fd, lines), name="generate-stdin", daemon=True).start()
     signal.signal(signal.SIGTERM, _on_sigterm)
     n = 0
     try:
@@ -531,6 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     temp = None
     try:
         opts, rest = split_argv(argv)
+        _checkpoint_folder(opts.checkpoint_dir)  # a wrong folder fails now, not after torch's import
         if opts.output_dir is None:
             temp = tempfile.mkdtemp(prefix="tune_magic-generate-")
             opts = replace(opts, output_dir=temp)
