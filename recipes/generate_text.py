@@ -83,7 +83,6 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 PREFIX = "generate."
-DEFAULT_IDLE_TIMEOUT_S = 600.0
 REQUEST_KEYS = ("prompt", "system", "max_new_tokens", "temperature", "top_k", "seed", "stream", "id")
 
 
@@ -107,7 +106,7 @@ class Options:
     enable_kv_cache: bool = True
     stream: bool = False
     serve: bool = False
-    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    idle_timeout_s: float = 600.0
 
 
 _TYPES = {f.name: f.type for f in fields(Options)}
@@ -483,14 +482,12 @@ def _read_lines(fd: int, lines: queue.Queue) -> None:
     buffered ``sys.stdin`` holds its lock, and interpreter shutdown (after an idle timeout or
     SIGTERM) then aborts the process (``could not acquire lock for <stdin> at interpreter shutdown``).
     """
-    pending = b""
-    while True:
+    pending, chunk = b"", b"start"
+    while chunk:
         try:
             chunk = os.read(fd, 1 << 16)
         except OSError:
             chunk = b""
-        if not chunk:
-            break
         pending += chunk
         *complete, pending = pending.split(b"\n")
         for line in complete:
@@ -516,10 +513,9 @@ def serve(gen: Generator, defaults: Options, out: TextIO, stdin_fd: int = 0) -> 
             if raw is None:
                 gen.log.info("Serve: end of input, ending")
                 return 0
-            line = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
-            if line.strip():
+            if raw.strip():
                 n += 1
-                _write(out, _answer(gen, line, defaults, n, out))
+                _write(out, _answer(gen, raw.decode("utf-8", errors="replace"), defaults, n, out))
     except _Terminated:
         gen.log.info("Serve: SIGTERM, ending")
         return 0
@@ -585,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.argv = [sys.argv[0], *rest]
         try:
             parsed()
-        except SystemExit as exc:  # config.parse ends with sys.exit(recipe's result)
+        except SystemExit:  # config.parse ends with sys.exit(recipe's result)
             if not status:
                 raise
         return status[-1]
