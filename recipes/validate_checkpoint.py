@@ -14,10 +14,15 @@ Keys:
     ``validate.checkpoint_dir`` (required): the ``epoch_N`` folder to evaluate.
     ``validate.step`` (required): the global step at which the training job saved it (the caller
         knows it: for torchtune's recipes, the step of the last ``Step`` line before the save).
-    ``validate.output_dir`` (required): this evaluation's own folder; neither the training job's
-        ``output_dir`` nor any folder inside it (an ``epoch_*`` there would confuse torchtune's
-        resume), nor inside the checkpoint folder.
+    ``validate.output_dir`` (optional): this evaluation's own folder (default: the config's
+        ``output_dir``, which tune_magic gives each evaluation job of its own); neither the
+        training job's ``output_dir`` (the checkpoint folder's parent) nor any folder inside it
+        (an ``epoch_*`` there would confuse torchtune's resume), nor inside the checkpoint folder.
     ``validate.epoch`` (optional): N; by default read from the folder's name ``epoch_N``.
+    ``validate.check`` (optional, ``true``): check only, as a launch's pre-flight does: build the
+        tokenizer and ``dataset_val`` as an evaluation would, print ``{"examples": N}`` and exit 0
+        (no other key is needed); a ``dataset_val`` that cannot be built exits 2 with one line
+        ``validate_checkpoint: error: ...`` on stderr.
 
 The job's own components are used: ``model``, ``tokenizer``, ``checkpointer`` (re-pointed at the
 epoch folder, its ``output_dir`` set to ``validate.output_dir``), ``loss``, ``dataset_val``,
@@ -76,7 +81,7 @@ _WEIGHTS_RE = re.compile(r"^model-\d{5}-of-\d{5}\.(safetensors|bin)$")
 _ADAPTER_TUNE = "adapter_model.pt"
 _ADAPTER_PEFT = ("adapter_model.safetensors", "adapter_model.bin")
 _PEFT_PREFIX = "base_model.model."
-_OPTION_KEYS = {"checkpoint_dir", "step", "output_dir", "epoch"}
+_OPTION_KEYS = {"checkpoint_dir", "step", "output_dir", "epoch", "check"}
 
 
 @dataclass(frozen=True)
@@ -98,13 +103,13 @@ def read_options(cfg: DictConfig) -> Options:
     """
     node = cfg.get("validate", None)
     usage = ("give validate.checkpoint_dir=<the epoch_N folder> validate.step=<the step it was saved at> "
-             "validate.output_dir=<this evaluation's own folder>")
+             "[validate.output_dir=<this evaluation's own folder>]")
     if not isinstance(node, DictConfig):
         raise ValueError(f"validate_checkpoint needs its validate.* keys: {usage}")
     opts = OmegaConf.to_container(node, resolve=True)  # resolved while still in the config
     cfg.pop("validate")
     unknown = sorted(set(opts) - _OPTION_KEYS)
-    missing = sorted({"checkpoint_dir", "step", "output_dir"} - set(opts))
+    missing = sorted({"checkpoint_dir", "step"} - set(opts))
     if unknown or missing:
         raise ValueError(f"validate.* keys: unknown {unknown}, missing {missing}; {usage}")
     ckpt = Path(str(opts["checkpoint_dir"])).expanduser().resolve()
@@ -119,10 +124,11 @@ def read_options(cfg: DictConfig) -> Options:
     for name, value in (("step", step), ("epoch", epoch)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"validate.{name} must be a non-negative int, got {value!r}")
-    out = Path(str(opts["output_dir"])).expanduser().resolve()
-    job_out = cfg.get("output_dir")
-    for inside, what in ((ckpt, "the checkpoint folder"), (job_out, "the training job's output_dir")):
-        if inside is not None and _within(out, Path(str(inside)).expanduser().resolve()):
+    if opts.get("output_dir") is None and cfg.get("output_dir") is None:
+        raise ValueError(f"validate.output_dir is not given and the config has no output_dir; {usage}")
+    out = Path(str(opts.get("output_dir") or cfg.output_dir)).expanduser().resolve()
+    for inside, what in ((ckpt, "the checkpoint folder"), (ckpt.parent, "the training job's output_dir")):
+        if _within(out, inside):
             raise ValueError(f"validate.output_dir={out} is inside {what} ({inside}): give the evaluation "
                              "a folder of its own, outside the job's output_dir")
     return Options(checkpoint_dir=ckpt, step=step, output_dir=out, epoch=epoch)
@@ -274,6 +280,9 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         ValueError: bad ``validate.*`` keys (:func:`read_options`), no ``dataset_val``, or a folder
             that is not a checkpoint (:func:`checkpoint_kind`).
     """
+    node = cfg.get("validate", None)
+    if isinstance(node, DictConfig) and node.get("check", False) is True:
+        return check_dataset_val(cfg)
     opts = read_options(cfg)
     config.log_config(recipe_name="validate_checkpoint", cfg=cfg)
     if cfg.get("dataset_val") is None:
@@ -301,6 +310,30 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     return _report(opts, kind, result)
 
 
+def check_dataset_val(cfg: DictConfig) -> dict[str, Any]:
+    """``validate.check=true``: build the tokenizer and ``dataset_val`` as an evaluation (and a
+    recipe validating in its loop) would; print and return ``{"examples": N}``.
+
+    Raises:
+        ValueError: no ``dataset_val``, bad validation keys, or a validate node with other keys.
+    """
+    node = cfg.pop("validate")
+    if set(node) != {"check"}:
+        raise ValueError(f"validate.check=true takes no other validate.* key (got {sorted(node)})")
+    if cfg.get("dataset_val") is None:
+        raise ValueError("the config has no dataset_val: add a dataset_val node (a dataset like `dataset`)")
+    _validation.check_keys(cfg)
+    tokenizer = config.instantiate(cfg.tokenizer)
+    loss_fn = config.instantiate(cfg.loss)
+    val = _validation.build_val_loader(cfg.dataset_val, tokenizer, getattr(loss_fn, "ignore_index", -100),
+                                       batch_size=cfg.get("batch_size_val", cfg.get("batch_size", 1)),
+                                       collate_fn=cfg.get("collate_fn", _validation.DEFAULT_COLLATE))
+    next(val.batches())  # the first batch, as the loop would take it: a column map the data lacks fails here
+    out = {"examples": len(val.dataset)}
+    print(json.dumps(out), flush=True)
+    return out
+
+
 def _report(opts: Options, kind: str, result: _validation.ValResult) -> dict[str, Any]:
     """Print and log the DiskLogger line, write ``val_loss.json``; return its content."""
     from torchtune.training.metric_logging import DiskLogger
@@ -325,9 +358,21 @@ def _report(opts: Options, kind: str, result: _validation.ValResult) -> dict[str
 
 
 @config.parse
-def recipe_main(cfg: DictConfig) -> None:
-    """Entry point: the job's config and overrides plus ``validate.*`` (module docstring)."""
-    evaluate(cfg)
+def recipe_main(cfg: DictConfig) -> int:
+    """Entry point: the job's config and overrides plus ``validate.*`` (module docstring). A bad
+    key or a ``dataset_val`` that cannot be built ends with one line on stderr and exit 2."""
+    try:
+        evaluate(cfg)
+    except Exception as exc:  # noqa: BLE001 - the caller reads one line: what failed and how to fix it
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        import traceback
+
+        traceback.print_exc()
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        print(f"validate_checkpoint: error: {type(exc).__name__}: {first}", file=sys.stderr, flush=True)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

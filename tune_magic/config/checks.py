@@ -20,6 +20,10 @@ each key of a YAML cell body merged over the config, against it:
   through a list (``dataset.0.source``, ``x[0]``) or through a plain value (``batch_size.x``) are
   refused: ``OmegaConf.merge`` fails on the first ("Cannot merge incompatible container types") and
   silently replaces the value with a section on the second.
+* **Validation keys.** ``dataset_val``, ``batch_size_val`` and ``run_val_every_n_steps``
+  (:data:`EXPECTED_KEYS`, torchtune's own from its recipes after 0.6.1) are expected in any config:
+  setting them, or any key under ``dataset_val``, where the config has none is neither a warning nor
+  a near miss of ``dataset``/``batch_size``.
 * **``+key=value``** adds a key on purpose (Hydra's spelling): no refusal and no warning, and the
   recipe is handed ``key=value`` (torchtune 0.6.1 does not know ``+`` and would add a key named
   ``+key``).
@@ -57,6 +61,10 @@ import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
+
+#: Top-level keys expected in any config though it lacks them: torchtune's validation keys (its
+#: recipes after 0.6.1; :mod:`tune_magic.checkpoints.validation` reads them).
+EXPECTED_KEYS = ("dataset_val", "batch_size_val", "run_val_every_n_steps")
 
 from tune_magic.errors import PlanError
 from tune_magic.config.overrides import looks_like_axis
@@ -390,7 +398,7 @@ class _Checker:
                                     section=walk.parent)
                 if why is not None:
                     self._refuse(token, why)
-        elif kind == "set":
+        elif kind == "set" and not (segments[0] in EXPECTED_KEYS and segments[0] not in self.known):
             self._missing(token, key, value, segments, walk)
         _record(self.known, segments, None if read is _UNREADABLE else read)
 
@@ -470,6 +478,8 @@ def _check_overlay(base: dict, overlay: dict, text: str, result: CheckResult) ->
                 if why is not None:
                     refuse(path, why)
                 continue
+            if not prefix and k in EXPECTED_KEYS:
+                continue  # torchtune's validation keys: expected though the config lacks them
             walk = _Walk(False, depth=len(prefix), parent=config, why="missing")
             near = _suggestions(path, walk)
             if near:

@@ -1,4 +1,6 @@
 """Jobs: a facade over each job's record and its scheduler; listings. Knows nothing of IPython.
+One concept: every question about one job (status, metrics, evaluations, stop, wait) has its
+answer on :class:`Job`.
 
 The package: :class:`Job` and the listings here; :mod:`~tune_magic.job.launch` (words -> a checked
 plan -> a registered job handed to its scheduler), :mod:`~tune_magic.job.resume` (a job continued
@@ -330,7 +332,9 @@ class Job:
 
         Sources: the DiskLogger file (found from the log's ``Writing logs to`` line, else the newest
         ``log_*`` in the job's metric-log dir created after its start) and the progress bar in the
-        combined log; for a step both give, the metric file's value wins.
+        combined log; for a step both give, the metric file's value wins. A job whose checkpoints
+        are evaluated by jobs of their own (:meth:`evaluations`) has their ``val_loss`` points too,
+        each at the step its checkpoint was saved.
         """
         from tune_magic.logs.metricfollow import JobMetricsFollower
 
@@ -338,7 +342,40 @@ class Job:
         with JobMetricsFollower(r.log_path, log_dir=r.metric_log_dir, started_after=r.started_at - 1,
                                 max_lines=1, cwd=r.cwd, rank_log_dir=r.rank_log_dir) as follower:
             follower.finish() if not self.status.is_live else follower.poll()
-            return follower.points()
+            points = follower.points()
+        if r.validation:  # checkpoints evaluated by jobs of their own: their points are this job's
+            from tune_magic.job.evaluate import evaluation_points
+
+            extra = evaluation_points(self.evaluations())
+            if extra:
+                points = sorted(points + extra, key=lambda p: (p.step, p.name))
+        return points
+
+    def evaluations(self):
+        """The evaluations of this job's checkpoints (a job that validates by checkpoints: each saved
+        ``epoch_N/`` evaluated on ``dataset_val`` by a job of its own), by epoch:
+        :class:`tune_magic.job.evaluate.Evaluation` (epoch, step, its job, status, ``val_loss``,
+        error). Empty for a job that validates in its loop, or not at all."""
+        from tune_magic.job.evaluate import evaluations_of
+
+        return evaluations_of(self.dir)
+
+    def validation_points(self) -> list:
+        """The job's validation losses as metric points (``name`` ``"val_loss"``, sorted by step):
+        those its recipe logged in its loop, or those of its checkpoints' evaluations (``source``
+        ``"evaluation"``, ``epoch`` the checkpoint's 1-based epoch)."""
+        from tune_magic.checkpoints.validation import VAL_LOSS
+
+        return [p for p in self.metric_points() if p.name == VAL_LOSS]
+
+    def val_summary(self):
+        """What listings show of the job's validation losses (latest, best, evaluations pending or
+        failed): :class:`tune_magic.checkpoints.validation.ValSummary`, or ``None`` when the job does
+        not validate. Reads the small summary file (in-loop validation) or the evaluations' result
+        files, never a whole log."""
+        from tune_magic.job.evaluate import val_summary_of
+
+        return val_summary_of(self)
 
     def metrics(self) -> list[dict]:
         """Return the job's metric points as dicts: ``step`` (int), ``name`` (str), ``value``

@@ -1,4 +1,6 @@
 """The launch pipeline: words -> a checked plan -> a registered job handed to its scheduler.
+One concept: a launch is one sequence of checks then one atomic registration, whatever starts it
+(the magic, the CLI, the panel, a sweep's trial, a resume, a checkpoint's evaluation).
 
 A launch registers a record under ``$TUNE_MAGIC_HOME/jobs/<id>/`` and hands it to a scheduler
 (:mod:`tune_magic.schedulers`: ``local`` runs it on this machine under a supervisor process). So a
@@ -45,6 +47,7 @@ from tune_magic.registry.owner import TOKEN_ENV, new_token
 from tune_magic.plan.argsize import check_command_size, check_word_sizes
 from tune_magic.registry.store import JobRecord
 from tune_magic.schedulers.base import Scheduler, SchedulerOptions
+from tune_magic.job.validation import check_dataset_val, val_split_words, validation_of
 from tune_magic import gpus as gpu_mod
 
 #: Environment variable: when "1", every launch is a dry run that returns the LaunchPlan.
@@ -149,6 +152,7 @@ class _Request:
     record_fields: Mapping[str, Any] | None = None
     max_resumes: int | None = None
     sweep: dict | None = None
+    val_split: float | None = None
 
 
 def launch(
@@ -166,6 +170,7 @@ def launch(
     record_fields: Mapping[str, Any] | None = None,
     max_resumes: int | None = None,
     sweep_trial: Mapping[str, Any] | None = None,
+    val_split: float | None = None,
     **options: Any,
 ) -> "Job | LaunchPlan":
     """Launch a ``tune run``-style job in the background and return at once.
@@ -201,6 +206,13 @@ def launch(
             pre-flight knows.
         sweep_trial: set by a sweep for each of its trials (:mod:`tune_magic.sweeping`): the job
             record's ``sweep`` field, ``{"id": sweep id, "trial": index, "name": sweep name}``.
+        val_split: hold out the last fraction F (0 < F < 1, whole percents) of the training data as
+            ``dataset_val`` (``--val-split F``: ``dataset.split=train[:P%]`` and a copy of ``dataset``
+            with ``split=train[P%:]``; :func:`tune_magic.checkpoints.validation.val_split_overrides`).
+            A config with a ``dataset_val`` (or ``--val-split``) validates: in the recipe's loop when
+            it reads ``dataset_val``, else each saved checkpoint is evaluated by a job of its own
+            (:mod:`tune_magic.job.evaluate`); the launch first builds ``dataset_val`` as the recipe
+            would.
         options: the scheduler's own options by name (``nodes=2, partition="gpu"`` for SLURM;
             ``tune-magic run --help`` lists each scheduler's). Another scheduler's option is refused.
 
@@ -208,15 +220,15 @@ def launch(
         The :class:`~tune_magic.job.Job` (or the plan, for a dry run).
 
     Raises:
-        PlanError: bad arguments, unknown or busy GPUs, an ``output_dir`` used by a running job.
-            Nothing has been started.
+        PlanError: bad arguments, unknown or busy GPUs, an ``output_dir`` used by a running job,
+            validation keys or a ``dataset_val`` that cannot work. Nothing has been started.
         StateDirError: ``$TUNE_MAGIC_HOME`` cannot take the job (read-only, full disk).
         JobStartError: the scheduler could not start the job (its record says why).
     """
     request, dry_run = _request(args, name=name, gpus=gpus, cwd=cwd, force=force, env=env, dry_run=dry_run,
                                 config_overlay=config_overlay, scheduler=scheduler, job_id=job_id,
                                 record_fields=record_fields, max_resumes=max_resumes, sweep_trial=sweep_trial,
-                                options=options)
+                                options=options, val_split=val_split)
     if dry_run:
         return _dry_run(request)
     job = _register_and_submit(request)
@@ -226,7 +238,7 @@ def launch(
 
 def register_trial(args: Sequence[str], *, sweep_trial: Mapping[str, Any], name: str, gpus, cwd: str,
                    force: bool, env: Mapping[str, str], config_overlay: str | None, scheduler: str,
-                   **options: Any) -> RegisteredJob:
+                   val_split: float | None = None, **options: Any) -> RegisteredJob:
     """Register one trial of a sweep as a job of its scheduler, checked and planned as
     :func:`launch` does, without submitting it: the sweep process registers under the sweep's
     lock and submits outside it (several trials start side by side), and a scheduler that runs a
@@ -241,12 +253,12 @@ def register_trial(args: Sequence[str], *, sweep_trial: Mapping[str, Any], name:
     """
     request, _ = _request(args, name=name, gpus=gpus, cwd=cwd, force=force, env=env, dry_run=False,
                           config_overlay=config_overlay, scheduler=scheduler, job_id=None, record_fields=None,
-                          max_resumes=None, sweep_trial=sweep_trial, options=options)
+                          max_resumes=None, sweep_trial=sweep_trial, options=options, val_split=val_split)
     return _register(request)
 
 
 def _request(args, *, name, gpus, cwd, force, env, dry_run, config_overlay, scheduler, job_id, record_fields,
-             max_resumes, sweep_trial, options) -> "tuple[_Request, bool]":
+             max_resumes, sweep_trial, options, val_split=None) -> "tuple[_Request, bool]":
     """Check :func:`launch`'s arguments; return the request and whether it is a dry run."""
     caller_env = dict(os.environ if env is None else env)
     if name is not None and not isinstance(name, str):
@@ -271,7 +283,11 @@ def _request(args, *, name, gpus, cwd, force, env, dry_run, config_overlay, sche
                        force=force, config_overlay=config_overlay, options=read, sched=schedulers.get(read.scheduler),
                        job_id=check_job_id(job_id) if job_id is not None else new_job_id(),
                        record_fields=record_fields, max_resumes=max_resumes,
-                       sweep=dict(sweep_trial) if sweep_trial is not None else None)
+                       sweep=dict(sweep_trial) if sweep_trial is not None else None, val_split=val_split)
+    if val_split is not None:
+        from tune_magic.checkpoints.validation import check_fraction
+
+        check_fraction(val_split)
     return request, dry_run
 
 
@@ -318,6 +334,11 @@ def _dry_run(req: _Request) -> LaunchPlan:
     else:
         body_warnings = []
     plan, _ = _plan(tokens, req.job_id, gpus=req.gpus, cwd=req.cwd, env=req.caller_env, busy={}, options=req.options)
+    if req.val_split is not None:
+        tokens = tokens + val_split_words(plan, req.val_split)
+        plan, _ = _plan(tokens, req.job_id, gpus=req.gpus, cwd=req.cwd, env=req.caller_env, busy={},
+                        options=req.options)
+    validation_of(plan)
     plan = replace(plan, warnings=body_warnings + plan.warnings)
     _resumable_recipe(plan, req.max_resumes)
     # the job's directory as it would be (the same id-dependent paths a launch gets)
@@ -364,9 +385,21 @@ class RegisteredJob:
                 jobstore.remove_tree(self.dir)  # the engine refused it as described: nothing runs, nothing listed
                 raise
             faultpoints.reached("submitted")
+            self._start_evaluator()
             return Job(self.dir)
         finally:
             self.release()
+
+    def _start_evaluator(self) -> None:
+        """Start the evaluator of a job that validates by checkpoints (:mod:`tune_magic.job.evaluate`).
+        Never fails the launch: a card or ``Job.wait`` starts it again."""
+        from tune_magic.checkpoints.validation import CHECKPOINTS, ValidationPlan
+
+        plan = ValidationPlan.from_record(self.record.validation)
+        if plan is not None and plan.mode == CHECKPOINTS:
+            from tune_magic.job.validation import start_evaluator
+
+            start_evaluator(self.dir, env=self._req.caller_env, cwd=self._req.cwd)
 
     def release(self) -> None:
         """Let the lock go (after the job was submitted by other means, e.g. one engine job for a sweep)."""
@@ -422,6 +455,13 @@ def _stage(req: _Request, root: Path, stage: Path, final: Path):
         tokens, body_warnings = _apply_overlay(tokens, req.config_overlay, req.cwd, stage / "config.yaml")
     plan, dirs, resolved = checked_plan(tokens, req.job_id, gpus=req.gpus, cwd=req.cwd, env=req.caller_env,
                                          root=root, force=req.force, job_dir=final, options=req.options)
+    if req.val_split is not None:
+        tokens = tokens + val_split_words(plan, req.val_split)
+        plan, dirs, resolved = checked_plan(tokens, req.job_id, gpus=req.gpus, cwd=req.cwd, env=req.caller_env,
+                                             root=root, force=req.force, job_dir=final, options=req.options)
+    validation, cfg = validation_of(plan)
+    if validation is not None:
+        check_dataset_val(plan, cfg, cwd=req.cwd, env=req.caller_env)
     plan = replace(plan, warnings=body_warnings + plan.warnings)  # the record keeps them: the card shows them
     _resumable_recipe(plan, req.max_resumes)
     if req.config_overlay is not None:
@@ -429,6 +469,7 @@ def _stage(req: _Request, root: Path, stage: Path, final: Path):
     plan = replace(plan, **req.sched.prepare(plan, req.options, req.caller_env, final))
     faultpoints.reached("planned")
     record = _record(req, plan, dirs, resolved, final, tokens)
+    record.validation = validation.to_record() if validation is not None else None
     # the job's secret token, in the environment its processes get (record.env; not in the plan, which
     # a dry run shows alike): a stop signals only processes that carry it (tune_magic.registry.owner)
     token = new_token(req.job_id)

@@ -36,6 +36,8 @@ ADVANCE_BYTES = 64 << 20
 PIECE_BYTES = 1 << 20
 #: The metric whose last value listings show.
 LOSS = "loss"
+#: The validation loss (torchtune's later recipes' key; :mod:`tune_magic.checkpoints.validation`).
+VAL_LOSS = "val_loss"
 
 _RECORD_SPLIT = re.compile(r"\r\n|\n|\r")
 # a progress-bar step or a "Step N | ..." metric line; torchtune 0.6.1 recipes print "Saving
@@ -70,6 +72,11 @@ class Summary:
         metrics_path, metrics_offset: the metric file followed and bytes of it consumed.
         rank_offsets: bytes consumed of each rank's file under torchrun's ``--log-dir`` (jobs run
             with ``--redirects``/``--tee``, whose workers write there).
+        val_step, val_loss: the latest validation loss a recipe logged in its loop (``val_loss``
+            lines of the metric file or of stdout: torchtune's later recipes, tune_magic's own) and
+            its step, or ``None``; ``min_val_loss``, ``min_val_step``: the lowest finite one and its
+            step. (A job whose checkpoints are evaluated by jobs of their own has its validation
+            losses in those jobs: ``Job.val_summary``.)
         nodes, rank_hosts, endpoint: what a SLURM job's batch script and node helper printed
             (``node <host> <address>``, ``worker <host> <rank>``, ``rendezvous <address>:<port>``;
             :mod:`tune_magic.schedulers.slurm.node`): host -> address, ``[host, rank]`` pairs, and
@@ -99,6 +106,10 @@ class Summary:
     min_loss: float | None = None
     progress_min_loss: float | None = None
     metric_min_loss: float | None = None
+    val_step: int | None = None
+    val_loss: float | None = None
+    min_val_loss: float | None = None
+    min_val_step: int | None = None
     version: int = VERSION
 
     def to_json(self) -> bytes:
@@ -126,8 +137,9 @@ class Summary:
 
 
 _FIELD_NAMES = tuple(f.name for f in fields(Summary))
-_INTS = ("step", "epoch", "log_offset", "metrics_offset", "progress_step", "metric_step")
-_FLOATS = ("loss", "progress_loss", "metric_loss", "updated_at", "min_loss", "progress_min_loss", "metric_min_loss")
+_INTS = ("step", "epoch", "log_offset", "metrics_offset", "progress_step", "metric_step", "val_step", "min_val_step")
+_FLOATS = ("loss", "progress_loss", "metric_loss", "updated_at", "min_loss", "progress_min_loss", "metric_min_loss",
+           "val_loss", "min_val_loss")
 
 
 def _type_ok(name: str, value: Any) -> bool:
@@ -298,6 +310,8 @@ class SummaryTracker:
         batch = parser.parse(records)
         for step, name, value, epoch, source in zip(batch.steps, batch.names, batch.values, batch.epochs,
                                                     batch.sources):
+            if name == VAL_LOSS:
+                self._val(step, value)
             if name != LOSS:
                 continue
             if source == SOURCE_PROGRESS:
@@ -376,6 +390,8 @@ class SummaryTracker:
         for step, name, value in zip(batch.steps, batch.names, batch.values):
             if name == LOSS:
                 s.metric_min_loss = _lower(s.metric_min_loss, value)
+            elif name == VAL_LOSS:
+                self._val(step, value)
             if step == last:
                 values[name] = value
         if s.metric_step is None or last >= s.metric_step:
@@ -384,6 +400,14 @@ class SummaryTracker:
             s.metrics = {k: v for k, v in values.items() if math.isfinite(v) or k == LOSS}
             if LOSS in values:
                 s.metric_step, s.metric_loss = last, values[LOSS]
+
+    def _val(self, step: int, value: float) -> None:
+        """A validation loss logged at ``step``: the latest, and the lowest finite one."""
+        s = self.summary
+        if s.val_step is None or step >= s.val_step:
+            s.val_step, s.val_loss = step, value
+        if math.isfinite(value) and (s.min_val_loss is None or value < s.min_val_loss):
+            s.min_val_loss, s.min_val_step = value, step
 
     def _settle(self) -> None:
         """step/loss: the metric file's value for its latest step, unless the progress bar is ahead."""

@@ -17,6 +17,7 @@ is never handed to torchrun or the recipe. No short forms.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -91,6 +92,19 @@ class Option:
         return self.check(value) if self.check is not None else value
 
 
+def _fraction(value: Any) -> float:
+    """``--val-split``'s value: a number strictly between 0 and 1 (its whole-percent rule is checked
+    with the config, :func:`tune_magic.checkpoints.validation.check_fraction`)."""
+    try:
+        fraction = float(value)
+    except (TypeError, ValueError):
+        fraction = math.nan
+    if isinstance(value, bool) or not 0 < fraction < 1:
+        raise PlanError(f"--val-split {value!r}: give the fraction of the training data to hold out as dataset_val, "
+                        "between 0 and 1, e.g. --val-split 0.1")
+    return fraction
+
+
 GENERIC: tuple[Option, ...] = (
     Option("--name", "name", "text", "free-text job name (default: the recipe name)"),
     Option("--gpus", "gpus", "text", "GPU ids for this job, e.g. 0,1 (relative to the CUDA_VISIBLE_DEVICES you "
@@ -117,6 +131,9 @@ GENERIC: tuple[Option, ...] = (
                                                           "(default: its processes per node)", example="2"),
     Option("--max-trials", "max_trials", "count", "with --sweep: the cap on the number of trials (default 1000)",
            example="2000"),
+    Option("--val-split", "val_split", "text", "hold out the last fraction F of the training data as dataset_val "
+                                               "(dataset.split=train[:P%], dataset_val: the rest): the run "
+                                               "validates", example="0.1", check=_fraction),
 )
 _GENERIC = {o.flag: o for o in GENERIC}
 _HELP = _GENERIC["--help"]
@@ -124,11 +141,12 @@ _HELP = _GENERIC["--help"]
 #: The own options of a sweep (``--sweep`` and those that only go with it).
 SWEEP = ("--sweep", "--max-parallel", "--gpus-per-trial", "--max-trials")
 #: The generic own options of a launch (``%%tune_run``, ``tune-magic run``); schedulers add theirs.
-RUN = ("--name", "--gpus", "--force", "--wait", "--dry-run", "--scheduler", "--max-resumes", *SWEEP, "--help")
+RUN = ("--name", "--gpus", "--force", "--wait", "--dry-run", "--scheduler", "--max-resumes", "--val-split", *SWEEP,
+       "--help")
 #: The generic own options of a resume (``%tune_resume``, ``tune-magic resume``).
 RESUME = ("--name", "--gpus", "--wait", "--dry-run", "--fresh", "--scheduler", "--max-resumes", "--help")
 #: The generic own options of ``tune-magic cmd``.
-CMD = ("--json", "--gpus", "--job-id", "--scheduler", *SWEEP, "--help")
+CMD = ("--json", "--gpus", "--job-id", "--scheduler", "--val-split", *SWEEP, "--help")
 
 
 def check_sweep_options(own: Mapping[str, Any]) -> None:
@@ -153,7 +171,7 @@ def sweep_kwargs(own: Mapping[str, Any]) -> dict[str, Any]:
     generic ones; the caller adds the scheduler's): the magic's, the CLI's and the panel's."""
     return {"name": own.get("name"), "gpus": own.get("gpus"), "force": bool(own.get("force")),
             "max_parallel": own.get("max_parallel"), "gpus_per_trial": own.get("gpus_per_trial"),
-            "max_trials": own.get("max_trials"), "scheduler": own.get("scheduler")}
+            "max_trials": own.get("max_trials"), "scheduler": own.get("scheduler"), "val_split": own.get("val_split")}
 
 
 def generic(flag: str) -> Option:

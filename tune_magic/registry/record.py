@@ -70,6 +70,10 @@ class JobRecord:
     (:func:`overrides_of` then reads them from ``argv``).
     ``sweep`` is set for a trial of a sweep: ``{"id": sweep id, "trial": its index, "name": the
     sweep's name}`` (:mod:`tune_magic.sweeping.record`), else ``None``.
+    ``validation`` says how a job with a ``dataset_val`` validates: ``{"mode": "in_loop" |
+    "checkpoints", "every_n_steps": int | None}`` (:mod:`tune_magic.checkpoints.validation`), else
+    ``None``. ``evaluates`` is set on a job that evaluates another's checkpoint: ``{"job": its id,
+    "epoch": N of epoch_N, "step": the global step it was saved at}`` (:mod:`tune_magic.job.evaluate`).
     """
 
     id: str
@@ -121,6 +125,8 @@ class JobRecord:
     attempts: list[dict] = field(default_factory=list)
     max_resumes: int | None = None
     sweep: dict[str, Any] | None = None
+    validation: dict[str, Any] | None = None
+    evaluates: dict[str, Any] | None = None
     schema: int = SCHEMA
     extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -199,6 +205,7 @@ class JobRecord:
                 raise CorruptRecord(f"field {key!r} must be a positive integer")
         _check_relaunch_fields(kwargs)
         _check_sweep(kwargs.get("sweep"))
+        _check_evaluates(kwargs.get("evaluates"))
         for key in ("supervisor", "agent"):
             if kwargs.get(key) is not None:
                 kwargs[key] = parse_process_ref(kwargs[key])
@@ -229,6 +236,16 @@ def _check_sweep(sweep: dict | None) -> None:
     if sweep is not None and not (isinstance(sweep.get("id"), str) and isinstance(trial, int)
                                   and not isinstance(trial, bool) and isinstance(sweep.get("name", ""), str)):
         raise CorruptRecord("field 'sweep' must be {id, trial, name}")
+
+
+def _check_evaluates(evaluates: dict | None) -> None:
+    """Refuse an ``evaluates`` field that is not ``{job: str, epoch: int, step: int}`` (more keys are kept)."""
+    if evaluates is None:
+        return
+    ints = [evaluates.get(k) for k in ("epoch", "step")]
+    if not (isinstance(evaluates.get("job"), str)
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints)):
+        raise CorruptRecord("field 'evaluates' must be {job, epoch, step}")
 
 
 def finite_number(value: int | float) -> bool:
@@ -279,6 +296,7 @@ _FIELD_TYPES: dict[str, tuple[tuple, bool]] = {
     "overrides": ((list, type(None)), False), "resumed_from": (_OPT_STR, False), "resumed_by": (_OPT_STR, False),
     "resume_point": ((dict, type(None)), False), "attempts": ((list,), False),
     "max_resumes": ((int, type(None)), False), "sweep": ((dict, type(None)), False),
+    "validation": ((dict, type(None)), False), "evaluates": ((dict, type(None)), False),
 }
 
 

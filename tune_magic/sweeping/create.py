@@ -23,8 +23,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from tune_magic import schedulers
 from tune_magic.errors import PlanError, UserError, warn_launch
+from tune_magic.job.validation import validation_of
 from tune_magic.job.launch import (MAX_NAME_CHARS, dry_run_requested, launch, missing_inputs_error, register_trial,
-                                 state_error)
+                                   state_error)
 from tune_magic.config.checks import check_axis_items
 from tune_magic.plan.configview import resolve_dirs
 from tune_magic.plan.model import LaunchPlan
@@ -114,7 +115,7 @@ def sweep(args: "str | Sequence[str | Word]", *, name: str | None = None, gpus: 
           gpus_per_trial: "int | str | None" = None, max_parallel: "int | str | None" = None,
           max_trials: "int | str | None" = None, cwd: "str | os.PathLike | None" = None, force: bool = False,
           env: Mapping[str, str] | None = None, dry_run: bool | None = None, config_overlay: str | None = None,
-          scheduler: str | None = None, **options: Any) -> "Sweep | SweepDryRun":
+          scheduler: str | None = None, val_split: float | None = None, **options: Any) -> "Sweep | SweepDryRun":
     """Run a grid of trials, each a normal job, at most ``max_parallel`` at a time; return at once.
 
     Args:
@@ -150,7 +151,7 @@ def sweep(args: "str | Sequence[str | Word]", *, name: str | None = None, gpus: 
     if dry_run is not None and not isinstance(dry_run, bool):
         raise PlanError(f"dry_run={dry_run!r}: give True or False")
     inputs = _read_inputs(args, name=name, force=force, env=env, cwd=cwd, config_overlay=config_overlay,
-                          scheduler=scheduler, options=options)
+                          scheduler=scheduler, options=options, val_split=val_split)
     if dry_run is None:
         dry_run = dry_run_requested(inputs.env)
     return _sweep(inputs, name=name, gpus=gpus, gpus_per_trial=gpus_per_trial, max_parallel=max_parallel,
@@ -159,7 +160,7 @@ def sweep(args: "str | Sequence[str | Word]", *, name: str | None = None, gpus: 
 
 def preview(args: "str | Sequence[str | Word]", *, name: str | None = None, gpus=None, gpus_per_trial=None,
             max_parallel=None, max_trials=None, cwd=None, force: bool = False, env=None, config_overlay=None,
-            scheduler: str | None = None, **options: Any) -> SweepDryRun:
+            scheduler: str | None = None, val_split: float | None = None, **options: Any) -> SweepDryRun:
     """A quick dry run for previews (the launch panel): every check of :func:`sweep`, and the
     first trial's plan only (``plans`` holds one; ``len()`` is still the number of trials).
 
@@ -167,7 +168,7 @@ def preview(args: "str | Sequence[str | Word]", *, name: str | None = None, gpus
         PlanError: as :func:`sweep`.
     """
     inputs = _read_inputs(args, name=name, force=force, env=env, cwd=cwd, config_overlay=config_overlay,
-                          scheduler=scheduler, options=options)
+                          scheduler=scheduler, options=options, val_split=val_split)
     return _sweep(inputs, name=name, gpus=gpus, gpus_per_trial=gpus_per_trial, max_parallel=max_parallel,
                   max_trials=max_trials, force=force, dry_run=True, first_only=True)
 
@@ -194,7 +195,7 @@ def _sweep(inputs: "_Inputs", *, name, gpus, gpus_per_trial, max_parallel, max_t
     return _register(inputs, record)
 
 
-def _read_inputs(args, *, name, force, env, cwd, config_overlay, scheduler, options) -> _Inputs:
+def _read_inputs(args, *, name, force, env, cwd, config_overlay, scheduler, options, val_split=None) -> _Inputs:
     """Check the argument types and read the words, the cell body and the scheduler's options."""
     if name is not None and (not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME_CHARS):
         raise PlanError(f"name={name!r}: the sweep's name is a non-empty string of at most {MAX_NAME_CHARS} characters")
@@ -218,9 +219,23 @@ def _read_inputs(args, *, name, force, env, cwd, config_overlay, scheduler, opti
         if body.overrides:
             raise PlanError("config_overlay is the YAML text of a config mapping; give key=value overrides in args")
         overlay, body_axes = body.config_yaml, [(key, list(items)) for key, items in body.sweep]
-    return _Inputs(words=words, overlay=overlay, body_axes=body_axes, env=caller_env,
-                   cwd=os.path.abspath(os.getcwd() if cwd is None else os.fspath(cwd)), options=read,
-                   launch_options={k: v for k, v in options.items() if v is not None})
+    inputs = _Inputs(words=words, overlay=overlay, body_axes=body_axes, env=caller_env,
+                     cwd=os.path.abspath(os.getcwd() if cwd is None else os.fspath(cwd)), options=read,
+                     launch_options={k: v for k, v in options.items() if v is not None})
+    if val_split is not None:
+        inputs.words = inputs.words + _val_split_words(inputs, val_split)
+    return inputs
+
+
+def _val_split_words(inputs: _Inputs, fraction: float) -> list[Word]:
+    """``--val-split F`` as two more words of every trial (:func:`tune_magic.launch`'s ``val_split``),
+    read from the first trial's config; typed as quoted words, so their commas make no axis."""
+    from tune_magic.job.validation import val_split_words
+
+    plan = plan_sweep(inputs.words, body_axes=inputs.body_axes, max_trials=None)
+    first = launch(plan.args(0), cwd=inputs.cwd, env=inputs.env, dry_run=True, config_overlay=inputs.overlay,
+                   scheduler=inputs.options.scheduler, **inputs.launch_options)
+    return [Word(w, frozenset(range(w.index("=") + 1, len(w)))) for w in val_split_words(first, fraction)]
 
 
 def _check(inputs: _Inputs, sweep_id: str, *, name, gpus, gpus_per_trial, max_parallel, max_trials, force, real):
@@ -244,6 +259,11 @@ def _check(inputs: _Inputs, sweep_id: str, *, name, gpus, gpus_per_trial, max_pa
         missing = resolve_dirs(first, cwd=inputs.cwd).missing_inputs
         if missing:
             raise PlanError(missing_inputs_error(first, missing, "every trial"))
+        validation, cfg = validation_of(first)
+        if validation is not None:
+            from tune_magic.job.validation import check_dataset_val
+
+            check_dataset_val(first, cfg, cwd=inputs.cwd, env=inputs.env)
     return plan, slots, first, extra
 
 

@@ -42,7 +42,7 @@ def _cmd(argv: Sequence[str]) -> int:
         return _cmd_sweep(own, rest)
     launchopts.check_sweep_options(own)
     plan = launch(rest, gpus=own.get("gpus"), dry_run=True, scheduler=own.get("scheduler"),
-                  job_id=own.get("job_id"), **scheduler_values(own))
+                  job_id=own.get("job_id"), val_split=own.get("val_split"), **scheduler_values(own))
     if own.get("job_id") is None:
         print(f"tune-magic cmd: built for the new id {plan.job_id}; tune-magic run picks its own id",
               file=sys.stderr)
@@ -143,7 +143,8 @@ def _run(argv: Sequence[str]) -> int:
         return _run_sweep(own, rest)
     launchopts.check_sweep_options(own)
     result = launch(rest, name=own.get("name"), gpus=own.get("gpus"), force=bool(own.get("force")),
-                    scheduler=own.get("scheduler"), max_resumes=own.get("max_resumes"), **scheduler_values(own))
+                    scheduler=own.get("scheduler"), max_resumes=own.get("max_resumes"), val_split=own.get("val_split"),
+                    **scheduler_values(own))
     if not hasattr(result, "id"):  # TUNE_MAGIC_DRY_RUN=1: a plan, nothing started
         print(result.command_line())
         print_warnings("run", result.warnings)
