@@ -368,6 +368,42 @@ class Job:
 
         return [p for p in self.metric_points() if p.name == VAL_LOSS]
 
+    def checkpoints(self) -> list:
+        """The job's checkpoints, by epoch: one :class:`tune_magic.checkpoints.catalog.Checkpoint`
+        per ``epoch_N/`` of its ``output_dir`` (epoch, path, files, bytes on disk, kind: ``full`` /
+        ``lora_merged`` / ``adapter_only``, complete or not, the step it was saved at, its
+        ``val_loss`` when evaluated, ``needed_by_resume``), and one per checkpoint retention removed
+        (``pruned``: when, and the bytes freed). Reads files only, never with torch."""
+        from tune_magic.job.checkpoints import checkpoints_of
+
+        return checkpoints_of(self)
+
+    def export(self, dest, checkpoint: "str | int" = "best"):
+        """Copy one checkpoint (``"best"``: the lowest validation loss, ``"last"``, ``"epoch_N"``)
+        with the job's tokenizer and configs into the new folder ``dest``, in the Hugging Face layout
+        where the checkpointer wrote one, with a README saying how to load it; return the
+        :class:`tune_magic.checkpoints.export.ExportResult`.
+
+        Raises:
+            CheckpointError: an unknown, pruned or incomplete checkpoint, none evaluated for
+                ``"best"``, or a ``dest`` that exists and is not empty.
+        """
+        from tune_magic.job.checkpoints import export_of
+
+        return export_of(self, dest, checkpoint)
+
+    def ensure_keeper(self, env=None) -> bool:
+        """Start this job's keeper (:mod:`tune_magic.job.keeper`: it evaluates the job's checkpoints
+        and applies its retention) when the job needs one, none runs and it is not done; return
+        whether one was started. The launch calls it; a card and ``wait`` call it again, so a keeper
+        that died (a reboot) goes on. Never raises for a keeper that cannot start."""
+        from tune_magic.job.keeper import ensure
+
+        try:
+            return ensure(self, env=env)
+        except OSError:
+            return False
+
     def val_summary(self):
         """What listings show of the job's validation losses (latest, best, evaluations pending or
         failed): :class:`tune_magic.checkpoints.validation.ValSummary`, or ``None`` when the job does
