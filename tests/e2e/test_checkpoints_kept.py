@@ -176,3 +176,15 @@ def test_an_export_loads_in_transformers_and_answers_the_fact(tiny_assets, tmp_p
                        capture_output=True, text=True, timeout=TIMEOUT)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == A.FACT_ANSWER
+
+
+def test_a_sweeps_trials_each_keep_their_newest_checkpoint(tiny_assets, cleanup_jobs):
+    sweep = tune_magic.sweep(f"{BUILTIN_LORA} epochs=3 max_steps_per_epoch=2 seed=1,2", max_parallel=2,
+                             keep_checkpoints=1)
+    assert sweep.record.keep_checkpoints == 1
+    assert sweep.wait(TIMEOUT) == {"succeeded": 2}
+    for job in sweep.jobs:
+        cleanup_jobs.append(job)
+        assert job.record.keep_checkpoints == 1
+        _wait_keeper(job)
+        assert [(c.epoch, c.pruned is not None) for c in job.checkpoints()] == [(0, True), (1, False), (2, False)]
