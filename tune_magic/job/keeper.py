@@ -103,6 +103,7 @@ class Keeper:
         self.evaluated = {e["epoch"] for e in read_evaluations(job_dir)}
         self.pruned = {e["epoch"] for e in read_pruned(job_dir)}
         self.waiting: str | None = None
+        self._in_loop: tuple[int, dict[int, float]] | None = None  # (log offset, in-loop val losses then)
 
     @property
     def evaluates(self) -> bool:
@@ -165,7 +166,11 @@ class Keeper:
                     {e.epoch for e in evals if e.status in ("pending", "running")})
         if self.plan is None:
             return {}, set()
-        return val_losses(self.job, self.steps), set()
+        # in the recipe's loop: read again only once the log grew (a look every second otherwise
+        # re-reads the whole metric file of a long run)
+        if self._in_loop is None or self._in_loop[0] != self.offset:
+            self._in_loop = (self.offset, val_losses(self.job, self.steps))
+        return self._in_loop[1], set()
 
     def _retain(self, checkpoints: list) -> None:
         """Remove what retention allows now (module docstring, step 3)."""
