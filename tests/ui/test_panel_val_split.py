@@ -79,3 +79,19 @@ def test_a_sweep_gets_the_fraction_in_its_preview_and_its_launch(tmp_path, monke
         k: v for k, v in kw.items() if k != "name"}))
     panel.launch_button.click()
     assert calls[0]["val_split"] == 0.1 and "dry run" in panel.error.value
+
+
+# -- the magic's and the CLI's --val-split hand on the word as typed --------------------------------
+
+def test_the_magic_and_the_cli_read_val_split_as_typed(tmp_path, ip, capsys, monkeypatch):
+    from tune_magic.ui import cli
+
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    ip.run_cell_magic("tune_run", "--dry-run --val-split 0.1 lora_finetune --config tiny/lora", "max_steps_per_epoch=4")
+    shown = capsys.readouterr().out
+    assert "dataset.split=train[:90%]" in shown and "train[90%:]" in shown
+    cli.main(["cmd", "--val-split", "0.2", "lora_finetune", "--config", "tiny/lora"])
+    assert "dataset.split=train[:80%]" in capsys.readouterr().out
+    assert cli.main(["cmd", "--val-split", "0.123", "lora_finetune", "--config", "tiny/lora"]) == 2
+    assert "whole percents; give e.g. --val-split 0.12" in capsys.readouterr().err
