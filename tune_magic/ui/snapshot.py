@@ -210,7 +210,8 @@ class JobSnapshot:
                           ""))
         if run.throughput is not None:
             parts.append(("tm-throughput", f"{fmt_rate(run.throughput)} tokens/s/GPU", ""))
-        running = [e for e in self.evaluations if e.status in ("pending", "running")]
+        # (one whose value is written is done for the reader, however long its process takes to exit)
+        running = [e for e in self.evaluations if e.status in ("pending", "running") and e.val_loss is None]
         if running:
             parts.append(("tm-evaluating", "evaluating " + ", ".join(f"epoch_{e.epoch} (job {e.job_id})"
                                                                      for e in running), ""))
