@@ -154,8 +154,9 @@ def val_summary_of(job, summary=None) -> "validation.ValSummary | None":
 
 def summary_of_evaluations(evals: "list[Evaluation] | tuple[Evaluation, ...]") -> "validation.ValSummary":
     """The :class:`~tune_magic.checkpoints.validation.ValSummary` of a job's evaluations: their
-    values by step, how many are queued or running, how many ended without a value."""
-    live = sum(1 for e in evals if e.status in LIVE)
+    values by step, how many are queued or running (one whose value is written is done, however
+    long its process takes to exit), how many ended without a value."""
+    live = sum(1 for e in evals if e.status in LIVE and e.val_loss is None)
     failed = sum(1 for e in evals if e.val_loss is None and e.status not in LIVE)
     return validation.ValSummary.of_points([(e.step, e.val_loss) for e in evals if e.val_loss is not None],
                                            pending=live, failed=failed)

@@ -24,11 +24,18 @@ EXIT_USAGE = 2
 
 
 def end_line(job) -> str:
-    """One line saying how a job ended: status, last step and loss, the reason on failure."""
+    """One line saying how a job ended: status, last step and loss, its validation loss (the best,
+    the latest where it differs), the reason on failure."""
+    from tune_magic.job.evaluate import val_summary_of
+    from tune_magic.ui.tablecols import val_text
+
     s = job.summary()
     parts = [f"job {job.id} {job.status.label}"]
     if s.step is not None:
         parts.append(f"step {s.step}" + (f" loss {s.loss:.6g}" if s.loss is not None else ""))
+    val = val_text(val_summary_of(job, summary=s), 6)
+    if val:
+        parts.append(f"val loss {val}")
     if job.status in ("failed", "stopped") and job.error:
         parts.append(escape(job.error))
     elif job.status == "stopped":  # a user's stop, whatever the engine said of the job's end

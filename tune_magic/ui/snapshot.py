@@ -61,6 +61,21 @@ def val_fields(in_loop: dict[int, float], evaluations: tuple, max_points: int) -
                 val=val if points or evaluations else None, evaluations=tuple(evaluations))
 
 
+def evaluation_note(e) -> str | None:
+    """What a card, ``--wait`` and the CLI say of an evaluation of a checkpoint
+    (:class:`tune_magic.job.evaluate.Evaluation`) that ended without a value (it never makes the job
+    failed): ``evaluation of epoch_1 failed: <reason>; tune-magic logs <id> --error``; ``None`` for
+    one with its value, one still to end, or one whose job was removed."""
+    if e.val_loss is not None or e.status in ("pending", "running", "removed"):
+        return None
+    if e.job_id is None:
+        return f"evaluation of epoch_{e.epoch} could not start: {e.error or 'no reason recorded'}"
+    if e.status == "failed":
+        return f"evaluation of epoch_{e.epoch} failed: {e.error or 'see its log'}; tune-magic logs {e.job_id} --error"
+    why = f": {e.error}" if e.error else ""  # stopped, outcome unknown, or succeeded without writing its value
+    return f"evaluation of epoch_{e.epoch} {status_label(e.status)} without a value{why}; tune-magic logs {e.job_id}"
+
+
 def status_label(status: str) -> str:
     """A status as listings show it (``unknown`` -> ``"outcome unknown"``; any other text as is)."""
     try:
@@ -265,22 +280,8 @@ class JobSnapshot:
         return out
 
     def evaluation_notes(self) -> list[str]:
-        """A line for each evaluation of a checkpoint that ended without a value (it never makes
-        the job failed): ``evaluation of epoch_1 failed: <reason>; tune-magic logs <id> --error``."""
-        out = []
-        for e in self.evaluations:
-            if e.val_loss is not None or e.status in ("pending", "running", "removed"):
-                continue
-            if e.job_id is None:
-                out.append(f"evaluation of epoch_{e.epoch} could not start: {e.error or 'no reason recorded'}")
-            elif e.status == "failed":
-                out.append(f"evaluation of epoch_{e.epoch} failed: {e.error or 'see its log'}; "
-                           f"tune-magic logs {e.job_id} --error")
-            else:  # stopped, outcome unknown, or succeeded without writing its value
-                why = f": {e.error}" if e.error else ""
-                out.append(f"evaluation of epoch_{e.epoch} {status_label(e.status)} without a value{why}; "
-                           f"tune-magic logs {e.job_id}")
-        return out
+        """A line for each evaluation of a checkpoint that ended without a value (:func:`evaluation_note`)."""
+        return [n for n in map(evaluation_note, self.evaluations) if n]
 
     def summary(self) -> str:
         """A plain-text rendering (terminals, nbconvert, ``--wait``)."""
