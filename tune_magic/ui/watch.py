@@ -128,7 +128,10 @@ class JobWatcher(Watcher):
     debounce. A replaced record (the job ended, failed or was stopped) is shown at once. While
     nothing wakes it, it polls on the wall clock's whole seconds, so the idle cards of a process
     wake together. A poll that finds the log, the metric file and the record as they were
-    (one ``stat`` each) reads nothing.
+    (one ``stat`` each) reads nothing. A job whose checkpoints are evaluated by jobs of their own
+    (:attr:`evals`) is followed until no evaluation is to come, its evaluator started again should
+    it have died, at least every ``max_interval_s / 2`` while one is queued or running (their result
+    files wake nothing: a ``stat`` each a poll, :class:`~tune_magic.job.evaluate.EvaluationFollower`).
 
     Args:
         job: the job to follow.
