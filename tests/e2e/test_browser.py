@@ -1011,6 +1011,7 @@ VAL_CELLS = [
     # torchtune's own recipe: each epoch_N/ it saves is evaluated by a job of its own
     ("code", "%%tune_run --name by-checkpoint --val-split 0.1 lora_finetune_single_device --config "
              "tiny/builtin_lora_single\nepochs=3\nmax_steps_per_epoch=4"),
+    ("code", "%tune_jobs --last 5"),  # the two jobs and the three evaluations of by-checkpoint's checkpoints
 ]
 # each curve of a card's chart: its line's colour, its markers and their colour, as drawn
 _VAL_CURVES_JS = """el => [...el.querySelectorAll('svg g.curve')].map(g => {
@@ -1070,6 +1071,24 @@ def test_validation_curves_on_cards_in_jupyterlab(lab, page, new_jobs):
     for i, (name, card) in enumerate((("in-loop", in_loop), ("by-checkpoint", by_checkpoint)), start=1):
         _charts_laid_out(card)
         _shot(page, f"validation/{i:02d}-{name}", card)
+
+    # the jobs table: a val loss column after the loss; each evaluation's row says what it validates
+    table = page.locator(".tune-magic-jobs").first
+    train_id = by_checkpoint.locator("code").first.inner_text().strip()
+    evals = tune_magic.get_job(train_id).evaluations()
+    best = min(e.val_loss for e in evals)
+    heads = table.evaluate("t => [...t.querySelectorAll('.tm-cell-head')].filter(h => h.offsetParent !== null)"
+                           ".map(h => h.textContent.trim())")
+    assert heads[:7] == ["id", "name", "status", "step", "loss", "val loss", "elapsed"], heads
+    val_of = ("([t, id]) => { const i = [...t.querySelectorAll('.tm-cell-id')].findIndex(e => e.textContent.trim() "
+              "=== id); return t.querySelectorAll('.tm-cell-val')[i].textContent.trim(); }")
+    shown = wait_for(lambda: (lambda v: v if v == f"{best:.5g}" else None)(table.evaluate(
+        f"t => ({val_of})([t, {json.dumps(train_id)}])")), 30, what="the training job's best val loss in the table")
+    assert shown == f"{best:.5g}"
+    for e in evals:
+        r = wait_for(lambda: _row(table, e.job_id), 30, what=f"evaluation row {e.job_id}")
+        assert r["reason"] == f"validates epoch_{e.epoch} (step {e.step}) of job {train_id}" and r["reason_shown"], r
+    _shot(page, "validation/03-jobs-table", table)
     for width, height in VIEWPORTS:  # never wider than its room
         page.set_viewport_size({"width": width, "height": height})
         time.sleep(1)

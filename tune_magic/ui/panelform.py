@@ -20,7 +20,7 @@ def val_split_field() -> widgets.Text:
     """The ``--val-split`` field: the fraction of the training data held out as ``dataset_val``
     (e.g. ``0.1``); blank: no validation but the config's own."""
     opt = generic("--val-split")
-    return widgets.Text(placeholder="e.g. 0.1 (blank: the config's own dataset_val, if any)", description="val split",
+    return widgets.Text(placeholder="e.g. 0.1 (blank: not asked)", description="val split",
                         tooltip=opt.help, layout=widgets.Layout(width="100%", max_width="34em", margin=MARGIN))
 
 
