@@ -997,3 +997,103 @@ def test_sweep_card_in_jupyterlab(lab, page, new_jobs, new_sweeps):
         _shot(page, f"sweeps/05-sweep-{width}", grid)
     errors = [line for line in page.tm_console if line.startswith("[pageerror]")]
     assert not errors, errors
+
+
+VALIDATION = ARTIFACTS / "validation"
+#: the validation loss's colour on a card's chart (tune_magic.ui.charts.VAL_COLOUR) as the browser computes it
+VAL_RGB = "rgb(255, 127, 14)"
+VAL_CELLS = [
+    ("markdown", "# tune_magic browser test: validation losses on the cards"),
+    ("code", "%load_ext tune_magic\nimport tune_magic\ntune_magic.make_assets();"),
+    # our recipe validates in its loop: every 2 steps and at the epoch's end
+    ("code", "%%tune_run --name in-loop --val-split 0.1 lora_finetune --config tiny/lora\nmax_steps_per_epoch=8\n"
+             "optimizer.lr=1e-2\nrun_val_every_n_steps=2"),
+    # torchtune's own recipe: each epoch_N/ it saves is evaluated by a job of its own
+    ("code", "%%tune_run --name by-checkpoint --val-split 0.1 lora_finetune_single_device --config "
+             "tiny/builtin_lora_single\nepochs=3\nmax_steps_per_epoch=4"),
+    ("code", "%tune_jobs --last 5"),  # the two jobs and the three evaluations of by-checkpoint's checkpoints
+]
+# each curve of a card's chart: its line's colour, its markers and their colour, as drawn
+_VAL_CURVES_JS = """el => [...el.querySelectorAll('svg g.curve')].map(g => {
+    const path = g.querySelector('path.line'), dots = [...g.querySelectorAll('path.dot')];
+    const style = n => n ? getComputedStyle(n) : null;
+    return {stroke: path ? style(path).stroke : null, line: path ? (path.getAttribute('d') || '').length : 0,
+            dots: dots.length, dot_fill: dots.length ? style(dots[0]).fill : null,
+            dot_stroke: dots.length ? style(dots[0]).stroke : null,
+            dot_boxes: dots.map(d => { const b = d.getBoundingClientRect(); return [b.width, b.height]; })};
+})"""
+_LEGEND_JS = """el => { const l = el.querySelector('.tm-legend');
+    return l && l.offsetParent !== null ? [...l.querySelectorAll('.tm-legend-item')].map(i => ({
+        text: i.textContent.trim(), colour: getComputedStyle(i.firstElementChild).color})) : null; }"""
+
+
+def _val_curve(card) -> dict | None:
+    """The card's val_loss curve as drawn: the curve in the validation colour, or None."""
+    return next((c for c in card.evaluate(_VAL_CURVES_JS) if VAL_RGB in (c["stroke"], c["dot_fill"], c["dot_stroke"])),
+                None)
+
+
+@pytest.mark.timeout(420)
+def test_validation_curves_on_cards_in_jupyterlab(lab, page, new_jobs):
+    VALIDATION.mkdir(parents=True, exist_ok=True)
+    for old in VALIDATION.glob("*.png"):
+        old.unlink()
+    _run_all(page, lab, "validation_test.ipynb", VAL_CELLS)
+    cards = page.locator(".tune-magic-card")
+    wait_for(lambda: cards.count() == 2, CARDS_S, what="two job cards",
+             describe=lambda: page.locator(".jp-OutputArea").all_inner_texts())
+    in_loop, by_checkpoint = cards.nth(0), cards.nth(1)
+    assert "Error displaying widget" not in page.locator(".jp-Notebook").inner_text()
+
+    # torchtune's recipe: the card says which checkpoint is being evaluated, by which job
+    evaluating = wait_for(lambda: (lambda p: p if "evaluating epoch_" in p else None)(
+        _card_state(by_checkpoint)["progress"] or ""), STEPS_S, interval=0.3, what="'evaluating epoch_N (job ID)'",
+        describe=lambda: json.dumps(_card_state(by_checkpoint), indent=1))
+    assert re.search(r"evaluating epoch_\d \(job \d{8}-\d{6}-[0-9a-f]{6}\)", evaluating), evaluating
+
+    # our recipe: the validation losses as their own series, with the legend naming both curves
+    for card in (in_loop, by_checkpoint):
+        card.locator(".tm-status", has_text="succeeded").wait_for(timeout=STEPS_S * MS)
+    wanted = {in_loop: 4, by_checkpoint: 3}  # steps 2, 4, 6, 8; the checkpoints of steps 4, 8, 12
+    for card, n in wanted.items():
+        curve = wait_for(lambda: (lambda c: c if c and c["dots"] == n else None)(_val_curve(card)), STEPS_S,
+                         what=f"{n} val_loss points drawn", describe=lambda: json.dumps(card.evaluate(_VAL_CURVES_JS)))
+        assert curve["line"] > 0  # joined by a line in its colour
+        assert all(w >= 5 and h >= 5 for w, h in curve["dot_boxes"]), curve  # a visible marker at each point
+        legend = card.evaluate(_LEGEND_JS)
+        assert [i["text"] for i in legend] == ["━●━ loss", "━■━ val_loss"], legend
+        assert legend[1]["colour"] == VAL_RGB and legend[0]["colour"] != VAL_RGB, legend
+        loss_curve = next(c for c in card.evaluate(_VAL_CURVES_JS) if c["dots"] >= 8 and c is not curve)
+        assert loss_curve["stroke"] != VAL_RGB, loss_curve  # the loss curve keeps its own colour
+        progress = wait_for(lambda: (lambda p: p if "evaluating" not in p else None)(_card_state(card)["progress"]),
+                            30, what="no evaluation left", describe=lambda: _card_state(card)["progress"])
+        assert re.search(r"loss [\d.]+ · val loss [\d.]+( · best [\d.]+ \(step \d+\))? ·", progress), progress
+    for i, (name, card) in enumerate((("in-loop", in_loop), ("by-checkpoint", by_checkpoint)), start=1):
+        _charts_laid_out(card)
+        _shot(page, f"validation/{i:02d}-{name}", card)
+
+    # the jobs table: a val loss column after the loss; each evaluation's row says what it validates
+    table = page.locator(".tune-magic-jobs").first
+    train_id = by_checkpoint.locator("code").first.inner_text().strip()
+    evals = tune_magic.get_job(train_id).evaluations()
+    best = min(e.val_loss for e in evals)
+    heads = table.evaluate("t => [...t.querySelectorAll('.tm-cell-head')].filter(h => h.offsetParent !== null)"
+                           ".map(h => h.textContent.trim())")
+    assert heads[:7] == ["id", "name", "status", "step", "loss", "val loss", "elapsed"], heads
+    val_of = ("([t, id]) => { const i = [...t.querySelectorAll('.tm-cell-id')].findIndex(e => e.textContent.trim() "
+              "=== id); return t.querySelectorAll('.tm-cell-val')[i].textContent.trim(); }")
+    shown = wait_for(lambda: (lambda v: v if v == f"{best:.5g}" else None)(table.evaluate(
+        f"t => ({val_of})([t, {json.dumps(train_id)}])")), 30, what="the training job's best val loss in the table")
+    assert shown == f"{best:.5g}"
+    for e in evals:
+        r = wait_for(lambda: _row(table, e.job_id), 30, what=f"evaluation row {e.job_id}")
+        assert r["reason"] == f"validates epoch_{e.epoch} (step {e.step}) of job {train_id}" and r["reason_shown"], r
+    _shot(page, "validation/03-jobs-table", table)
+    for width, height in VIEWPORTS:  # never wider than its room
+        page.set_viewport_size({"width": width, "height": height})
+        time.sleep(1)
+        in_loop.evaluate("el => el.scrollIntoView({block: 'start'})")
+        time.sleep(0.7)
+        assert _too_wide(page) == [], (width, _too_wide(page))
+    errors = [line for line in page.tm_console if line.startswith("[pageerror]")]
+    assert not errors, errors

@@ -63,6 +63,33 @@ def texts(nb, cell_id: str, kind: str | None = None) -> list[str]:
             if o.output_type in ("display_data", "execute_result") and (kind is None or o.output_type == kind)]
 
 
+def widget_tree(state: dict, model_id: str) -> list[dict]:
+    """Every widget model under ``model_id`` in a notebook's saved widget state (itself first)."""
+    out, todo = [], [model_id]
+    while todo:
+        model = state[todo.pop(0).removeprefix("IPY_MODEL_")]
+        out.append(model)
+        for value in model["state"].values():
+            for ref in value if isinstance(value, list) else [value]:
+                if isinstance(ref, str) and ref.startswith("IPY_MODEL_") and ref.removeprefix("IPY_MODEL_") in state:
+                    todo.append(ref)
+    return out
+
+
+def layout_of(state: dict, model: dict) -> dict:
+    return state[model["state"]["layout"].removeprefix("IPY_MODEL_")]["state"]
+
+
+def array_of(model: dict, name: str):
+    """A bqplot mark's array trait (``x``, ``y``) from the saved state's base64 buffer."""
+    import base64
+
+    import numpy as np
+
+    (buf,) = [b for b in model["buffers"] if b["path"] == [name, "value"]]
+    return np.frombuffer(base64.b64decode(buf["data"]), dtype=model["state"][name]["dtype"])
+
+
 def launched_id(nb, cell_id: str) -> str:
     """The job id in a %%tune_run cell's result (``<Job ID 'name' status>``)."""
     (result,) = texts(nb, cell_id, "execute_result")
@@ -120,8 +147,33 @@ def test_quickstart_through_the_demo(tmp_path, tiny_assets):
     for text, job in zip(cards, (a, b)):
         assert text.startswith(f"job {job.id} ({job.name}): succeeded")
         assert f"rendezvous {job.rendezvous_endpoint}" in text
-        # where the run is: epoch of epochs, step of steps, loss, steps this epoch, how long it took
-        assert re.search(r"^epoch 1/1 · step 8/8 · loss \d+\.\d+ · 8/8 this epoch · took \d+:\d\d( |$)", text, re.M), text
+        # where the run is: epoch of epochs, step of steps, loss, the validation loss (the latest, and
+        # the best where it is another step's), steps this epoch, how long it took
+        assert re.search(r"^epoch 1/1 · step 8/8 · loss \d+\.\d+ · val loss \d+\.\d+( · best \d+\.\d+ \(step [246]\))? · "
+                         r"8/8 this epoch · took \d+:\d\d( |$)", text, re.M), text
+    # the validation losses (--val-split 0.1, run_val_every_n_steps=2): every 2 steps, 8 the epoch's end
+    for job in (a, b):
+        assert job.record.validation == {"mode": "in_loop", "every_n_steps": 2}
+        assert "dataset.split=train[:90%]" in job.argv and [p.step for p in job.validation_points()] == [2, 4, 6, 8]
+    printed = {line.split()[0]: line.split()[2:] for line in stdout(nb, "val-points").splitlines()}
+    for job in (a, b):
+        assert printed[job.name] == [w for p in job.validation_points() for w in (f"{p.step}:", f"{p.value:.4f}")]
+        shown = next(t for t in cards if t.startswith(f"job {job.id} "))
+        assert "val_loss by step: " + " · ".join(f"{p.step}: {p.value:.5g}" for p in job.validation_points()) in shown
+    # the cards' charts, as the notebook keeps their widget state: val_loss is a series of its own
+    # (its colour, a square at each point, the legend above the chart naming loss and val_loss)
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    for output, job in zip([o for o in cell(nb, "cards").outputs if o.output_type == "display_data"], (a, b)):
+        card = widget_tree(state, output.data["application/vnd.jupyter.widget-view+json"]["model_id"])
+        legend = next(m for m in card if "tm-legend" in m["state"].get("value", ""))
+        assert re.findall(r"</span> ([^<]*)</span>", legend["state"]["value"]) == ["loss", "val_loss"]
+        assert legend["state"]["layout"] is not None and layout_of(state, legend)["display"] is None
+        (val,) = [m for m in card if m["model_name"] == "LinesModel" and m["state"]["labels"] == ["val_loss"]]
+        (loss,) = [m for m in card if m["model_name"] == "LinesModel" and m["state"]["labels"] == ["loss"]]
+        assert val["state"]["colors"] != loss["state"]["colors"] and val["state"]["marker"] == "square"
+        points = job.validation_points()
+        assert array_of(val, "x").tolist() == [p.step for p in points]
+        assert array_of(val, "y").tolist() == pytest.approx([p.value for p in points])
     rows = table_rows(texts(nb, "jobs")[0])
     assert rows[ida][:3] == ["lr-1e-2", "succeeded", "8"] and rows[idb][:3] == ["lr-2e-3", "succeeded", "8"]
     table = [line.split() for line in stdout(nb, "compare-table").splitlines()]

@@ -297,17 +297,22 @@ def test_tune_jobs_magic_takes_the_filters(root, ip, capsys):
             ip.run_line_magic("tune_jobs", bad)
 
 
+def optional_heads(table) -> list:
+    """The headers of the optional columns started, scheduler and engine id, in order."""
+    return [table._heads[k] for k in ("started", "scheduler", "engine")]
+
+
 def test_the_engine_id_column_with_nodes_and_the_scheduler_column_appear_when_needed(root):
     make(root, "a-local", started=time.time() - 50)
     table = JobsTable(live=False)
-    assert [h.layout.display for h in table._header[6:9]] == [None, "none", "none"]  # started only
+    assert [h.layout.display for h in optional_heads(table)] == [None, "none", "none"]  # started only
     assert table.grid.layout.grid_template_columns == "auto auto repeat(5, max-content) minmax(76px, max-content)"
     make(root, "b-slurm", scheduler="slurm", backend={"job_id": "4242"}, nodes=["n1", "n2"], num_nodes=2,
          started=time.time() - 10)
     table.refresh_once()
-    heads = [re.sub(r"<br>", " / ", h.value) for h in table._header[6:9]]
+    heads = [re.sub(r"<br>", " / ", h.value) for h in optional_heads(table)]
     assert [re.sub(r"<[^>]+>", "", h) for h in heads] == ["started", "scheduler", "SLURM ID / nodes"]
-    assert [h.layout.display for h in table._header[6:9]] == [None] * 3
+    assert [h.layout.display for h in optional_heads(table)] == [None] * 3
     # the scheduler, engine id and nodes wrap in a narrow notebook (auto), the others keep their width
     assert table.grid.layout.grid_template_columns == "auto auto repeat(5, max-content) auto auto minmax(76px, max-content)"
     row = table.rows["b-slurm"]
@@ -326,7 +331,7 @@ def test_the_engine_id_column_with_nodes_and_the_scheduler_column_appear_when_ne
 def test_a_table_built_with_an_engine_id_job_shows_its_column_from_the_start(root):
     make(root, "s-slurm", scheduler="slurm", backend={"job_id": "99"}, nodes=["n1"])
     table = JobsTable(live=False)
-    assert [re.sub(r"<[^>]+>", "", h.value.replace("<br>", " / ")) for h in table._header[6:9]
+    assert [re.sub(r"<[^>]+>", "", h.value.replace("<br>", " / ")) for h in optional_heads(table)
             if h.layout.display is None] == ["started", "SLURM ID / nodes"]  # one scheduler listed: no scheduler column
     assert re.sub(r"<[^>]+>", " ", table.rows["s-slurm"]["engine"].value).split() == ["99", "n1"]
 

@@ -155,12 +155,18 @@ def plan_validation(cfg: Any, recipe: str, recipe_name: str | None = None) -> Va
 
 
 def check_fraction(fraction: Any) -> int:
-    """``--val-split F`` read: return the whole percent 100·F.
+    """``--val-split F`` read: return the whole percent 100·F. F is a number, or its text as the
+    magic's and the CLI's option parser hand it on (``"0.1"``).
 
     Raises:
         PlanError: F not a number strictly between 0 and 1, or not a whole percent (Hugging Face
             slices datasets by whole percents).
     """
+    if isinstance(fraction, str):
+        try:
+            fraction = float(fraction.strip())
+        except ValueError:
+            pass
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
         raise PlanError(f"--val-split {fraction!r}: give the fraction of the training data to hold out, "
                         "between 0 and 1, e.g. --val-split 0.1")

@@ -392,6 +392,15 @@ class Job:
 
         return export_of(self, dest, checkpoint)
 
+    def keeper_state(self) -> str:
+        """Where this job's keeper (:mod:`tune_magic.job.keeper`) is: ``"done"`` (nothing left to do),
+        ``"running"`` (a process holds its lock) or ``"none"`` (never started, or died)."""
+        from tune_magic.job.keeper import KEEPER_DONE, keeper_alive
+
+        if (self.dir / KEEPER_DONE).exists():
+            return "done"
+        return "running" if keeper_alive(self.dir) else "none"
+
     def ensure_keeper(self, env=None) -> bool:
         """Start this job's keeper (:mod:`tune_magic.job.keeper`: it evaluates the job's checkpoints
         and applies its retention) when the job needs one, none runs and it is not done; return

@@ -15,7 +15,9 @@ never fails the job.
 from __future__ import annotations
 
 import json
+import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -28,6 +30,8 @@ from tune_magic.registry.record import JobRecord, overrides_of
 
 #: One line per checkpoint given an evaluation: ``{"epoch", "step", "job"}`` or ``{"epoch", "step", "error"}``.
 EVALUATIONS = "evaluations.jsonl"
+#: An evaluation's statuses while it is queued or running.
+LIVE = ("pending", "running")
 
 
 # -- the evaluations of a job ----------------------------------------------------------------------
@@ -85,39 +89,183 @@ def evaluations_of(job_dir: Path) -> list[Evaluation]:
         try:
             job = Job(jobstore.job_dir(job_id, job_dir.parent))
             record = job.refresh().record
-        except Exception:  # noqa: BLE001 - removed or damaged: what the line says is all there is
+        except Exception:  # noqa: BLE001 - damaged: what the line says is all there is
+            job = None
+        if job is None or _removed(job):
             out[epoch] = Evaluation(epoch, step, job_id, "removed")
             continue
-        result = validation.read_result(record.output_dir)
-        value = float(result["val_loss"]) if result is not None else None
-        error = record.error if record.state.value in ("failed", "stopped", "unknown") else None
-        out[epoch] = Evaluation(epoch, step, job_id, record.state.value, value, error)
+        out[epoch] = evaluation(epoch, step, job_id, record, validation.read_result(record.output_dir))
     return [out[k] for k in sorted(out)]
+
+
+def _removed(job) -> bool:
+    """Whether an evaluation's job is gone (``tune-magic rm``): a Job of a missing directory reads
+    as a damaged record whose processes may live, so its directory is asked."""
+    return job.damaged and not job.dir.is_dir()
+
+
+def evaluation(epoch: int, step: int, job_id: str, record: JobRecord,
+               result: Mapping[str, Any] | None) -> Evaluation:
+    """One checkpoint's :class:`Evaluation` from its job's record and its result file's content
+    (:func:`~tune_magic.checkpoints.validation.read_result`, ``None`` while not written)."""
+    value = float(result["val_loss"]) if result is not None else None
+    error = record.error if record.state.value in ("failed", "stopped", "unknown") else None
+    return Evaluation(epoch, step, job_id, record.state.value, value, error)
 
 
 def evaluation_points(evaluations: list[Evaluation]) -> list:
     """The ``val_loss`` metric points of evaluations with a result (``source`` ``"evaluation"``,
     ``epoch`` the checkpoint's 1-based epoch, at the step it was saved)."""
-    from tune_magic.logs.points import MetricPoint
+    from tune_magic.logs.points import SOURCE_EVALUATION, MetricPoint
 
-    return [MetricPoint(e.step, validation.VAL_LOSS, e.val_loss, e.epoch + 1, "evaluation")
+    return [MetricPoint(e.step, validation.VAL_LOSS, e.val_loss, e.epoch + 1, SOURCE_EVALUATION)
             for e in evaluations if e.val_loss is not None]
 
 
-def val_summary_of(job) -> "validation.ValSummary | None":
+def is_evaluated(record: JobRecord) -> bool:
+    """Whether the job's checkpoints are evaluated by jobs of their own (its record's ``validation``
+    mode is :data:`~tune_magic.checkpoints.validation.CHECKPOINTS`)."""
+    plan = validation.ValidationPlan.from_record(record.validation)
+    return plan is not None and plan.mode == validation.CHECKPOINTS
+
+
+def val_summary_of(job, summary=None) -> "validation.ValSummary | None":
     """``Job.val_summary``: from the job's summary file (in-loop validation, or ``val_loss`` lines
-    a recipe logged unasked) or its evaluations (checkpoint evaluation)."""
-    plan = validation.ValidationPlan.from_record(job.record.validation)
-    if plan is not None and plan.mode == validation.CHECKPOINTS:
-        evals = job.evaluations()
-        live = sum(1 for e in evals if e.status in ("pending", "running"))
-        failed = sum(1 for e in evals if e.val_loss is None and e.status not in ("pending", "running"))
-        return validation.ValSummary.of_points([(e.step, e.val_loss) for e in evals if e.val_loss is not None],
-                                               pending=live, failed=failed)
-    s = job.summary()
-    if s.val_step is None and plan is None:
+    a recipe logged unasked) or its evaluations (checkpoint evaluation). ``summary``: the job's
+    :class:`~tune_magic.logs.summary.Summary` when the caller read it already (a listing)."""
+    if is_evaluated(job.record):
+        return summary_of_evaluations(job.evaluations())
+    s = job.summary() if summary is None else summary
+    if s.val_step is None and validation.ValidationPlan.from_record(job.record.validation) is None:
         return None
     return validation.ValSummary(s.val_loss, s.val_step, s.min_val_loss, s.min_val_step)
+
+
+def summary_of_evaluations(evals: "list[Evaluation] | tuple[Evaluation, ...]") -> "validation.ValSummary":
+    """The :class:`~tune_magic.checkpoints.validation.ValSummary` of a job's evaluations: their
+    values by step, how many are queued or running (one whose value is written is done, however
+    long its process takes to exit), how many ended without a value."""
+    live = sum(1 for e in evals if e.status in LIVE and e.val_loss is None)
+    failed = sum(1 for e in evals if e.val_loss is None and e.status not in LIVE)
+    return validation.ValSummary.of_points([(e.step, e.val_loss) for e in evals if e.val_loss is not None],
+                                           pending=live, failed=failed)
+
+
+class EvaluationFollower:
+    """A job's evaluations as a live view follows them (a card, a jobs-table row): each
+    :meth:`poll` costs a ``stat`` of ``evaluations.jsonl`` (read again only when it changed) and,
+    of each evaluation not yet final, a look at its record (a ``stat`` while it is unchanged; its
+    scheduler asked at most every ``Job.LIVENESS_CHECK_S``) and a ``stat`` of its result file (read
+    once it appears or changes). An evaluation that ended and was read is never looked at again.
+
+    Args:
+        job: the training :class:`~tune_magic.job.Job` (validating by checkpoints).
+        revive: start the job's keeper again when it died (``Job.ensure_keeper``; a card does, a
+            listing never), looked at most every ``evaluator_every_s`` seconds.
+        evaluator_every_s: seconds between looks at whether the keeper lives.
+
+    Attributes:
+        evaluations: the :class:`Evaluation` of each checkpoint given one so far, by epoch.
+    """
+
+    def __init__(self, job, *, revive: bool = False, evaluator_every_s: float = 5.0):
+        self.job = job
+        self.revive = revive
+        self.evaluator_every_s = evaluator_every_s
+        self.evaluations: tuple[Evaluation, ...] = ()
+        self._listing: tuple | None = None  # (inode, size, mtime ns) of evaluations.jsonl when read
+        self._followed: dict[int, tuple] = {}  # epoch -> (its Job, its result file's stat) while not final
+        self._evaluator = True  # the job's keeper may still launch evaluations
+        self._evaluator_done = False  # it said it has nothing left to do (never looked at again)
+        self._evaluator_at = -math.inf  # monotonic time of the last look at it
+
+    @property
+    def pending(self) -> bool:
+        """Whether an evaluation is queued or running."""
+        return any(e.status in LIVE for e in self.evaluations)
+
+    @property
+    def open(self) -> bool:
+        """Whether more is to come: an evaluation queued or running, or a keeper that lives (or was
+        just started again) and has not said it is done."""
+        return self.pending or self._evaluator
+
+    def poll(self) -> bool:
+        """Look again; return whether :attr:`evaluations` changed."""
+        self._look_at_evaluator()
+        by_epoch = {e.epoch: e for e in self.evaluations}
+        listing = _stat(self.job.dir / EVALUATIONS)
+        if listing != self._listing:
+            self._listing = listing
+            for entry in read_evaluations(self.job.dir):
+                epoch = entry["epoch"]
+                if epoch not in by_epoch or by_epoch[epoch].job_id != entry.get("job"):
+                    by_epoch[epoch] = self._start(entry)
+        for epoch in list(self._followed):
+            by_epoch[epoch] = self._read(epoch, by_epoch[epoch])
+        evaluations = tuple(by_epoch[k] for k in sorted(by_epoch))
+        changed = evaluations != self.evaluations
+        self.evaluations = evaluations
+        return changed
+
+    def _start(self, entry: Mapping[str, Any]) -> Evaluation:
+        """A line of evaluations.jsonl seen for the first time: its evaluation, followed until final."""
+        from tune_magic.job import Job
+
+        epoch, step, job_id = entry["epoch"], int(entry.get("step") or 0), entry.get("job")
+        if not isinstance(job_id, str):
+            return Evaluation(epoch, step, None, "not started", error=str(entry.get("error") or "not started"))
+        try:
+            job = Job(jobstore.job_dir(job_id, self.job.dir.parent))
+        except Exception:  # noqa: BLE001 - damaged: what the line says is all there is
+            job = None
+        if job is None or _removed(job):
+            return Evaluation(epoch, step, job_id, "removed")
+        self._followed[epoch] = (job, None)
+        return Evaluation(epoch, step, job_id, job.record.state.value)
+
+    def _read(self, epoch: int, last: Evaluation) -> Evaluation:
+        """A followed evaluation as it is now; it is dropped once ended and its result read."""
+        job, seen = self._followed[epoch]
+        try:
+            record = job.refresh().record
+        except Exception:  # noqa: BLE001 - unreadable: looked at again next time
+            return last
+        if _removed(job):
+            del self._followed[epoch]
+            return Evaluation(last.epoch, last.step, last.job_id, "removed")
+        path = Path(record.output_dir or "") / validation.RESULT_FILE
+        now = _stat(path) if record.output_dir else None
+        value = last.val_loss
+        if now != seen:
+            result = validation.read_result(record.output_dir)
+            value = float(result["val_loss"]) if result is not None else None
+            self._followed[epoch] = (job, now)
+        out = evaluation(epoch, last.step, last.job_id, record, {"val_loss": value} if value is not None else None)
+        if record.state.is_terminal:  # its result is written before it exits: read above, or none comes
+            del self._followed[epoch]
+        return out
+
+    def _look_at_evaluator(self) -> None:
+        """Whether the job's keeper may launch more evaluations, looked at every
+        ``evaluator_every_s`` seconds; started again when it died (``revive``: ``Job.ensure_keeper``)."""
+        now = time.monotonic()
+        if self._evaluator_done or now - self._evaluator_at < self.evaluator_every_s:
+            return
+        self._evaluator_at = now
+        state = self.job.keeper_state()
+        self._evaluator_done = state == "done"
+        self._evaluator = not self._evaluator_done and (state == "running"
+                                                        or bool(self.revive and self.job.ensure_keeper()))
+
+
+def _stat(path: Path) -> tuple | None:
+    """``(inode, size, mtime ns)`` of ``path``, or ``None`` when it cannot be stat'ed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def record_evaluation(job_dir: Path, entry: Mapping[str, Any]) -> None:

@@ -15,6 +15,7 @@ from typing import Iterable, Iterator, NamedTuple
 
 from tune_magic.logs.points import (
     SOURCE_DISKLOGGER,
+    SOURCE_EVALUATION,
     SOURCE_JSONL,
     SOURCE_PROGRESS,
     MetricBatch,
@@ -32,10 +33,11 @@ class Series(NamedTuple):
     values: list[float]
 
 
-_CODE = {SOURCE_PROGRESS: 0, SOURCE_DISKLOGGER: 1, SOURCE_JSONL: 2}
-_SOURCE = (SOURCE_PROGRESS, SOURCE_DISKLOGGER, SOURCE_JSONL)
-# Merge precedence: a metric file's value beats the progress bar's rounded echo of it.
-_RANK = (0, 1, 1)
+_CODE = {SOURCE_PROGRESS: 0, SOURCE_DISKLOGGER: 1, SOURCE_JSONL: 2, SOURCE_EVALUATION: 3}
+_SOURCE = (SOURCE_PROGRESS, SOURCE_DISKLOGGER, SOURCE_JSONL, SOURCE_EVALUATION)
+# Merge precedence: a metric file's value (an evaluation's result file too) beats the progress
+# bar's rounded echo of it.
+_RANK = (0, 1, 1, 1)
 _NO_EPOCH = -1
 _EPOCH_LIMIT = 1 << 63
 # dict.get(x, x) maps in C: None <-> _NO_EPOCH, any other epoch to itself.

@@ -9,7 +9,8 @@ from __future__ import annotations
 from itertools import repeat
 from typing import Iterator, NamedTuple
 
-__all__ = ["SOURCE_DISKLOGGER", "SOURCE_JSONL", "SOURCE_PROGRESS", "MetricPoint", "MetricBatch", "new_point"]
+__all__ = ["SOURCE_DISKLOGGER", "SOURCE_EVALUATION", "SOURCE_JSONL", "SOURCE_PROGRESS", "MetricPoint", "MetricBatch",
+           "new_point"]
 
 #: ``MetricPoint.source`` of a point read from a DiskLogger/StdoutLogger ``Step N | ...`` line.
 SOURCE_DISKLOGGER = "disklogger"
@@ -17,6 +18,8 @@ SOURCE_DISKLOGGER = "disklogger"
 SOURCE_JSONL = "jsonl"
 #: ``MetricPoint.source`` of a loss read from the tqdm progress-bar description.
 SOURCE_PROGRESS = "progress"
+#: ``MetricPoint.source`` of a ``val_loss`` from a checkpoint's evaluation job (its ``val_loss.json``).
+SOURCE_EVALUATION = "evaluation"
 
 
 class MetricPoint(NamedTuple):
@@ -27,7 +30,7 @@ class MetricPoint(NamedTuple):
         name: metric name as the recipe logged it (``loss``, ``lr``, ``tokens_per_second_per_gpu``...).
         value: the value as a float; ``nan``/``inf``/``-inf`` are kept as such.
         epoch: 1-based epoch when the format carries one (progress bar only), else ``None``.
-        source: ``"disklogger"``, ``"jsonl"`` or ``"progress"``.
+        source: ``"disklogger"``, ``"jsonl"``, ``"progress"`` or ``"evaluation"``.
     """
 
     step: int

@@ -26,7 +26,8 @@ from tune_magic.registry.status import Status
 from tune_magic.sweeping.grid import short_keys
 from tune_magic.sweeping.sweep import Sweep
 from tune_magic.ui.cardlines import engine_id_text, fallback_html, gone_hint, gone_html, overrides_html, overrides_text
-from tune_magic.ui.charts import fit_steps, loss_chart, trial_colours, trials_chart
+from tune_magic.ui.charts import (LOSS_COLOUR, VAL_COLOUR, fit_steps, legend_html, loss_chart, trial_colours,
+                                  trials_chart, val_mark)
 from tune_magic.ui.resumeview import ResumeControl, lineage_marks, show_lineage
 from tune_magic.ui.snapshot import SweepSnapshot, table_text
 from tune_magic.ui.textfmt import cut
@@ -126,10 +127,13 @@ class JobCard(Card):
     live, saying that its kernel is gone, :func:`~tune_magic.ui.cardlines.gone_html`),
     ``overrides`` (HTML: the overrides the job ran with, one collapsed line,
     :mod:`tune_magic.ui.cardlines`), ``notes`` (HTML, small: nodes of a multi-node or SLURM job,
-    launch warnings, a lost log), ``progress`` (HTML: where the run is: epoch of epochs, step of steps, loss, steps
-    this epoch, elapsed, ETA, throughput; "waiting for the first step", "waiting in the queue:
-    <reason>", "saving checkpoint…"), ``chart`` (bqplot Figure, hidden until the first loss) with
-    ``loss_line`` (its Lines mark: ``x`` steps, ``y`` losses) and ``x_axis`` (integer ticks),
+    launch warnings, a lost log, an evaluation of a checkpoint that failed), ``progress`` (HTML: where
+    the run is: epoch of epochs, step of steps, loss, the latest and the best validation loss, steps
+    this epoch, elapsed, ETA, throughput, the checkpoints being evaluated; "waiting for the first
+    step", "waiting in the queue: <reason>", "saving checkpoint…"), ``legend`` (HTML, shown once
+    the job has a validation loss: ``loss`` and ``val_loss``), ``chart`` (bqplot Figure, hidden
+    until the first loss) with ``loss_line`` (its Lines mark: ``x`` steps, ``y`` losses),
+    ``val_line`` (the validation losses: ``x`` steps, ``y`` values) and ``x_axis`` (integer ticks),
     ``log_tail`` (HTML: the last log lines, :func:`tune_magic.logs.cardtail.display_tail`; long lines
     wrap), ``stop_button`` (shown while the job is pending or running) and ``resume_control``
     (stopped, failed, unknown jobs: :class:`~tune_magic.ui.resumeview.ResumeControl`); the chart's
@@ -164,15 +168,19 @@ class JobCard(Card):
         self.notes = widgets.HTML(layout=widgets.Layout(**hidden))
         self.progress = widgets.HTML(layout=widgets.Layout(min_width="0"))
         self.chart, self.loss_line, self.x_axis, self._x_scale = loss_chart()
+        self.legend = widgets.HTML(legend_html([("loss", LOSS_COLOUR, "●"), ("val_loss", VAL_COLOUR, "■")]),
+                                   layout=widgets.Layout(**hidden))
         self.log_tail = widgets.HTML(layout=widgets.Layout(min_width="0"))
         self.stop_button = self.make_stop_button("Stop", f"Stop job {job.id}")
         self.snapshot: JobSnapshot | None = None
         self._shown_steps: tuple | None = None
         self.earlier_line, self.resume_markers = lineage_marks(self.chart, self.loss_line)
+        self.val_line = val_mark(self.chart, self.loss_line)
         self.resume_control = ResumeControl(job, JobCard)
         watcher = JobWatcher(job, self.update, interval_s=interval_s, tail_lines=tail_lines, notify=notify)
         super().__init__(job, watcher, [self.error, self.traceback, self.header, self.overrides, self.notes,
-                                        self.progress, self.chart, self.log_tail, self.stop_button, self.resume_control])
+                                        self.progress, self.legend, self.chart, self.log_tail, self.stop_button,
+                                        self.resume_control])
         JobCard._by_job[job.id] = self
         if watch:
             self.watcher.start()
@@ -216,14 +224,19 @@ class JobCard(Card):
         self.resume_control.show_for(self.job.record)
 
     def _chart(self, snap: JobSnapshot) -> None:
-        """The curve and integer step ticks; the chart stays hidden until the first point."""
-        steps = snap.steps + snap.earlier_steps  # the earlier runs of its lineage, dimmed
-        if not steps or (snap.steps, snap.earlier_steps, snap.resumed_at) == self._shown_steps:
+        """The curve, the validation losses' series with the legend naming both, and integer step
+        ticks; the chart stays hidden until the first point."""
+        steps = snap.steps + snap.earlier_steps + snap.val_steps  # the earlier runs of its lineage, dimmed
+        shown = (snap.steps, snap.earlier_steps, snap.resumed_at, snap.val_steps, snap.val_losses)
+        if not steps or shown == self._shown_steps:
             return
         self.loss_line.x, self.loss_line.y = list(snap.steps), list(snap.losses)
+        if shown[3:] != (self._shown_steps or ())[3:]:
+            self.val_line.x, self.val_line.y = list(snap.val_steps), list(snap.val_losses)
+        set_shown(self.legend, bool(snap.val_steps))
         show_lineage(self.earlier_line, self.resume_markers, snap)
         fit_steps(self._x_scale, self.x_axis, steps)
-        self._shown_steps = (snap.steps, snap.earlier_steps, snap.resumed_at)
+        self._shown_steps = shown
         self.chart.layout.display = None
 
     def _ending(self, snap: JobSnapshot, status: Status | None) -> None:
@@ -269,6 +282,7 @@ class JobCard(Card):
         lines += [overrides_text(snap.overrides)] if snap.overrides else []
         lines += snap.notes()
         lines.append(snap.progress_text())
+        lines += [snap.val_text()] if snap.val_steps else []
         return "\n".join(lines + list(snap.tail[-5:]))
 
 

@@ -4,6 +4,7 @@ ticks, each label once. Presentation only."""
 from __future__ import annotations
 
 import colorsys
+import html
 
 import ipywidgets as widgets
 
@@ -47,8 +48,8 @@ def loss_chart():
     import bqplot
 
     x, y = bqplot.LinearScale(), bqplot.LinearScale()
-    line = bqplot.Lines(x=[], y=[], scales={"x": x, "y": y}, colors=["#1f77b4"], marker="circle",
-                        marker_size=16)
+    line = bqplot.Lines(x=[], y=[], scales={"x": x, "y": y}, colors=[LOSS_COLOUR], marker="circle",
+                        marker_size=16, labels=["loss"])
     x_axis = bqplot.Axis(scale=x, label="step", tick_format="d", tick_values=[])
     fig = bqplot.Figure(
         marks=[line],
@@ -63,6 +64,31 @@ def loss_chart():
         padding_x=0.03, fig_margin={"top": 10, "bottom": 40, "left": 60, "right": 25},
     )
     return fig, line, x_axis, x
+
+
+#: The loss curve's colour on a card; the validation loss's, a contrast to it (tab10's first two).
+LOSS_COLOUR, VAL_COLOUR = "#1f77b4", "#ff7f0e"
+
+
+def val_mark(figure, line):
+    """Add to a card's loss chart the validation losses' own series (``val_loss``: its own colour,
+    a larger square at each point, drawn over the loss curve, on the same scales); return the
+    bqplot ``Lines`` mark. ``line`` is the job's loss mark."""
+    import bqplot
+
+    val = bqplot.Lines(x=[], y=[], scales=line.scales, colors=[VAL_COLOUR], marker="square", marker_size=40,
+                       stroke_width=2, labels=["val_loss"], display_legend=False)
+    figure.marks = [*figure.marks, val]
+    return val
+
+
+def legend_html(items) -> str:
+    """A chart's legend as one HTML line above it (never drawn over the curves): ``items`` are
+    ``(label, colour, marker)``, the marker a character (``●``, ``■``) drawn on a short line."""
+    items = "".join(f"<span class='tm-legend-item' style='margin-right:1.2em;white-space:nowrap'><span "
+                    f"style='color:{colour};letter-spacing:-2px'>━{marker}━</span> {html.escape(label)}</span>"
+                    for label, colour, marker in items)
+    return f"<div class='tm-legend' style='font-size:11px;line-height:1.6'>{items}</div>"
 
 
 def fit_steps(x_scale, x_axis, steps) -> None:

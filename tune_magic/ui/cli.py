@@ -13,6 +13,7 @@ import json
 import os
 import re
 import sys
+import time
 from typing import Any, Callable, Mapping, Sequence
 
 from tune_magic.plan import options as launchopts
@@ -131,8 +132,8 @@ def _run(argv: Sequence[str]) -> int:
     from tune_magic import schedulers
     from tune_magic.job.launch import launch, launch_options, scheduler_values
 
-    usage = ("tune-magic run [--name N] [--gpus G] [--force] [--wait] [--max-resumes N] [--scheduler NAME] "
-             "[SCHEDULER OPTIONS] [TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]")
+    usage = ("tune-magic run [--name N] [--gpus G] [--force] [--wait] [--max-resumes N] [--val-split F] "
+             "[--scheduler NAME] [SCHEDULER OPTIONS] [TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]")
     allowed = tuple(f for f in launchopts.RUN if f != "--dry-run")
     own, rest = launchopts.split_own(argv, launch_options(allowed), "tune-magic run")
     if own.get("help"):
@@ -158,11 +159,36 @@ def _follow_to_end(job) -> int:
     """``--wait``: stream the job's log until it ends, print how it ended; return the exit status
     (0 when it succeeded, else its exit code, or 1)."""
     _stream_log(job)
+    _follow_evaluations(job)
     print(end_line(job), flush=True)
     code = job.returncode
     if job.status == "succeeded":
         return 0
     return 1 if code is None or code == 0 else (code if 0 < code < 256 else 128 + abs(code))
+
+
+def _follow_evaluations(job, poll_s: float = 0.5) -> None:
+    """``--wait`` of a job whose checkpoints are evaluated by jobs of their own: once it ended, a line
+    per evaluation as it ends (``step 8 | val_loss 3.16``, or why it has none), until none is to come
+    (its evaluator started again should it have died)."""
+    from tune_magic.job.evaluate import EvaluationFollower, is_evaluated
+    from tune_magic.ui.snapshot import evaluation_note
+
+    if not is_evaluated(job.record):
+        return
+    follower, told = EvaluationFollower(job, revive=True), set()
+    FOLLOWING["job"] = job.id
+    while True:
+        follower.poll()
+        for e in follower.evaluations:
+            line = f"step {e.step} | val_loss {e.val_loss:.6g}" if e.val_loss is not None else evaluation_note(e)
+            if line and e.epoch not in told:
+                told.add(e.epoch)
+                print(line, flush=True)
+        if not follower.open:
+            break
+        time.sleep(poll_s)
+    FOLLOWING.pop("job", None)
 
 
 def _sweep_kwargs(own: Mapping[str, Any]) -> dict[str, Any]:

@@ -24,11 +24,18 @@ EXIT_USAGE = 2
 
 
 def end_line(job) -> str:
-    """One line saying how a job ended: status, last step and loss, the reason on failure."""
+    """One line saying how a job ended: status, last step and loss, its validation loss (the best,
+    the latest where it differs), the reason on failure."""
+    from tune_magic.job.evaluate import val_summary_of
+    from tune_magic.ui.tablecols import val_text
+
     s = job.summary()
     parts = [f"job {job.id} {job.status.label}"]
     if s.step is not None:
         parts.append(f"step {s.step}" + (f" loss {s.loss:.6g}" if s.loss is not None else ""))
+    val = val_text(val_summary_of(job, summary=s), 6)
+    if val:
+        parts.append(f"val loss {val}")
     if job.status in ("failed", "stopped") and job.error:
         parts.append(escape(job.error))
     elif job.status == "stopped":  # a user's stop, whatever the engine said of the job's end
@@ -80,21 +87,25 @@ def jobs_command(argv: Sequence[str]) -> int:
 
     revive_sweeps()  # a sweep whose process died with trials queued goes on (never two processes)
     listed = JobFilter.from_args(ns).select(_listed("jobs"))
+    from tune_magic.job.evaluate import val_summary_of
+
+    summaries = [j.summary() for j in listed]  # the small summary file, never the log
+    vals = [val_summary_of(j, summary=s) for j, s in zip(listed, summaries)]  # or the evaluations' result files
     if ns.json:
-        print(json.dumps([_job_json(j) for j in listed], indent=2))
+        print(json.dumps([_job_json(j, v) for j, v in zip(listed, vals)], indent=2))
         return 0
     # every value can hold anything a user typed or a hand-edited record holds: escape and cut (--json keeps it)
     from tune_magic.checkpoints.lineage import mark
 
-    cols = tablecols.columns_for(listed)
-    rows = [("ID", "NAME", "STATUS", "STEP", "LOSS", "ELAPSED", *map(cols.title, cols.kinds()), "ENDPOINT",
-             "OUTPUT_DIR", "REASON", "RESUME")]
+    cols = tablecols.columns_for(listed, val=any(v is not None for v in vals))
+    rows = [("ID", "NAME", "STATUS", "STEP", "LOSS", *(["VAL LOSS"] if cols.val else []), "ELAPSED",
+             *map(cols.title, cols.kinds()), "ENDPOINT", "OUTPUT_DIR", "REASON", "RESUME")]
     now = time.time()
-    for j in listed:
-        s = j.summary()  # the small summary file, never the log
+    for j, s, v in zip(listed, summaries, vals):
         extra = tablecols.values(j, now)
         rows.append((cell(j.id), cell(j.name), cell(j.record.state.label), "-" if s.step is None else str(s.step),
-                     "-" if s.loss is None else f"{s.loss:.4g}", f"{j.elapsed_s:.0f}s",
+                     "-" if s.loss is None else f"{s.loss:.4g}",
+                     *([tablecols.val_text(v, 4) or "-"] if cols.val else []), f"{j.elapsed_s:.0f}s",
                      *(cell(extra[k], NAME_WIDTH) for k in cols.kinds()),
                      cell(j.record.rendezvous_endpoint, NAME_WIDTH), cell(j.output_dir, PATH_WIDTH, keep="end"),
                      _reason(j),
@@ -110,15 +121,21 @@ def jobs_command(argv: Sequence[str]) -> int:
 
 def _reason(job) -> str:
     """The REASON cell: why a job failed or who stopped it, else the engine's note on a job not
-    ended (e.g. "SLURM not answering since 14:05")."""
+    ended (e.g. "SLURM not answering since 14:05"); then what an evaluation job evaluates
+    (``validates epoch_2 (step 12) of job ID``)."""
+    from tune_magic.ui.tablecols import evaluates_text
+
     r = job.record
-    if r.state in ("failed", "stopped"):
-        return cell(r.error, PATH_WIDTH) if r.error else ""
-    note = job.engine_note if not r.state.is_terminal else None
-    return cell(note, PATH_WIDTH) if note else ""
+    note = None if r.state.is_terminal else job.engine_note
+    why = r.error if r.state in ("failed", "stopped") else note
+    text = " · ".join(t for t in (why, evaluates_text(r)) if t)
+    return cell(text, PATH_WIDTH) if text else ""
 
 
-def _job_json(job) -> dict:
+def _job_json(job, val=None) -> dict:
+    """A job's ``tune-magic jobs --json`` object; ``val``: its
+    :class:`~tune_magic.checkpoints.validation.ValSummary` (``val_loss``: the latest, ``best_val_loss``:
+    the lowest, each with its step; non-finite values as strings), or ``None``."""
     r = job.record
     return {"id": r.id, "name": r.name, "status": r.status, "returncode": r.returncode, "error": r.error,
             "output_dir": r.output_dir, "log_path": r.log_path, "rendezvous_endpoint": r.rendezvous_endpoint,
@@ -129,7 +146,10 @@ def _job_json(job) -> dict:
             "nodes": job.nodes, "pending_reason": r.pending_reason, "scheduler_options": r.scheduler_options,
             "resumed_from": r.resumed_from, "resumed_by": r.resumed_by, "resume_point": r.resume_point,
             "attempts": r.attempts, "max_resumes": r.max_resumes, "sweep": r.sweep,
-            "engine_note": job.engine_note}
+            "engine_note": job.engine_note, "validation": r.validation, "evaluates": r.evaluates,
+            "val_loss": _finite(val.latest) if val else None, "val_step": val.latest_step if val else None,
+            "best_val_loss": _finite(val.best) if val else None, "best_val_step": val.best_step if val else None,
+            "val_pending": val.pending if val else 0}
 
 
 def _sweep_jobs(spec: str, as_json: bool) -> int:

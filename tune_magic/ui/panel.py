@@ -25,6 +25,8 @@ from tune_magic.gpus import visibility
 from tune_magic.job import Job, jobs
 from tune_magic.job.launch import launch
 from tune_magic import schedulers
+from tune_magic.ui.panelform import (MARGIN, option_rows, option_value, option_widget, val_split_field,
+                                     val_split_options, warning_divs, wrap_row)
 from tune_magic.ui.textfmt import cut
 from tune_magic.ui.charts import int_ticks  # one tick rule for card and comparison chart
 from tune_magic.ui.views import JobsTable
@@ -33,8 +35,6 @@ from tune_magic.ui.watch import JobWatcher
 #: How deep recipe/config files are looked for under the working directory.
 SCAN_DEPTH = 2
 _SKIP_DIRS = {".venv", "venv", "node_modules", "__pycache__", ".git", "site-packages"}
-# full-width children get no side margin: width 100% then is the panel's width, not 4 px more
-_MARGIN = "2px 0px"
 _WRAP = "white-space:normal;overflow-wrap:anywhere;line-height:1.35"
 _PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 
@@ -65,7 +65,9 @@ class Panel(widgets.VBox):
 
     Public child widgets (stable names): ``recipe``, ``config``, ``nproc``, ``gpus`` (where there
     is no GPU: hidden and disabled, with ``gpu_note`` in its place saying so), ``endpoint``, ``name``,
-    ``overrides``, ``command_preview``, ``error``, ``launch_button``, ``jobs_table`` (a live :class:`~tune_magic.ui.views.JobsTable`),
+    ``overrides``, ``val_split`` (``--val-split``: the fraction of the training data held out as
+    ``dataset_val``, e.g. ``0.1``; blank: none; for a job and a sweep alike), ``command_preview``,
+    ``error``, ``launch_button``, ``jobs_table`` (a live :class:`~tune_magic.ui.views.JobsTable`),
     ``compare`` (jobs shown in the chart), ``chart`` (integer step ticks; hidden until a chosen job
     logged a step, ``chart_note`` then says why) with ``legend``; :meth:`comparison` is the chart
     with its legend on its own. ``sweep_switch`` (a Checkbox):
@@ -100,11 +102,12 @@ class Panel(widgets.VBox):
         self._connect()
         self._sync_compare_options()
         self._set_ticks()  # no curve yet: the chart hidden, a line saying so
-        scheduler_rows = ([_wrap([self.scheduler, self.scheduler_note]), *self._field_boxes.values()]
+        scheduler_rows = ([wrap_row([self.scheduler, self.scheduler_note]), *self._field_boxes.values()]
                           if len(self.schedulers_offered) > 1 else [])
-        self._gpu_row = _wrap([self.nproc, widgets.VBox([self.gpus, self.gpu_note])])
+        self._gpu_row = wrap_row([self.nproc, widgets.VBox([self.gpus, self.gpu_note])])
         form = widgets.VBox([self.recipe, self.config, *scheduler_rows, self._gpu_row, self.endpoint, self.name,
-                             self.overrides, _wrap([self.sweep_switch, self.max_parallel]), self.command_preview, self.script_preview, self.error,
+                             self.overrides, self.val_split, wrap_row([self.sweep_switch, self.max_parallel]),
+                             self.command_preview, self.script_preview, self.error,
                              self.launch_button], layout=widgets.Layout(width="100%"))
         super().__init__(children=[form, widgets.HTML("<b>Jobs</b>"), self.refresh_button, self.jobs_table,
                                    widgets.HTML("<b>Compare loss curves</b>"), self.compare, self.chart_note, self.legend,
@@ -117,7 +120,7 @@ class Panel(widgets.VBox):
     def _make_form(self) -> None:
         """The form's, the table's and the chart's widgets (laid out by ``__init__``)."""
         recipes = [r.name for r in catalog.recipes()] + _files_under(self.cwd, ".py")
-        wide = dict(width="100%", max_width="34em", margin=_MARGIN)
+        wide = dict(width="100%", max_width="34em", margin=MARGIN)
         self.recipe = widgets.Combobox(options=recipes, placeholder="recipe name or .py path",
                                        description="recipe", ensure_option=False, layout=widgets.Layout(**wide))
         self.config = widgets.Combobox(options=[], placeholder="config name or .yaml path",
@@ -125,18 +128,19 @@ class Panel(widgets.VBox):
         self.nproc = widgets.BoundedIntText(value=1, min=1, max=1024, description="nproc/node",
                                             layout=widgets.Layout(width="12em"))
         self.gpus = widgets.SelectMultiple(options=[], description="GPUs", rows=4,
-                                           layout=widgets.Layout(width="100%", max_width="22em", margin=_MARGIN))
+                                           layout=widgets.Layout(width="100%", max_width="22em", margin=MARGIN))
         self.gpu_note = widgets.HTML(description="GPUs", layout=widgets.Layout(display="none", max_width="100%"))
         self.endpoint = widgets.Text(placeholder="host:port, or blank for --standalone", description="endpoint",
                                      layout=widgets.Layout(**wide))
         self.name = widgets.Text(placeholder="optional", description="name", layout=widgets.Layout(**wide))
+        self.val_split = val_split_field()
         self.overrides = widgets.Textarea(placeholder="key=value, one a line", description="overrides",
-                                          layout=widgets.Layout(width="100%", max_width="46em", height="6em", margin=_MARGIN))
+                                          layout=widgets.Layout(width="100%", max_width="46em", height="6em", margin=MARGIN))
         # as many rows as the command needs (update_preview): a fixed height cut its last line off
         self.command_preview = widgets.Textarea(disabled=True, description="command", rows=3,
-                                                layout=widgets.Layout(width="100%", margin=_MARGIN))
+                                                layout=widgets.Layout(width="100%", margin=MARGIN))
         self.script_preview = widgets.Textarea(disabled=True, description="script",
-                                               layout=widgets.Layout(width="100%", height="18em", display="none", margin=_MARGIN))
+                                               layout=widgets.Layout(width="100%", height="18em", display="none", margin=MARGIN))
         self.sweep_switch = widgets.Checkbox(value=False, description="sweep", indent=True,
                                              tooltip="comma lists (and range(...)) become axes: one job per combination")
         self.max_parallel = widgets.BoundedIntText(value=1, min=1, max=1000, description="at once",
@@ -145,7 +149,7 @@ class Panel(widgets.VBox):
         self.launch_button = widgets.Button(description="Launch", button_style="success", icon="play", disabled=True)
         self.refresh_button = widgets.Button(description="Refresh", icon="refresh")
         self.compare = widgets.SelectMultiple(options=[], description="compare", rows=5,
-                                              layout=widgets.Layout(width="100%", margin=_MARGIN))
+                                              layout=widgets.Layout(width="100%", margin=MARGIN))
         self.legend = widgets.HTML()
         self.legend.add_class("tm-legend")
         self.chart_note = widgets.HTML()
@@ -173,15 +177,15 @@ class Panel(widgets.VBox):
         self._choices_listed: set[str] = set()  # e.g. sinfo is asked when the fields are first shown
         for name, opts in schedulers.options():
             if name in self.schedulers_offered and opts:
-                fields = self.scheduler_fields[name] = {o.name: _option_widget(o) for o in opts}
-                box = self._field_boxes[name] = widgets.VBox(_rows(opts, fields), layout=widgets.Layout(display="none"))
+                fields = self.scheduler_fields[name] = {o.name: option_widget(o) for o in opts}
+                box = self._field_boxes[name] = widgets.VBox(option_rows(opts, fields), layout=widgets.Layout(display="none"))
                 box.add_class(f"tm-{name}-fields")
 
     def _connect(self) -> None:
         """Observe the form's widgets and the buttons."""
         option_widgets = [w for fields in self.scheduler_fields.values() for w in fields.values()]
-        for w in (self.recipe, self.config, self.nproc, self.gpus, self.endpoint, self.overrides, self.scheduler,
-                  self.sweep_switch, self.max_parallel, *option_widgets):
+        for w in (self.recipe, self.config, self.nproc, self.gpus, self.endpoint, self.overrides, self.val_split,
+                  self.scheduler, self.sweep_switch, self.max_parallel, *option_widgets):
             w.observe(self._on_change, names="value")
         self.recipe.observe(self._on_recipe, names="value")
         self.launch_button.on_click(self._on_launch)
@@ -276,7 +280,7 @@ class Panel(widgets.VBox):
         scheduler that runs the job here (a plug-in built on the local one) still gets its options."""
         opts: dict = {"scheduler": self.scheduler.value}
         for opt in dict(schedulers.options()).get(self.scheduler.value, ()):
-            value = _option_value(opt, self.scheduler_fields[self.scheduler.value][opt.name])
+            value = option_value(opt, self.scheduler_fields[self.scheduler.value][opt.name])
             if value is not None:
                 opts[opt.name] = value
         if len(opts) == 1 and self.scheduler.value == schedulers.default_name(os.environ):
@@ -298,13 +302,14 @@ class Panel(widgets.VBox):
         try:
             if self.sweep_switch.value:
                 notes = self._sweep_preview()
-            elif self.scheduler_options():  # the chosen scheduler shapes the command: it builds the preview
+            elif self.scheduler_options() or val_split_options(self.val_split):
+                # the chosen scheduler shapes the command, --val-split adds overrides: a dry run builds it
                 import warnings
 
                 with warnings.catch_warnings(record=True):
                     warnings.simplefilter("always")
                     plan = launch(self.args(), cwd=self.cwd, dry_run=True, gpus=self._gpu_choice(),
-                                  **self.scheduler_options())
+                                  **val_split_options(self.val_split), **self.scheduler_options())
                 hide = (lambda text: text.replace(plan.job_id, JOB_ID_PLACEHOLDER))
                 self.command_preview.value = hide(plan.command_line())
                 self.script_preview.value = hide(plan.batch_script or "")
@@ -319,13 +324,13 @@ class Panel(widgets.VBox):
             self.error.value = f"<span class='tm-error' style='color:#d62728'>{html.escape(str(exc))}</span>"
             self.launch_button.disabled = True
             return
-        self.error.value = _warning_divs(notes)
+        self.error.value = warning_divs(notes)
         self.launch_button.disabled = False
 
     # -- launching ------------------------------------------------------------------------------
     def _sweep_options(self) -> dict:
         return dict(gpus=self._gpu_choice(), max_parallel=self.max_parallel.value, cwd=self.cwd,
-                    **self.scheduler_options())
+                    **val_split_options(self.val_split), **self.scheduler_options())
 
     def _sweep_preview(self) -> list[str]:
         """The sweep's preview: the number of trials, the axes, the first trial's command."""
@@ -359,14 +364,14 @@ class Panel(widgets.VBox):
             with warnings.catch_warnings(record=True):
                 warnings.simplefilter("always")
                 result = launch(self.args(), name=self.name.value.strip() or None, gpus=self._gpu_choice(),
-                                cwd=self.cwd, **self.scheduler_options())
+                                cwd=self.cwd, **val_split_options(self.val_split), **self.scheduler_options())
         except PlanError as exc:
             self.error.value = f"<span class='tm-error' style='color:#d62728'>{html.escape(str(exc))}</span>"
             return None
         if not isinstance(result, Job):  # TUNE_MAGIC_DRY_RUN=1
             self.error.value = "<span class='tm-hint'>dry run (TUNE_MAGIC_DRY_RUN=1): nothing started</span>"
             return None
-        self.error.value = _warning_divs(result.record.warnings)
+        self.error.value = warning_divs(result.record.warnings)
         self.launched.append(result)
         self.jobs_table.add(result)
         self._sync_compare_options()
@@ -417,7 +422,7 @@ class Panel(widgets.VBox):
         # the legend is an HTML line above the chart (legend), never drawn over the curves
         return bqplot.Figure(
             marks=[], axes=[self._x_axis, bqplot.Axis(scale=self._y, side="left", label="loss")],
-            layout=widgets.Layout(width="100%", height="300px", margin=_MARGIN), padding_y=0.05,
+            layout=widgets.Layout(width="100%", height="300px", margin=MARGIN), padding_y=0.05,
             fig_margin={"top": 10, "bottom": 40, "left": 60, "right": 20},
         )
 
@@ -540,61 +545,3 @@ def preview_rows(text: str) -> int:
     (wrapped at spaces), plus one, at least 3 and at most 24."""
     wrapped = sum(_wrapped_rows(line, PREVIEW_ROW_CHARS) for line in text.splitlines() or [""])
     return min(max(wrapped + 1, 3), 24)
-
-
-def _wrap(children) -> widgets.HBox:
-    """A row that wraps onto the next line instead of overflowing a narrow notebook."""
-    return widgets.HBox(children, layout=widgets.Layout(flex_flow="row wrap", max_width="100%"))
-
-
-def _option_widget(opt) -> widgets.Widget:
-    """The form field of one scheduler option (see :class:`tune_magic.plan.options.Option`)."""
-    label = opt.flag.lstrip("-").replace("-per-", "/").replace("-", " ")
-    if opt.kind == "count":
-        return widgets.BoundedIntText(value=0, min=0, max=1_000_000, description=label, tooltip=opt.help,
-                                      layout=widgets.Layout(width="14em"))
-    if opt.kind == "switch":
-        return widgets.Checkbox(value=False, description=label, tooltip=opt.help, indent=True)
-    layout = widgets.Layout(width="100%", max_width="34em", margin=_MARGIN)
-    hint = f"e.g. {opt.example} (blank: not asked)" if opt.example else "blank: not asked"
-    if opt.kind == "words":
-        return widgets.Textarea(placeholder=f"one a line, {hint}", description=label, tooltip=opt.help,
-                                layout=layout)
-    if opt.choices is not None:
-        return widgets.Combobox(options=[], placeholder=hint, description=label, ensure_option=False,
-                                tooltip=opt.help, layout=layout)
-    return widgets.Text(placeholder=hint, description=label, tooltip=opt.help, layout=layout)
-
-
-def _rows(opts, fields: dict) -> list:
-    """The fields in declaration order, neighbouring number fields side by side on one row."""
-    rows: list = []
-    run: list = []
-    for opt in opts:
-        if opt.kind == "count":
-            run.append(fields[opt.name])
-            continue
-        if run:
-            rows.append(_wrap(run))
-            run = []
-        rows.append(fields[opt.name])
-    if run:
-        rows.append(_wrap(run))
-    return rows
-
-
-def _option_value(opt, widget: widgets.Widget):
-    """The value a field holds for :func:`tune_magic.launch`, or ``None`` when it asks nothing."""
-    if opt.kind == "count":
-        return widget.value or None
-    if opt.kind == "switch":
-        return True if widget.value else None
-    if opt.kind == "words":
-        lines = [line.strip() for line in widget.value.splitlines() if line.strip()]
-        return lines or None
-    return widget.value.strip() or None
-
-
-def _warning_divs(notes) -> str:
-    """The panel's warning lines (HTML, one ``div.tm-warning`` each) for ``notes`` (plain text)."""
-    return "".join(f"<div class='tm-warning' style='color:#8c564b'>{html.escape(n)}</div>" for n in notes)

@@ -10,6 +10,8 @@ import re
 import time
 from dataclasses import dataclass
 
+from tune_magic.checkpoints.validation import ValSummary
+from tune_magic.job.evaluate import summary_of_evaluations
 from tune_magic.logs.progress import SAVED, SAVING, RunProgress, fmt_duration, fmt_rate
 from tune_magic.registry.status import Status
 from tune_magic.gpus import gpus_label
@@ -41,6 +43,45 @@ def progress_summary(text: str | None) -> str:
     if m is None:
         return text[:200]
     return " ".join(part for part in (m[2], m[1], m[3]) if part)
+
+
+def val_fields(in_loop: dict[int, float], evaluations: tuple, max_points: int) -> dict:
+    """A :class:`JobSnapshot`'s validation fields (``val_steps``, ``val_losses``, ``val``,
+    ``evaluations``) from the ``val_loss`` points a recipe logged in its loop (step -> value) and
+    its checkpoints' evaluations (:class:`tune_magic.job.evaluate.Evaluation`); the chart's
+    series thinned evenly to ``max_points`` (>= 2), the latest kept."""
+    points = dict(in_loop)
+    points.update((e.step, e.val_loss) for e in evaluations if e.val_loss is not None)
+    steps = sorted(points)
+    counts = summary_of_evaluations(evaluations)
+    val = ValSummary.of_points([(s, points[s]) for s in steps], pending=counts.pending, failed=counts.failed)
+    if len(steps) > max_points:
+        steps = [steps[i * (len(steps) - 1) // (max_points - 1)] for i in range(max_points)]
+    return dict(val_steps=tuple(steps), val_losses=tuple(points[s] for s in steps),
+                val=val if points or evaluations else None, evaluations=tuple(evaluations))
+
+
+def evaluation_note(e) -> str | None:
+    """What a card, ``--wait`` and the CLI say of an evaluation of a checkpoint
+    (:class:`tune_magic.job.evaluate.Evaluation`) that ended without a value (it never makes the job
+    failed): ``evaluation of epoch_1 failed: <reason>; tune-magic logs <id> --error``; ``None`` for
+    one with its value, one still to end, or one whose job was removed."""
+    if e.val_loss is not None or e.status in ("pending", "running", "removed"):
+        return None
+    if e.job_id is None:
+        return f"evaluation of epoch_{e.epoch} could not start: {e.error or 'no reason recorded'}"
+    if e.status == "failed":
+        return f"evaluation of epoch_{e.epoch} failed: {e.error or 'see its log'}; tune-magic logs {e.job_id} --error"
+    why = f": {e.error}" if e.error else ""  # stopped, outcome unknown, or succeeded without writing its value
+    return f"evaluation of epoch_{e.epoch} {status_label(e.status)} without a value{why}; tune-magic logs {e.job_id}"
+
+
+def status_label(status: str) -> str:
+    """A status as listings show it (``unknown`` -> ``"outcome unknown"``; any other text as is)."""
+    try:
+        return Status(status).label
+    except ValueError:
+        return str(status)
 
 
 @dataclass(frozen=True)
@@ -88,6 +129,13 @@ class JobSnapshot:
             called (``"SLURM ID"``), or ``None``.
         engine_note: the scheduler's note on how sure the status is (``Job.engine_note``, e.g.
             "SLURM not answering since 14:05": the status shown is the last known one), or ``None``.
+        val_steps, val_losses: the validation losses (``val_loss``, mean cross-entropy per label
+            token, :mod:`tune_magic.checkpoints.validation`) by step: those the recipe logged in its
+            loop and those of its checkpoints' evaluations (possibly thinned for charts).
+        val: their latest and best (:class:`~tune_magic.checkpoints.validation.ValSummary`, with
+            the evaluations queued or running and failed), or ``None`` when the job has none.
+        evaluations: the evaluations of its checkpoints (:class:`tune_magic.job.evaluate.Evaluation`,
+            by epoch), for a job that validates by checkpoints.
     """
 
     job_id: str
@@ -122,14 +170,15 @@ class JobSnapshot:
     engine_id: str | None = None
     engine_id_label: str | None = None
     engine_note: str | None = None
+    val_steps: tuple[int, ...] = ()
+    val_losses: tuple[float, ...] = ()
+    val: ValSummary | None = None
+    evaluations: tuple = ()
 
     @property
     def label(self) -> str:
         """The status as listings show it (``unknown`` -> ``"outcome unknown"``)."""
-        try:
-            return Status(self.status).label
-        except ValueError:
-            return str(self.status)
+        return status_label(self.status)
 
     @property
     def eta_s(self) -> float | None:
@@ -161,6 +210,7 @@ class JobSnapshot:
             parts.append(("tm-loss", f"loss {self.loss:.5g}", ""))
         elif run.step is not None:
             parts.append(("tm-step", f"step {run.step}", f"/{run.total_steps}" if run.total_steps else ""))
+        parts += self.val_parts()
         if run.epoch_step is not None and run.epoch_steps:
             parts.append(("tm-epoch-steps", f"{run.epoch_step}/{run.epoch_steps} this epoch", ""))
         elif run.epoch is None and self.progress:
@@ -175,7 +225,31 @@ class JobSnapshot:
                           ""))
         if run.throughput is not None:
             parts.append(("tm-throughput", f"{fmt_rate(run.throughput)} tokens/s/GPU", ""))
+        # (one whose value is written is done for the reader, however long its process takes to exit)
+        running = [e for e in self.evaluations if e.status in ("pending", "running") and e.val_loss is None]
+        if running:
+            parts.append(("tm-evaluating", "evaluating " + ", ".join(f"epoch_{e.epoch} (job {e.job_id})"
+                                                                     for e in running), ""))
         return parts
+
+    def val_parts(self) -> list[tuple[str, str, str]]:
+        """The progress line's validation parts: ``val loss 3.1625`` (the latest), then
+        ``best 3.1034 (step 8)`` where the best is another step's (:meth:`progress_parts`' form)."""
+        v = self.val
+        if v is None or v.latest is None:
+            return []
+        parts = [("tm-val", f"val loss {v.latest:.5g}", "")]
+        if v.best is not None and v.best_step != v.latest_step:
+            parts.append(("tm-val-best", f"best {v.best:.5g} (step {v.best_step})", ""))
+        return parts
+
+    def val_text(self, most: int = 12) -> str:
+        """The validation losses as one line: ``val_loss by step: 4: 5.5648 · 8: 3.6122`` (the last
+        ``most`` points, ``…`` before them when there are more), or ``""`` with none."""
+        if not self.val_steps:
+            return ""
+        shown = [f"{s}: {v:.5g}" for s, v in zip(self.val_steps[-most:], self.val_losses[-most:])]
+        return "val_loss by step: " + ("… " if len(self.val_steps) > most else "") + " · ".join(shown)
 
     def progress_text(self) -> str:
         """The progress line as plain text."""
@@ -201,8 +275,13 @@ class JobSnapshot:
             out.append(f"the job's directory was deleted while it ran and recreated at {when}: "
                        "the log before that time is gone")
         out += list(self.lineage_notes)
+        out += self.evaluation_notes()
         out += [f"warning: {w}" for w in self.warnings]
         return out
+
+    def evaluation_notes(self) -> list[str]:
+        """A line for each evaluation of a checkpoint that ended without a value (:func:`evaluation_note`)."""
+        return [n for n in map(evaluation_note, self.evaluations) if n]
 
     def summary(self) -> str:
         """A plain-text rendering (terminals, nbconvert, ``--wait``)."""
@@ -214,13 +293,22 @@ class JobSnapshot:
         lines += self.notes()
         if self.step is not None:
             lines.append(f"step {self.step} loss {self.loss:.6g}  {progress_summary(self.progress)}".rstrip())
+        val = " · ".join(text + suffix for _, text, suffix in self.val_parts())
+        lines += [f"{val} · {self.val_text()}"] if val else []
         return "\n".join(lines)
 
     def news(self, before: "JobSnapshot | None") -> list[str]:
-        """Lines for what is new since ``before`` (``--wait``'s stream): one per loss point after
-        its last step."""
+        """Lines for what is new since ``before`` (``--wait``'s stream), in step order: one per loss
+        point after its last step (``step 8 | loss 3.2061``), one per validation loss after its last
+        one (``step 8 | val_loss 3.1625``), and each evaluation that ended without a value."""
         shown = before.step if before is not None and before.step is not None else -1
-        return [f"step {step} | loss {loss:.6g}" for step, loss in zip(self.steps, self.losses) if step > shown]
+        lines = [(step, 0, f"step {step} | loss {loss:.6g}") for step, loss in zip(self.steps, self.losses)
+                 if step > shown]
+        val_shown = before.val_steps[-1] if before is not None and before.val_steps else -1
+        lines += [(step, 1, f"step {step} | val_loss {v:.6g}") for step, v in zip(self.val_steps, self.val_losses)
+                  if step > val_shown]
+        noted = set(before.evaluation_notes()) if before is not None else set()
+        return [text for _, _, text in sorted(lines)] + [n for n in self.evaluation_notes() if n not in noted]
 
 
 #: Marks the best trial in text tables.

@@ -40,7 +40,8 @@ def _age(row) -> tuple:
 class TableRows:
     """Row placement, "show all" and optional columns of a jobs table (a mixin of ``JobsTable``,
     which provides ``_slots``, ``_gone``, ``rows``, ``summaries``, ``jobs``, ``_hidden``, ``limit``,
-    ``_filter``, ``note``, ``_header``, ``grid``, ``more``, ``_new_slot``, ``_fill`` and ``_top_up``)."""
+    ``_filter``, ``note``, ``_header``, ``_heads`` (column -> its header), ``grid``, ``more``,
+    ``_new_slot``, ``_fill`` and ``_top_up``)."""
 
     #: The fixed columns before the optional ones, and the Stop column after them.
     FIXED = ("id", "name", "status", "step", "loss", "elapsed")
@@ -69,6 +70,7 @@ class TableRows:
         self.summaries.pop(old, None)
         self._gone.discard(old)
         row.job, row.done, row.live, row.shown, row.extra_shown = None, False, None, None, None
+        row.evals, row.val_shown = None, None
 
     def _place(self, job, *, create: bool = False) -> bool:
         """Show ``job`` in a free row, or in the oldest row shown when the table is at its limit or
@@ -195,15 +197,18 @@ class TableRows:
     # -- optional columns ---------------------------------------------------------------------
     def _update_columns(self) -> None:
         """Show the optional columns the jobs shown need (a table only ever adds columns)."""
-        cols = tablecols.columns_for(r.job for r in self._shown_rows()).widened(self._cols)
+        shown = self._shown_rows()
+        cols = tablecols.columns_for((r.job for r in shown), val=any(r.val_shown for r in shown)).widened(self._cols)
         if cols == self._cols and self._cols_applied:
             return
         self._cols, self._cols_applied = cols, True
         kinds = cols.table_kinds()
-        for kind, head in zip(tablecols.TABLE_KINDS, self._header[len(self.FIXED):]):
+        for kind in tablecols.TABLE_KINDS:
+            head = self._heads[kind]
             nodes = "<br><span style='font-weight:normal;font-size:11px'>nodes</span>" if kind == "engine" else ""
             head.value = f"<b>{html.escape(cols.heading(kind))}</b>{nodes}"
             head.layout.display = None if kind in kinds else "none"
+        self._heads["val"].layout.display = None if cols.val else "none"
         for row in self._slots:
             if row.job is not None:
                 self._show_columns(row)
@@ -211,19 +216,21 @@ class TableRows:
 
     def _show_columns(self, row) -> None:
         """Show ``row``'s cells of the optional columns shown, hide the others."""
-        kinds = self._cols.table_kinds()
-        for kind in tablecols.TABLE_KINDS:
+        kinds = self._cols.table_kinds() + (["val"] if self._cols.val else [])
+        for kind in ("val", *tablecols.TABLE_KINDS):
             want = None if kind in kinds and row.job.id not in self._gone else "none"
             if row.cells[kind].layout.display != want:
                 row.cells[kind].layout.display = want
 
     def template(self) -> str:
-        """The grid's ``grid-template-columns``: id and name wrap (``auto``), status to started as
-        wide as their content, the scheduler and the engine id with its nodes wrap where a narrow
-        notebook needs it, then the Stop (or Resume) button's column, as wide as its label."""
+        """The grid's ``grid-template-columns``: id and name wrap (``auto``), status to started (the
+        val loss among them, when shown) as wide as their content, the scheduler and the engine id
+        with its nodes wrap where a narrow notebook needs it, then the Stop (or Resume) button's
+        column, as wide as its label."""
         kinds = self._cols.table_kinds()
         wrapping = " auto" * (len(kinds) - 1)  # every optional column after "started"
-        return f"auto auto repeat({len(self.FIXED) - 2 + 1}, max-content){wrapping} minmax(76px, max-content)"
+        fitted = len(self.FIXED) - 2 + 1 + (1 if self._cols.val else 0)
+        return f"auto auto repeat({fitted}, max-content){wrapping} minmax(76px, max-content)"
 
 
 def dir_stamp(path: Path | None) -> tuple | None:

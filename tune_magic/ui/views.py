@@ -16,6 +16,7 @@ import ipywidgets as widgets
 
 from tune_magic.registry import store as jobstore
 from tune_magic.job import Job, jobs
+from tune_magic.job.evaluate import EvaluationFollower, is_evaluated, summary_of_evaluations, val_summary_of
 from tune_magic.registry.status import Status
 from tune_magic.ui import tablecols
 from tune_magic.ui.listing import JobFilter, newest_first
@@ -62,7 +63,9 @@ class _Row:
         self.live: bool | None = None  # whether the Stop button is shown
         self.shown: tuple | None = None
         self.extra_shown: dict | None = None  # the optional columns' text as last shown
-        self.cells = {kind: cell(kind) for kind in (*JobsTable.FIXED, *tablecols.TABLE_KINDS)}
+        self.evals = None  # its checkpoints' evaluations, followed (a job that validates by checkpoints)
+        self.val_shown: str | None = None  # the val loss cell's text as last shown ("": none)
+        self.cells = {kind: cell(kind) for kind in JobsTable.CELLS}
         self.button = widgets.Button(description="Stop", button_style="danger", layout=widgets.Layout(width="70px"))
         self.button.on_click(lambda _b: table._stop(self))
         self.resume_button = widgets.Button(description="Resume", button_style="info",
@@ -88,22 +91,27 @@ class JobsTable(TableRows, widgets.VBox):
     """The jobs (including those started by earlier kernels and by other processes), newest first,
     kept live.
 
-    Columns: id, name, status, step, last loss, elapsed, started, the scheduler (when jobs of more
+    Columns: id, name, status, step, last loss, the validation loss (``val loss``, when a job listed
+    has one: the best, the latest where it differs, ``evaluating…`` while a checkpoint's evaluation
+    is queued or running), elapsed, started, the scheduler (when jobs of more
     than one are listed), the engine's id with the nodes under it (when a job listed has an engine
     id, e.g. ``SLURM ID``; :mod:`tune_magic.ui.tablecols`), a Stop button on the rows of live
     (pending, running) jobs and a Resume button on stopped, failed and unknown ones (its pre-flight
     on the line under the row, then Confirm); a failed row's reason and a pending row's SLURM reason
-    (``Resources``, ``Priority``...) show on a line under it. At most ``limit`` rows (the newest jobs)
+    (``Resources``, ``Priority``...) show on a line under it, as does what an evaluation job evaluates
+    (``validates epoch_2 (step 12) of job ID``). At most ``limit`` rows (the newest jobs)
     are shown; the others wait behind the ``more`` button ("show all (N more)",
     :mod:`tune_magic.ui.tablerows`). ``rows`` maps job id -> that row's widgets (``id``, ``name``,
-    ``status``, ``step``, ``loss``, ``elapsed``, ``started``, ``scheduler``, ``engine`` (the nodes
+    ``status``, ``step``, ``loss``, ``val``, ``elapsed``, ``started``, ``scheduler``, ``engine`` (the nodes
     under the engine's id), ``reason`` HTML, ``stop`` and ``resume`` Buttons); ``summaries`` maps job
     id -> ``(name, status label, step, loss, elapsed seconds, reason)`` as last shown; ``jobs`` lists
     the jobs shown, in row order.
 
     One named daemon thread per table (``tune_magic-jobs-table-N``) refreshes it every
     :data:`TABLE_INTERVAL_S` seconds: rows of jobs not yet ended are re-read from each job's record
-    and summary (:meth:`Job.summary`: never its whole log), and a table of all jobs adds the rows of
+    and summary (:meth:`Job.summary`: never its whole log; a job whose checkpoints are evaluated,
+    also once ended while an evaluation is to come: their result files, a ``stat`` a look while
+    unchanged, :class:`~tune_magic.job.evaluate.EvaluationFollower`), and a table of all jobs adds the rows of
     jobs that appeared since (one ``stat`` of the registry a second while nothing changes) and hides
     those removed. A filtered table keeps its filter: a row whose job no longer matches (a
     ``--running`` table's job that ended) leaves, and the newest matching job behind "show all"
@@ -117,7 +125,10 @@ class JobsTable(TableRows, widgets.VBox):
             limit), also among the jobs found later.
     """
 
-    COLUMNS = ("id", "name", "status", "step", "loss", "elapsed", *tablecols.TABLE_KINDS, "")
+    #: Every cell of a row, in order: the fixed columns with the validation loss after the loss, then
+    #: the optional ones.
+    CELLS = ("id", "name", "status", "step", "loss", "val", "elapsed", *tablecols.TABLE_KINDS)
+    COLUMNS = (*CELLS, "")
 
     def __init__(self, listed: Iterable[Job] | None = None, *, live: bool = True, limit: int | None = TABLE_ROWS,
                  filter: JobFilter | None = None):
@@ -151,10 +162,11 @@ class JobsTable(TableRows, widgets.VBox):
             listed = self._filter.select(listed)
         header = []
         for c in self.COLUMNS:
-            h = widgets.HTML(f"<b>{c}</b>")
+            h = widgets.HTML(f"<b>{'val loss' if c == 'val' else c}</b>")
             h.add_class("tm-cell-head")
             header.append(h)
         self._header = header
+        self._heads = dict(zip(self.COLUMNS, header))
         # id and name: auto, so they wrap (ids at their hyphens) rather than widen a narrow notebook
         self.grid = widgets.GridBox(layout=widgets.Layout(justify_content="flex-start", grid_gap="2px 6px",
                                                           align_items="center", max_width="100%"))
@@ -212,10 +224,10 @@ class JobsTable(TableRows, widgets.VBox):
             self._rearrange()
 
     @staticmethod
-    def _values(job: Job) -> tuple:
-        """(name, status label, step, loss, elapsed s, reason) of ``job`` from its record and summary;
-        a sweep's trial is named ``<its values> · sweep <sweep name> #<trial>``."""
-        s = job.summary()  # refreshes the record first
+    def _values(job: Job, s) -> tuple:
+        """(name, status label, step, loss, elapsed s, reason) of ``job`` from its record and summary
+        ``s``; a sweep's trial is named ``<its values> · sweep <sweep name> #<trial>``; an evaluation
+        of a checkpoint says which one, after its reason (:func:`tune_magic.ui.tablecols.evaluates_text`)."""
         r = job.record
         state = r.state
         reason = ""
@@ -229,16 +241,34 @@ class JobsTable(TableRows, widgets.VBox):
         note = job.engine_note if not state.is_terminal else None  # e.g. the engine is not answering
         if note:
             reason = f"{reason} ({note})" if reason else note
+        what = tablecols.evaluates_text(r)
+        if what:
+            reason = f"{reason} · {what}" if reason else what
         return (name, state.label, s.step, s.loss, job.elapsed_s, reason)
 
-    def _show(self, row: _Row) -> None:
-        """Re-read ``row``'s job and set the traits that changed."""
+    def _val(self, row: _Row, s) -> str:
+        """The val loss cell's text (:func:`tune_magic.ui.tablecols.val_text`): from the summary ``s``,
+        or the evaluations of the job's checkpoints, followed (a ``stat`` a look while unchanged)."""
         job = row.job
-        values = self._values(job)
-        name, label, step, loss, elapsed, reason = values
-        state = job.record.state
-        self.summaries[job.id] = values
-        extra = tablecols.values(job)
+        if row.evals is None and is_evaluated(job.record):
+            row.evals = EvaluationFollower(job)
+        if row.evals is not None:
+            row.evals.poll()
+            return tablecols.val_text(summary_of_evaluations(row.evals.evaluations))
+        return tablecols.val_text(val_summary_of(job, summary=s))
+
+    def _show_val(self, row: _Row, s) -> None:
+        """Set the val loss cell when its text changed (the column appears with the first one)."""
+        val = self._val(row, s)
+        if val != row.val_shown:
+            row.cells["val"].value = f"<span class='tm-val' style='{_WRAP}'>{html.escape(val)}</span>" if val else ""
+            row.val_shown = val
+            if val and not self._cols.val:
+                self._update_columns()  # its first validation loss came after the row was shown
+
+    def _show_extra(self, row: _Row) -> None:
+        """Set the optional columns' cells when their text changed."""
+        extra = tablecols.values(row.job)
         if extra != row.extra_shown:
             for kind in tablecols.TABLE_KINDS:  # the nodes under the engine's id, small, wrapping after commas
                 nodes = (f"<div class='tm-nodes' style='font-size:11px;color:#555;{_WRAP}'>"
@@ -248,7 +278,21 @@ class JobsTable(TableRows, widgets.VBox):
             if extra["engine"] and not self._cols.engine:
                 self._update_columns()  # its engine id came after the row was shown
             row.extra_shown = extra
+
+    def _show(self, row: _Row) -> None:
+        """Re-read ``row``'s job and set the traits that changed."""
+        job = row.job
+        s = job.summary()  # refreshes the record first
+        values = self._values(job, s)
+        name, label, step, loss, elapsed, reason = values
+        state = job.record.state
+        self.summaries[job.id] = values
+        self._show_val(row, s)
+        self._show_extra(row)
+        # an ended job's row is never read again, once no evaluation of its checkpoints is to come
+        done = state.is_terminal and (row.evals is None or not row.evals.open)
         if values == row.shown:
+            row.done = done
             return
         old = row.shown or (None,) * 6
         c = row.cells
@@ -270,9 +314,12 @@ class JobsTable(TableRows, widgets.VBox):
                              Status.UNKNOWN: ("error", "")}.get(state, ("note", ""))
                 if state is Status.PENDING and job.record.pending_reason:
                     kind, why = "pending", "waiting for"
+                colour = STATUS_COLOURS.get(state.value, "#000")
+                if reason == tablecols.evaluates_text(job.record):  # only what it evaluates: a quiet note
+                    kind, colour = "evaluates", "#7f7f7f"
                 row.reason.value = (f"<div class='tm-reason tm-reason-{kind}' title='{html.escape(escape(reason))}' "
-                                    f"style='color:{STATUS_COLOURS.get(state.value, '#000')};{_WRAP}'>"
-                                    f"{why} {html.escape(cut(reason, REASON_WIDTH))}</div>")
+                                    f"style='color:{colour};{_WRAP}'>{why} "
+                                    f"{html.escape(cut(reason, REASON_WIDTH))}</div>")
             row.reason.layout.display = None if reason else "none"
         live = state.is_live
         if live != row.live:
@@ -281,7 +328,7 @@ class JobsTable(TableRows, widgets.VBox):
             row.button.description = "Stop"
             row.stop_cell.children = (row.button,) if live else (row.resume_button,) if can_resume(job.record) else ()
         row.shown = values
-        row.done = state.is_terminal
+        row.done = done
 
     # -- refreshing ---------------------------------------------------------------------------
     def refresh_once(self) -> None:
@@ -349,16 +396,18 @@ class JobsTable(TableRows, widgets.VBox):
         """The table as plain text: one line per job, newest first (name and reason escaped and
         cut), and how many more jobs "show all" would list."""
         with self._lock:
-            kinds = self._cols.kinds()
-            rows = [(*self.FIXED, *map(self._cols.heading, kinds), "reason")]
-            items = [(r.job.id, self.summaries.get(r.job.id), r.extra_shown or {}) for r in self._shown_rows()]
+            kinds, val = self._cols.kinds(), self._cols.val
+            rows = [(*self.FIXED[:5], *(["val loss"] if val else []), self.FIXED[5], *map(self._cols.heading, kinds),
+                     "reason")]
+            items = [(r.job.id, self.summaries.get(r.job.id), r.extra_shown or {}, r.val_shown or "")
+                     for r in self._shown_rows()]
             hidden = len(self._hidden)
-        for job_id, values, extra in items:
+        for job_id, values, extra, val_shown in items:
             if values is None:
                 continue
             name, status, step, loss, elapsed, reason = values
             rows.append((job_id, cut(name), status, "" if step is None else str(step),
-                         "" if loss is None else f"{loss:.5g}", _fmt_elapsed(elapsed),
+                         "" if loss is None else f"{loss:.5g}", *([val_shown] if val else []), _fmt_elapsed(elapsed),
                          *(cut(extra.get(k, "")) for k in kinds), cut(reason, REASON_WIDTH)))
         more = [f"({hidden} more: show all)"] if hidden else []
         return "\n".join(table(rows) + more)

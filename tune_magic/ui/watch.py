@@ -19,8 +19,10 @@ from dataclasses import replace
 from typing import Callable, Union
 
 from tune_magic import schedulers
+from tune_magic.checkpoints.validation import VAL_LOSS
 from tune_magic.logs.metricfollow import JobMetricsFollower
 from tune_magic.job import Job
+from tune_magic.job.evaluate import EvaluationFollower, is_evaluated
 from tune_magic.registry.store import RECORD
 from tune_magic.logs.progress import SAVED, SAVING, Bar, RunProgress, checkpoint_state, parse_bar, run_progress
 from tune_magic.registry.status import Status
@@ -30,7 +32,7 @@ from tune_magic.ui.cardlines import shown_overrides
 from tune_magic.sweeping.results import best, results
 from tune_magic.sweeping.sweep import Sweep, sweep_status
 from tune_magic.ui.snapshot import (LOSS, READ_PER_SHOWN, THROUGHPUT, JobSnapshot, SweepSnapshot, TrialRow,  # noqa: F401
-                                    progress_summary)  # (views import them from here too)
+                                    progress_summary, val_fields)  # (views import them from here too)
 
 #: What a watcher follows.
 Target = Union[Job, Sweep]
@@ -126,7 +128,10 @@ class JobWatcher(Watcher):
     debounce. A replaced record (the job ended, failed or was stopped) is shown at once. While
     nothing wakes it, it polls on the wall clock's whole seconds, so the idle cards of a process
     wake together. A poll that finds the log, the metric file and the record as they were
-    (one ``stat`` each) reads nothing.
+    (one ``stat`` each) reads nothing. A job whose checkpoints are evaluated by jobs of their own
+    (:attr:`evals`) is followed until no evaluation is to come, its evaluator started again should
+    it have died, at least every ``max_interval_s / 2`` while one is queued or running (their result
+    files wake nothing: a ``stat`` each a poll, :class:`~tune_magic.job.evaluate.EvaluationFollower`).
 
     Args:
         job: the job to follow.
@@ -184,6 +189,10 @@ class JobWatcher(Watcher):
         self._first_step: tuple[float, int] | None = None  # (monotonic s, step) of the first step seen
         self._failure = None  # a failed job's FailureReason, read once
         self._earlier = None  # the lineage's earlier curve (tune_magic.checkpoints.lineage.EarlierCurve), read once
+        #: the job's checkpoint evaluations, followed (a job that validates by checkpoints), else None
+        self.evals = EvaluationFollower(job, revive=True) if is_evaluated(r) else None
+        self._in_loop: dict[int, float] | None = None  # the val_loss points the recipe logged, by step
+        self._val: tuple = (None, None)  # (what the validation fields were made from, those fields)
 
     def poll_once(self) -> JobSnapshot:
         """Read what is new, return the snapshot, and hand it to the sink if it changed."""
@@ -200,14 +209,17 @@ class JobWatcher(Watcher):
 
     def _poll(self) -> JobSnapshot:
         status = self.job.status
+        evaluated = self.evals is not None and self.evals.poll()
         seen = self._files() if self.notify else None
         self.files_changed = seen is None or self._seen is None or seen[1:] != self._seen[1:]
         last = self._last
-        if (seen is not None and last is not None and seen == self._seen and status.is_live
-                and self.follower.caught_up):
+        if (seen is not None and last is not None and seen == self._seen and self.follower.caught_up
+                and (status.is_live or self._finished)):
             # nothing was written and the record is the same object: only the elapsed time moved
-            snap = replace(last, elapsed_s=self.job.elapsed_s, engine_note=self.job.engine_note)
-            changed = snap.engine_note != last.engine_note
+            # (and, while its checkpoints are evaluated, what their evaluations wrote)
+            snap = replace(last, elapsed_s=self.job.elapsed_s, engine_note=self.job.engine_note,
+                           **(self._val_fields(()) if evaluated else {}))
+            changed = snap.engine_note != last.engine_note or evaluated
         else:
             snap = self._read(status)
             self._seen = seen
@@ -249,8 +261,21 @@ class JobWatcher(Watcher):
             num_nodes=r.num_nodes, warnings=tuple(r.warnings), log_lost_at=r.log_lost_at,
             overrides=tuple(shown_overrides(self.job.overrides, r.id)), engine_id=self.job.engine_id,
             engine_id_label=self.job.engine_id_label, **self._lineage(r),
-            engine_note=self.job.engine_note,
+            engine_note=self.job.engine_note, **self._val_fields(changes),
         )
+
+    def _val_fields(self, changes) -> dict:
+        """The snapshot's validation fields: the ``val_loss`` points the recipe logged (copied only
+        when ``changes`` added or changed one) and the values of its checkpoints' evaluations, by
+        step; their latest and best; the evaluations."""
+        if self._in_loop is None or any(p.name == VAL_LOSS for p in changes):
+            full = self.follower.series(VAL_LOSS, None)
+            self._in_loop = dict(zip(full.steps, full.values))
+        evaluations = self.evals.evaluations if self.evals is not None else ()
+        made_from = self._val[0]  # (the in-loop points' dict, the evaluations) they were made from
+        if made_from is None or made_from[0] is not self._in_loop or made_from[1] != evaluations:
+            self._val = ((self._in_loop, evaluations), val_fields(self._in_loop, evaluations, self.max_points))
+        return self._val[1]
 
     def _lineage(self, r) -> dict:
         """The snapshot's lineage fields: the earlier runs' curve (read once: they have ended) and
@@ -314,8 +339,9 @@ class JobWatcher(Watcher):
 
     @property
     def finished(self) -> bool:
-        """True once the job ended and its logs were read to the end."""
-        return self._finished
+        """True once the job ended and its logs were read to the end, and, for a job whose
+        checkpoints are evaluated, no evaluation is queued or running and its evaluator is done."""
+        return self._finished and (self.evals is None or not self.evals.open)
 
     @property
     def trusting_notifications(self) -> bool:
@@ -371,7 +397,7 @@ class JobWatcher(Watcher):
                     self._follow()
             except Exception:  # a view must never kill the watcher; the next poll retries
                 pass
-            if self._finished:
+            if self.finished:
                 return
             if woken:
                 self.missed = 0
@@ -387,6 +413,9 @@ class JobWatcher(Watcher):
                 # idle: poll on the wall clock's whole seconds, so that the idle cards of a process
                 # wake together rather than each on its own
                 timeout = self.max_interval_s - time.time() % self.max_interval_s
+            if self.evals is not None and self.evals.pending:
+                # an evaluation's result file wakes nothing: it reaches the card within a second
+                timeout = min(timeout, self.max_interval_s / 2)
             woken = self._wake.wait(timeout)
             if self._stop.is_set():
                 return
