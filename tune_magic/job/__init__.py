@@ -220,7 +220,8 @@ class Job:
     # -- actions --------------------------------------------------------------------------------
     def wait(self, timeout: float | None = None, poll_s: float = 0.1) -> Status:
         """Block while the job is pending or running; return the status it then has (terminal,
-        or ``unknown`` when nothing of it runs and no exit code exists).
+        or ``unknown`` when nothing of it runs and no exit code exists). The evaluations of its
+        checkpoints may still run: :meth:`wait_evaluations` waits for them too.
 
         Raises:
             TimeoutError: still pending or running after ``timeout`` seconds.
@@ -244,7 +245,36 @@ class Job:
         finally:
             sub.close()
         self._settle_supervisor()
+        self._revive_evaluator()
         return self._record.state
+
+    def wait_evaluations(self, timeout: float | None = None, poll_s: float = 0.2) -> list:
+        """Block until the job has ended and every evaluation of its checkpoints has ended (a job
+        that validates by checkpoints: :meth:`evaluations`); return :meth:`evaluations`. Returns
+        once the job has ended for a job that validates in its loop (its values are in its logs)
+        or not at all. Starts the job's evaluator again should it have died.
+
+        Args:
+            timeout: seconds to wait in all (the job and its evaluations), or ``None``.
+            poll_s: seconds between looks.
+
+        Raises:
+            TimeoutError: the job, or an evaluation, still to finish after ``timeout`` seconds.
+            ValueError: ``timeout`` is not a number of seconds >= 0.
+        """
+        from tune_magic.job.evaluate import wait_for
+
+        deadline = wait_deadline(timeout)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()), poll_s)
+        return wait_for(self, deadline, poll_s)
+
+    def _revive_evaluator(self) -> None:
+        """Start the evaluator of this ended job again if it died with checkpoints to evaluate
+        (:func:`tune_magic.job.evaluate.revive`; a job that does not validate by checkpoints: nothing)."""
+        if self._record.validation and not self.damaged:
+            from tune_magic.job.evaluate import revive
+
+            revive(self)
 
     def _settle_supervisor(self) -> None:
         """Let the scheduler's own process for this ended job finish exiting (see

@@ -115,14 +115,30 @@ def evaluation_points(evaluations: list[Evaluation]) -> list:
             for e in evaluations if e.val_loss is not None]
 
 
+def unevaluated(record: JobRecord, done: set[int], settings=None) -> list:
+    """The complete ``epoch_N/`` checkpoints this job wrote (:func:`tune_magic.checkpoints.catalog.list_checkpoints`)
+    whose epoch is not in ``done``: those its evaluator has still to launch."""
+    from tune_magic.checkpoints.catalog import list_checkpoints
+
+    if not record.output_dir:
+        return []
+    started = record.started_at - 1  # folders an earlier job of this output_dir wrote are not this job's
+    return [c for c in list_checkpoints(record.output_dir, settings)
+            if c.complete and c.epoch not in done and c.mtime >= started]
+
+
 def val_summary_of(job) -> "validation.ValSummary | None":
     """``Job.val_summary``: from the job's summary file (in-loop validation, or ``val_loss`` lines
-    a recipe logged unasked) or its evaluations (checkpoint evaluation)."""
+    a recipe logged unasked) or its evaluations (checkpoint evaluation). Pending evaluations count
+    the queued and running ones and, once the job has ended, the checkpoints its evaluator has not
+    launched an evaluation of yet."""
     plan = validation.ValidationPlan.from_record(job.record.validation)
     if plan is not None and plan.mode == validation.CHECKPOINTS:
         evals = job.evaluations()
         live = sum(1 for e in evals if e.status in ("pending", "running"))
         failed = sum(1 for e in evals if e.val_loss is None and e.status not in ("pending", "running"))
+        if not job.record.state.is_live and not (job.dir / EVALUATOR_DONE).exists():
+            live += len(unevaluated(job.record, {e.epoch for e in evals}))
         return validation.ValSummary.of_points([(e.step, e.val_loss) for e in evals if e.val_loss is not None],
                                                pending=live, failed=failed)
     s = job.summary()
@@ -230,11 +246,7 @@ class Evaluator:
         self.steps.feed(data.decode("utf-8", errors="replace"))
 
     def _pending(self) -> list:
-        from tune_magic.checkpoints.catalog import list_checkpoints
-
-        started = self.record.started_at - 1  # folders an earlier job of this output_dir wrote are not this job's
-        return [c for c in list_checkpoints(self.record.output_dir, self.settings)
-                if c.complete and c.epoch not in self.done and c.mtime >= started]
+        return unevaluated(self.record, self.done, self.settings)
 
     def look(self, live: bool) -> bool:
         """One look: launch what can be launched; return whether something is still to do."""
@@ -285,6 +297,45 @@ def revive(job) -> bool:
     if plan is None or plan.mode != validation.CHECKPOINTS or (job.dir / EVALUATOR_DONE).exists():
         return False
     return start_evaluator(job.dir, cwd=job.record.cwd)
+
+
+def keep_evaluating(job) -> bool:
+    """Start the evaluator of an ended ``job`` again if it died (:func:`revive`); return whether its
+    evaluations can still finish: its evaluator runs, or has launched every one (whose jobs end on
+    their own). ``False`` for an evaluator that cannot be started (a registry it cannot write)."""
+    from tune_magic.job.validation import evaluator_alive
+
+    revive(job)
+    return (job.dir / EVALUATOR_DONE).exists() or evaluator_alive(job.dir)
+
+
+def wait_for(job, deadline: float | None, poll_s: float = 0.2) -> list[Evaluation]:
+    """``Job.wait_evaluations`` once ``job`` has ended: block until its evaluator has launched the
+    evaluation of every checkpoint (starting the evaluator again should it have died: :func:`revive`)
+    and each of those jobs has ended; return :meth:`~tune_magic.job.Job.evaluations`.
+
+    Args:
+        job: the ended :class:`~tune_magic.job.Job`.
+        deadline: :func:`time.monotonic` seconds to give up at, or ``None``.
+        poll_s: seconds between looks.
+
+    Raises:
+        TimeoutError: evaluations still to finish at ``deadline`` (the message counts them).
+    """
+    plan = validation.ValidationPlan.from_record(job.record.validation)
+    if plan is None or plan.mode != validation.CHECKPOINTS:
+        return job.evaluations()
+    while True:
+        going = keep_evaluating(job)
+        evals = job.evaluations()
+        if not going or ((job.dir / EVALUATOR_DONE).exists() and not any(e.status in ("pending", "running")
+                                                                          for e in evals)):
+            return evals
+        if deadline is not None and time.monotonic() > deadline:
+            left = job.val_summary().pending or 1
+            raise TimeoutError(f"job {job.id}: {left} evaluation{'s' if left > 1 else ''} of its checkpoints still "
+                               "to finish")
+        time.sleep(poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic())))
 
 
 def main(argv: list[str] | None = None) -> int:
