@@ -54,6 +54,9 @@ ROWS = [
     ("sweep_listing", "bench.rows.sweep_listing", "15", 600, 90),
     ("stop_all", "bench.rows.stop_all", "16", 600, 120),
     ("sweep_slurm", "bench.rows.sweep_slurm", "17", 900, 240),
+    ("eval_checkpoint", "bench.rows.eval_checkpoint", "18", 900, 180),
+    ("val_in_loop", "bench.rows.val_in_loop", "20", 900, 180),
+    ("prune_wait", "bench.rows.prune_wait", "21", 900, 180),
 ]
 QUICK_BUDGET_S = 600
 OUT = REPO / "bench" / "out"

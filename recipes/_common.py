@@ -555,13 +555,15 @@ class DistributedRecipeBase(FTRecipeInterface):
     def validate(self) -> float:
         """Return the validation loss (nats per label token); rank 0 logs it at ``global_step``.
 
-        A collective: every rank calls it. Rank 0 logs ``Validation loss: X.XXXX`` (INFO) and
-        ``{"val_loss": X}`` through the metric logger, as torchtune's later ``validate()`` does.
+        A collective: every rank calls it. Rank 0 logs ``Validation loss: X.XXXX (S.SSS s)`` (INFO;
+        torchtune's later ``validate()`` logs the value alone, the seconds the passes took are ours)
+        and ``{"val_loss": X}`` through the metric logger, as torchtune's later ``validate()`` does.
         """
+        start = time.perf_counter()
         result = _validation.validation_loss(self._model, self._val, self._loss_fn, self._device)
         self._last_val_step = self.global_step
         if self._is_rank_zero:
-            log.info(f"Validation loss: {result.val_loss:.4f}")
+            log.info(f"Validation loss: {result.val_loss:.4f} ({time.perf_counter() - start:.3f} s)")
             self._metric_logger.log_dict({_validation.VAL_LOSS_KEY: result.val_loss}, step=self.global_step)
         return result.val_loss
 

@@ -54,8 +54,13 @@ def test_wait_ends_when_the_record_changes_not_at_the_next_poll(cleanup_jobs):
 
 
 def test_wait_still_ends_where_the_filesystem_never_notifies(cleanup_jobs, monkeypatch):
+    import sys
+    from pathlib import Path
+
     from tune_magic.logs import notify
 
+    # tests/logs is on sys.path only once pytest collected a test module there: this file alone too
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "logs"))
     from test_notify import DeafBackend  # accepts every watch, never reports an event (NFS, Lustre)
 
     deaf = notify.Notifier(DeafBackend)

@@ -179,7 +179,7 @@ def _in_loop_checks(job, every: int, assets, examples) -> dict[int, float]:
     assert (s.latest, s.latest_step, s.best, s.best_step, s.pending, s.failed) == (
         val[12], 12, val[best_step], best_step, 0, 0)
     assert job.evaluations() == [] and evaluation_jobs(job) == []
-    assert not (job.dir / "evaluations.jsonl").exists() and not (job.dir / "evaluator.log").exists()
+    assert not (job.dir / "evaluations.jsonl").exists() and not (job.dir / "keeper.log").exists()
     return val
 
 
@@ -246,7 +246,7 @@ def test_torchtune_recipes_get_one_evaluation_job_per_checkpoint(recipe, config,
     best = min(points, key=lambda p: p.value)
     assert (s.latest, s.latest_step, s.best, s.best_step, s.pending, s.failed) == (
         points[-1].value, 12, best.value, best.step, 0, 0)
-    assert (job.dir / "evaluator.done").exists()
+    assert (job.dir / "keeper.done").exists()
 
 
 @pytest.mark.timeout(TIMEOUT)

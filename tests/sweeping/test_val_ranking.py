@@ -7,7 +7,7 @@ every view ranks by final loss and says so.
 No job runs here: the trials' logs are torchtune 0.6.1's progress bars and the ``Step N |
 val_loss:X `` lines a DiskLogger prints (tune_magic's recipes validating in their loop), written by
 hand; the evaluations of a trial that validates by checkpoints are records and ``val_loss.json``
-files as the evaluator and ``recipes/validate_checkpoint.py`` write them.
+files as the keeper and ``recipes/validate_checkpoint.py`` write them.
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def _evaluation(root, job_id: str, of: str, epoch: int, step: int, val_loss: flo
 
 def test_evaluations_still_to_finish_keep_the_ranking_on_final_loss_until_they_have(job_registry, capsys):
     """Trials validated by checkpoints: trial 0's one checkpoint is evaluated; trial 1's is saved and
-    its evaluator (alive: the test holds its lock) has not launched its evaluation yet."""
+    its keeper (alive: the test holds its lock) has not launched its evaluation yet."""
     ids = _ids(2)
     runs = job_registry.parent / "runs"
     for i in range(2):
@@ -189,9 +189,9 @@ def test_evaluations_still_to_finish_keep_the_ranking_on_final_loss_until_they_h
         write_epoch(runs / ids[i], 0)
         os.utime(runs / ids[i] / "epoch_0", (100.0, 100.0))  # saved after the job started (1.0)
     _evaluation(job_registry, "20261202-110000-cccccc", ids[0], 0, 3, 3.0)
-    (job_registry / ids[0] / "evaluator.done").touch()
-    fd = os.open(job_registry / ids[1] / "evaluator.lock", os.O_RDWR | os.O_CREAT)
-    fcntl.flock(fd, fcntl.LOCK_EX)  # trial 1's evaluator runs: nothing starts another
+    (job_registry / ids[0] / "keeper.done").touch()
+    fd = os.open(job_registry / ids[1] / "keeper.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # trial 1's keeper runs: nothing starts another
     try:
         sweep = _sweep(job_registry, ids)
         assert [r.val_pending for r in sweep.results()] == [0, 1]
@@ -202,7 +202,7 @@ def test_evaluations_still_to_finish_keep_the_ranking_on_final_loss_until_they_h
         assert "pending" in v["table_text"].splitlines()[3] and note in v["card.html"]
 
         _evaluation(job_registry, "20261202-110001-dddddd", ids[1], 0, 3, 2.0)
-        (job_registry / ids[1] / "evaluator.done").touch()
+        (job_registry / ids[1] / "keeper.done").touch()
         v = views(sweep, capsys)
         assert {v[k] for k in SAME} == {(1, BY_VAL_LOSS, None)}, {k: v[k] for k in SAME}
         assert sweep.best().best_val_loss == 2.0

@@ -245,14 +245,15 @@ class Job:
         finally:
             sub.close()
         self._settle_supervisor()
-        self._revive_evaluator()
+        if self._record.validation or self._record.keep_checkpoints:
+            self.ensure_keeper()  # a keeper that died with checkpoints still to evaluate or prune goes on
         return self._record.state
 
     def wait_evaluations(self, timeout: float | None = None, poll_s: float = 0.2) -> list:
         """Block until the job has ended and every evaluation of its checkpoints has ended (a job
         that validates by checkpoints: :meth:`evaluations`); return :meth:`evaluations`. Returns
         once the job has ended for a job that validates in its loop (its values are in its logs)
-        or not at all. Starts the job's evaluator again should it have died.
+        or not at all. Starts the job's keeper again should it have died (:meth:`ensure_keeper`).
 
         Args:
             timeout: seconds to wait in all (the job and its evaluations), or ``None``.
@@ -262,19 +263,11 @@ class Job:
             TimeoutError: the job, or an evaluation, still to finish after ``timeout`` seconds.
             ValueError: ``timeout`` is not a number of seconds >= 0.
         """
-        from tune_magic.job.evaluate import wait_for
+        from tune_magic.job.keeper import wait_for
 
         deadline = wait_deadline(timeout)
         self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()), poll_s)
         return wait_for(self, deadline, poll_s)
-
-    def _revive_evaluator(self) -> None:
-        """Start the evaluator of this ended job again if it died with checkpoints to evaluate
-        (:func:`tune_magic.job.evaluate.revive`; a job that does not validate by checkpoints: nothing)."""
-        if self._record.validation and not self.damaged:
-            from tune_magic.job.evaluate import revive
-
-            revive(self)
 
     def _settle_supervisor(self) -> None:
         """Let the scheduler's own process for this ended job finish exiting (see
@@ -398,14 +391,52 @@ class Job:
 
         return [p for p in self.metric_points() if p.name == VAL_LOSS]
 
+    def checkpoints(self) -> list:
+        """The job's checkpoints, by epoch: one :class:`tune_magic.checkpoints.catalog.Checkpoint`
+        per ``epoch_N/`` of its ``output_dir`` (epoch, path, files, bytes on disk, kind: ``full`` /
+        ``lora_merged`` / ``adapter_only``, complete or not, the step it was saved at, its
+        ``val_loss`` when evaluated, ``needed_by_resume``), and one per checkpoint retention removed
+        (``pruned``: when, and the bytes freed). Reads files only, never with torch."""
+        from tune_magic.job.checkpoints import checkpoints_of
+
+        return checkpoints_of(self)
+
+    def export(self, dest, checkpoint: "str | int" = "best"):
+        """Copy one checkpoint (``"best"``: the lowest validation loss, ``"last"``, ``"epoch_N"``)
+        with the job's tokenizer and configs into the new folder ``dest``, in the Hugging Face layout
+        where the checkpointer wrote one, with a README saying how to load it; return the
+        :class:`tune_magic.checkpoints.export.ExportResult`.
+
+        Raises:
+            CheckpointError: an unknown, pruned or incomplete checkpoint, none evaluated for
+                ``"best"``, or a ``dest`` that exists and is not empty.
+        """
+        from tune_magic.job.checkpoints import export_of
+
+        return export_of(self, dest, checkpoint)
+
+    def ensure_keeper(self, env=None) -> bool:
+        """Start this job's keeper (:mod:`tune_magic.job.keeper`: it evaluates the job's checkpoints
+        and applies its retention) when the job needs one, none runs and it is not done; return
+        whether one was started. The launch calls it; a card and ``wait`` call it again, so a keeper
+        that died (a reboot) goes on. Never raises for a keeper that cannot start."""
+        from tune_magic.job.keeper import ensure
+
+        try:
+            return ensure(self, env=env)
+        except OSError:
+            return False
+
     def val_summary(self):
         """What listings show of the job's validation losses (latest, best, evaluations pending or
         failed): :class:`tune_magic.checkpoints.validation.ValSummary`, or ``None`` when the job does
         not validate. Reads the small summary file (in-loop validation) or the evaluations' result
-        files, never a whole log."""
+        files, never a whole log. Pending evaluations count, once the job has ended, the checkpoints
+        its keeper has not launched an evaluation of yet."""
         from tune_magic.job.evaluate import val_summary_of
+        from tune_magic.job.keeper import KEEPER_DONE
 
-        return val_summary_of(self)
+        return val_summary_of(self, keeper_done=(self.dir / KEEPER_DONE).exists())
 
     def metrics(self) -> list[dict]:
         """Return the job's metric points as dicts: ``step`` (int), ``name`` (str), ``value``

@@ -47,7 +47,7 @@ from tune_magic.registry.owner import TOKEN_ENV, new_token
 from tune_magic.plan.argsize import check_command_size, check_word_sizes
 from tune_magic.registry.store import JobRecord
 from tune_magic.schedulers.base import Scheduler, SchedulerOptions
-from tune_magic.job.validation import check_dataset_val, val_split_words, validation_of
+from tune_magic.job.validation import check_dataset_val, disk_warning, keep_checks, val_split_words, validation_of
 from tune_magic import gpus as gpu_mod
 
 #: Environment variable: when "1", every launch is a dry run that returns the LaunchPlan.
@@ -153,6 +153,7 @@ class _Request:
     max_resumes: int | None = None
     sweep: dict | None = None
     val_split: float | None = None
+    keep_checkpoints: int | str | None = None
 
 
 def launch(
@@ -171,6 +172,7 @@ def launch(
     max_resumes: int | None = None,
     sweep_trial: Mapping[str, Any] | None = None,
     val_split: float | None = None,
+    keep_checkpoints: int | str | None = None,
     **options: Any,
 ) -> "Job | LaunchPlan":
     """Launch a ``tune run``-style job in the background and return at once.
@@ -213,6 +215,13 @@ def launch(
             it reads ``dataset_val``, else each saved checkpoint is evaluated by a job of its own
             (:mod:`tune_magic.job.evaluate`); the launch first builds ``dataset_val`` as the recipe
             would.
+        keep_checkpoints: keep only the newest N ``epoch_N/`` checkpoints (an int >= 1), or
+            ``"best"`` (the best by validation loss and the newest, which a resume needs); older
+            ones are removed by the job's keeper once a newer one is complete (and, for ``best``,
+            evaluated): :mod:`tune_magic.job.keeper`. Default: every one kept. Either way the
+            launch compares what the checkpoints will take with the free space of ``output_dir``'s
+            file system: a warning with the numbers when they will not fit, a refusal when not
+            even one checkpoint does (:mod:`tune_magic.checkpoints.diskspace`).
         options: the scheduler's own options by name (``nodes=2, partition="gpu"`` for SLURM;
             ``tune-magic run --help`` lists each scheduler's). Another scheduler's option is refused.
 
@@ -228,7 +237,7 @@ def launch(
     request, dry_run = _request(args, name=name, gpus=gpus, cwd=cwd, force=force, env=env, dry_run=dry_run,
                                 config_overlay=config_overlay, scheduler=scheduler, job_id=job_id,
                                 record_fields=record_fields, max_resumes=max_resumes, sweep_trial=sweep_trial,
-                                options=options, val_split=val_split)
+                                options=options, val_split=val_split, keep_checkpoints=keep_checkpoints)
     if dry_run:
         return _dry_run(request)
     job = _register_and_submit(request)
@@ -238,7 +247,8 @@ def launch(
 
 def register_trial(args: Sequence[str], *, sweep_trial: Mapping[str, Any], name: str, gpus, cwd: str,
                    force: bool, env: Mapping[str, str], config_overlay: str | None, scheduler: str,
-                   val_split: float | None = None, **options: Any) -> RegisteredJob:
+                   val_split: float | None = None, keep_checkpoints: int | str | None = None,
+                   **options: Any) -> RegisteredJob:
     """Register one trial of a sweep as a job of its scheduler, checked and planned as
     :func:`launch` does, without submitting it: the sweep process registers under the sweep's
     lock and submits outside it (several trials start side by side), and a scheduler that runs a
@@ -253,12 +263,13 @@ def register_trial(args: Sequence[str], *, sweep_trial: Mapping[str, Any], name:
     """
     request, _ = _request(args, name=name, gpus=gpus, cwd=cwd, force=force, env=env, dry_run=False,
                           config_overlay=config_overlay, scheduler=scheduler, job_id=None, record_fields=None,
-                          max_resumes=None, sweep_trial=sweep_trial, options=options, val_split=val_split)
+                          max_resumes=None, sweep_trial=sweep_trial, options=options, val_split=val_split,
+                          keep_checkpoints=keep_checkpoints)
     return _register(request)
 
 
 def _request(args, *, name, gpus, cwd, force, env, dry_run, config_overlay, scheduler, job_id, record_fields,
-             max_resumes, sweep_trial, options, val_split=None) -> "tuple[_Request, bool]":
+             max_resumes, sweep_trial, options, val_split=None, keep_checkpoints=None) -> "tuple[_Request, bool]":
     """Check :func:`launch`'s arguments; return the request and whether it is a dry run."""
     caller_env = dict(os.environ if env is None else env)
     if name is not None and not isinstance(name, str):
@@ -287,8 +298,23 @@ def _request(args, *, name, gpus, cwd, force, env, dry_run, config_overlay, sche
                        force=force, config_overlay=config_overlay, options=read, sched=schedulers.get(read.scheduler),
                        job_id=check_job_id(job_id) if job_id is not None else new_job_id(),
                        record_fields=record_fields, max_resumes=max_resumes,
-                       sweep=dict(sweep_trial) if sweep_trial is not None else None, val_split=val_split)
+                       sweep=dict(sweep_trial) if sweep_trial is not None else None, val_split=val_split,
+                       keep_checkpoints=_keep_policy(keep_checkpoints))
     return request, dry_run
+
+
+def _keep_policy(value: Any) -> "int | str | None":
+    """``keep_checkpoints`` read (``None``, an int >= 1, ``"best"``; a string of either is read too).
+
+    Raises:
+        PlanError: anything else, e.g. 0 (the message says what is accepted).
+    """
+    if value is None:
+        return None
+    from tune_magic.plan.options import generic
+
+    return generic("--keep-checkpoints").read(value if isinstance(value, str) else str(value)
+                                             if isinstance(value, int) and not isinstance(value, bool) else value)
 
 
 def _check_max_resumes(value: Any, sched: Scheduler) -> int | None:
@@ -338,8 +364,10 @@ def _dry_run(req: _Request) -> LaunchPlan:
         tokens = tokens + val_split_words(plan, req.val_split)
         plan, _ = _plan(tokens, req.job_id, gpus=req.gpus, cwd=req.cwd, env=req.caller_env, busy={},
                         options=req.options)
-    validation_of(plan)
-    plan = replace(plan, warnings=body_warnings + plan.warnings)
+    validation, cfg = validation_of(plan)
+    keep_checks(req.keep_checkpoints, validation, plan)
+    disk = disk_warning(plan, cfg, req.keep_checkpoints)
+    plan = replace(plan, warnings=body_warnings + plan.warnings + ([disk] if disk else []))
     _resumable_recipe(plan, req.max_resumes)
     # the job's directory as it would be (the same id-dependent paths a launch gets)
     would_be = jobstore.jobs_root(req.caller_env, create=False) / req.job_id
@@ -385,21 +413,11 @@ class RegisteredJob:
                 jobstore.remove_tree(self.dir)  # the engine refused it as described: nothing runs, nothing listed
                 raise
             faultpoints.reached("submitted")
-            self._start_evaluator()
-            return Job(self.dir)
+            job = Job(self.dir)
+            job.ensure_keeper(env=self._req.caller_env)  # its checkpoints evaluated, and kept as asked
+            return job
         finally:
             self.release()
-
-    def _start_evaluator(self) -> None:
-        """Start the evaluator of a job that validates by checkpoints (:mod:`tune_magic.job.evaluate`).
-        Never fails the launch: a card or ``Job.wait`` starts it again."""
-        from tune_magic.checkpoints.validation import CHECKPOINTS, ValidationPlan
-
-        plan = ValidationPlan.from_record(self.record.validation)
-        if plan is not None and plan.mode == CHECKPOINTS:
-            from tune_magic.job.validation import start_evaluator
-
-            start_evaluator(self.dir, env=self._req.caller_env, cwd=self._req.cwd)
 
     def release(self) -> None:
         """Let the lock go (after the job was submitted by other means, e.g. one engine job for a sweep)."""
@@ -460,9 +478,12 @@ def _stage(req: _Request, root: Path, stage: Path, final: Path):
         plan, dirs, resolved = checked_plan(tokens, req.job_id, gpus=req.gpus, cwd=req.cwd, env=req.caller_env,
                                              root=root, force=req.force, job_dir=final, options=req.options)
     validation, cfg = validation_of(plan)
+    keep_checks(req.keep_checkpoints, validation, plan)
+    disk = disk_warning(plan, cfg, req.keep_checkpoints, refuse=True)
     if validation is not None:
         check_dataset_val(plan, cfg, cwd=req.cwd, env=req.caller_env)
-    plan = replace(plan, warnings=body_warnings + plan.warnings)  # the record keeps them: the card shows them
+    # the record keeps them: the card shows them
+    plan = replace(plan, warnings=body_warnings + plan.warnings + ([disk] if disk else []))
     _resumable_recipe(plan, req.max_resumes)
     if req.config_overlay is not None:
         plan = _replace_config(plan, str(final / "config.yaml"))
@@ -470,6 +491,7 @@ def _stage(req: _Request, root: Path, stage: Path, final: Path):
     faultpoints.reached("planned")
     record = _record(req, plan, dirs, resolved, final, tokens)
     record.validation = validation.to_record() if validation is not None else None
+    record.keep_checkpoints = req.keep_checkpoints
     # the job's secret token, in the environment its processes get (record.env; not in the plan, which
     # a dry run shows alike): a stop signals only processes that carry it (tune_magic.registry.owner)
     token = new_token(req.job_id)

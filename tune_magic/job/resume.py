@@ -281,7 +281,7 @@ def plan_resume(job: "Job | str", overrides: "str | Sequence[str]" = (), *, fres
     launch_options = dict(name=name or r.name, gpus=gpus if gpus is not None else (r.gpus if same else None), cwd=r.cwd,
                           scheduler=scheduler or r.scheduler,
                           max_resumes=max_resumes if max_resumes is not None else r.max_resumes,
-                          config_overlay=overlay, **opts)
+                          keep_checkpoints=r.keep_checkpoints, config_overlay=overlay, **opts)
     return ResumePlan(job.id, r.output_dir, pre, fresh, args, overlay, extra, launch_options,
                       {"resumed_from": job.id, "resume_point": point})
 

@@ -1,15 +1,13 @@
-"""A launch's validation: whether and how its job validates, ``--val-split``, the build of
-``dataset_val`` as the recipe would build it, before anything starts, and the start of the
-evaluator of a job that validates by checkpoints (the rules are
-:mod:`tune_magic.checkpoints.validation`'s; the evaluator is :mod:`tune_magic.job.evaluate`).
+"""A launch's validation: whether and how its job validates, ``--val-split``, and the build of
+``dataset_val`` as the recipe would build it, before anything starts (the rules are
+:mod:`tune_magic.checkpoints.validation`'s; a job that validates by checkpoints has them evaluated
+by its keeper, :mod:`tune_magic.job.keeper`).
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,20 +16,11 @@ from typing import Mapping
 from tune_magic.checkpoints import validation
 from tune_magic.checkpoints.validation import fraction_of  # noqa: F401 - --val-split read, for the sweep layer
 from tune_magic.errors import PlanError
-from tune_magic.registry import store as jobstore
-from tune_magic.registry.files import open_nofollow
 
-#: Held by the evaluator for its whole life.
-EVALUATOR_LOCK = "evaluator.lock"
-#: The evaluator's output.
-EVALUATOR_LOG = "evaluator.log"
-#: Written when the evaluator has nothing left to do (no revive after it).
-EVALUATOR_DONE = "evaluator.done"
 #: Seconds the pre-flight build of ``dataset_val`` may take.
 CHECK_TIMEOUT_S = 600.0
 
 _CHECKED: dict[str, int] = {}  # digest of what builds dataset_val -> its examples (this process)
-_started: list[subprocess.Popen] = []
 
 
 def evaluation_recipe() -> str:
@@ -136,41 +125,86 @@ def validation_of(plan):
     return plan_validation(cfg, plan.recipe, plan.recipe_name), cfg
 
 
-def evaluator_alive(job_dir: Path) -> bool:
-    """Whether a process holds the job's evaluator lock."""
-    held = jobstore.lock_is_held(job_dir / EVALUATOR_LOCK)
-    return bool(held)
+def keep_checks(keep, validation_plan, plan) -> None:
+    """Refuse a retention policy the job cannot follow: any, for a recipe that saves no
+    ``epoch_N/`` checkpoints; ``best``, for a run that does not validate.
+
+    Raises:
+        PlanError: naming the fix.
+    """
+    if keep is None:
+        return
+    if not validation.saves_epoch_checkpoints(plan.recipe, plan.recipe_name):
+        name = plan.recipe_name or Path(plan.recipe).stem
+        raise PlanError(f"--keep-checkpoints {keep}: recipe {name} saves no epoch_N/ checkpoints to keep; drop "
+                        "--keep-checkpoints. Nothing was started.")
+    if keep == "best" and validation_plan is None:
+        raise PlanError("--keep-checkpoints best keeps the checkpoint with the lowest validation loss, and this run "
+                        "does not validate: add --val-split 0.1 (or a dataset_val), or keep the newest N "
+                        "(--keep-checkpoints 2). Nothing was started.")
 
 
-def start_evaluator(job_dir: Path, *, env: Mapping[str, str] | None = None, cwd: str | None = None) -> bool:
-    """Start the job's evaluator in a session of its own, unless one holds its lock or it is done;
-    return whether one was started. Its output is appended to ``evaluator.log``."""
-    if (job_dir / EVALUATOR_DONE).exists() or not os.access(job_dir, os.W_OK):
-        return False
+def disk_warning(plan, cfg, keep, *, refuse: bool = False) -> str | None:
+    """The disk pre-flight of a launch (:func:`tune_magic.checkpoints.diskspace.estimate_for_config`):
+    ``None`` when the checkpoints fit (or cannot be estimated: an input checkpoint not readable
+    here, a config without a checkpointer), else a warning with the numbers.
+
+    Args:
+        plan: the job's plan (its recipe).
+        cfg: its config with its overrides (an OmegaConf ``DictConfig``), or ``None``.
+        keep: its retention policy (``None``: all kept).
+        refuse: raise when not even one checkpoint fits (a launch); a dry run says it would.
+
+    Raises:
+        PlanError: with ``refuse``, not even one checkpoint and the recipe state fit.
+    """
+    if cfg is None or not validation.saves_epoch_checkpoints(plan.recipe, plan.recipe_name):
+        return None
+    from omegaconf import OmegaConf
+
+    from tune_magic.checkpoints.diskspace import estimate_for_config
+
     try:
-        lock_fd = open_nofollow(job_dir / EVALUATOR_LOCK, os.O_RDWR | os.O_CREAT)
-    except OSError:
-        return False
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        verdict = estimate_for_config(resolved, keep=keep)
+    except Exception:  # noqa: BLE001 - an estimate that cannot be made stops no launch
+        return None
+    if verdict.verdict == "fits":
+        return None
+    message = f"disk: {verdict.message}"
+    if verdict.verdict == "refuse":
+        if refuse:
+            raise PlanError(f"{message}. Nothing was started.")
+        return f"a launch here would refuse this: {message}"
+    return message
+
+
+def sweep_disk_warning(plan, cfg, keep, n_trials: int, *, refuse: bool = False) -> str | None:
+    """The disk pre-flight of a sweep: every trial's checkpoints counted (``n_trials`` x the
+    checkpoints each keeps at its end, plus each one's recipe state) against the free space of
+    the first trial's ``output_dir`` file system; ``None`` when they fit or cannot be estimated.
+
+    Raises:
+        PlanError: with ``refuse``, not even one trial's first checkpoint fits.
+    """
+    if cfg is None or n_trials < 2 or not validation.saves_epoch_checkpoints(plan.recipe, plan.recipe_name):
+        return disk_warning(plan, cfg, keep, refuse=refuse) if cfg is not None else None
+    from omegaconf import OmegaConf
+
+    from tune_magic.checkpoints.diskspace import estimate_for_config
+    from tune_magic.checkpoints.layout import size_text
+
     try:
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # alive
-            return False
-        log = open_nofollow(job_dir / EVALUATOR_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        try:
-            proc = subprocess.Popen([sys.executable, "-m", "tune_magic.job.evaluate", str(job_dir), "--lock-fd",
-                                     str(lock_fd)], cwd=cwd if cwd and os.path.isdir(cwd) else None,
-                                    env=dict(os.environ if env is None else env), stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
-                                    pass_fds=(lock_fd,))
-        finally:
-            os.close(log)
-        _started.append(proc)
-        for p in list(_started):  # reaped once exited: none is left a zombie
-            if p.poll() is not None:
-                _started.remove(p)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(lock_fd)
+        v = estimate_for_config(OmegaConf.to_container(cfg, resolve=True), keep=keep)
+    except Exception:  # noqa: BLE001 - an estimate that cannot be made stops no sweep
+        return None
+    if v.verdict == "refuse":
+        return disk_warning(plan, cfg, keep, refuse=refuse)
+    each = v.kept * v.size.per_checkpoint + v.size.recipe_state_bytes
+    needed = n_trials * each
+    if needed <= v.free:
+        return None
+    return (f"disk: {n_trials} trials keep {v.kept} checkpoint(s) of {size_text(v.size.per_checkpoint)} each "
+            f"(plus {size_text(v.size.recipe_state_bytes)} of recipe state): {size_text(needed)} in all, and "
+            f"{size_text(v.free)} is free where the first trial writes: the sweep will fill the disk before it ends. "
+            "Keep fewer checkpoints (--keep-checkpoints 1, or best), or free space")

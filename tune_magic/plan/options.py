@@ -91,6 +91,18 @@ class Option:
         return self.check(value) if self.check is not None else value
 
 
+def _keep(value: Any) -> "int | str":
+    """``--keep-checkpoints``' value: a whole number >= 1 (the newest N) or ``best``."""
+    text = str(value).strip().lower() if not isinstance(value, bool) else ""
+    if text == "best":
+        return "best"
+    if re.fullmatch(r"[0-9]+", text) and int(text) >= 1:
+        return int(text)
+    raise PlanError(f"--keep-checkpoints {value!r}: give how many of the newest checkpoints to keep (a whole number "
+                    ">= 1, e.g. --keep-checkpoints 2), or best (the best by validation loss and the newest, which a "
+                    "resume needs)")
+
+
 GENERIC: tuple[Option, ...] = (
     Option("--name", "name", "text", "free-text job name (default: the recipe name)"),
     Option("--gpus", "gpus", "text", "GPU ids for this job, e.g. 0,1 (relative to the CUDA_VISIBLE_DEVICES you "
@@ -121,6 +133,10 @@ GENERIC: tuple[Option, ...] = (
     Option("--val-split", "val_split", "text", "hold out the last fraction F of the training data as dataset_val "
                                                "(dataset.split=train[:P%], dataset_val: the rest): the run "
                                                "validates", example="0.1"),
+    Option("--keep-checkpoints", "keep_checkpoints", "text", "keep only the newest N epoch_N/ checkpoints, or best "
+                                                             "(the best by validation loss and the newest); older "
+                                                             "ones are removed once a newer one is complete",
+           example="2", check=_keep),
 )
 _GENERIC = {o.flag: o for o in GENERIC}
 _HELP = _GENERIC["--help"]
@@ -128,12 +144,12 @@ _HELP = _GENERIC["--help"]
 #: The own options of a sweep (``--sweep`` and those that only go with it).
 SWEEP = ("--sweep", "--max-parallel", "--gpus-per-trial", "--max-trials")
 #: The generic own options of a launch (``%%tune_run``, ``tune-magic run``); schedulers add theirs.
-RUN = ("--name", "--gpus", "--force", "--wait", "--dry-run", "--scheduler", "--max-resumes", "--val-split", *SWEEP,
-       "--help")
+RUN = ("--name", "--gpus", "--force", "--wait", "--dry-run", "--scheduler", "--max-resumes", "--val-split",
+       "--keep-checkpoints", *SWEEP, "--help")
 #: The generic own options of a resume (``%tune_resume``, ``tune-magic resume``).
 RESUME = ("--name", "--gpus", "--wait", "--dry-run", "--fresh", "--scheduler", "--max-resumes", "--help")
 #: The generic own options of ``tune-magic cmd``.
-CMD = ("--json", "--gpus", "--job-id", "--scheduler", "--val-split", *SWEEP, "--help")
+CMD = ("--json", "--gpus", "--job-id", "--scheduler", "--val-split", "--keep-checkpoints", *SWEEP, "--help")
 
 
 def check_sweep_options(own: Mapping[str, Any]) -> None:
@@ -158,7 +174,8 @@ def sweep_kwargs(own: Mapping[str, Any]) -> dict[str, Any]:
     generic ones; the caller adds the scheduler's): the magic's, the CLI's and the panel's."""
     return {"name": own.get("name"), "gpus": own.get("gpus"), "force": bool(own.get("force")),
             "max_parallel": own.get("max_parallel"), "gpus_per_trial": own.get("gpus_per_trial"),
-            "max_trials": own.get("max_trials"), "scheduler": own.get("scheduler"), "val_split": own.get("val_split")}
+            "max_trials": own.get("max_trials"), "scheduler": own.get("scheduler"), "val_split": own.get("val_split"),
+            "keep_checkpoints": own.get("keep_checkpoints")}
 
 
 def generic(flag: str) -> Option:

@@ -74,6 +74,8 @@ class JobRecord:
     "checkpoints", "every_n_steps": int | None}`` (:mod:`tune_magic.checkpoints.validation`), else
     ``None``. ``evaluates`` is set on a job that evaluates another's checkpoint: ``{"job": its id,
     "epoch": N of epoch_N, "step": the global step it was saved at}`` (:mod:`tune_magic.job.evaluate`).
+    ``keep_checkpoints`` is the job's retention policy (``--keep-checkpoints``): an int N (the newest
+    N), ``"best"``, or ``None`` (every checkpoint kept; :mod:`tune_magic.job.keeper`).
     """
 
     id: str
@@ -127,6 +129,7 @@ class JobRecord:
     sweep: dict[str, Any] | None = None
     validation: dict[str, Any] | None = None
     evaluates: dict[str, Any] | None = None
+    keep_checkpoints: int | str | None = None
     schema: int = SCHEMA
     extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -297,6 +300,7 @@ _FIELD_TYPES: dict[str, tuple[tuple, bool]] = {
     "resume_point": ((dict, type(None)), False), "attempts": ((list,), False),
     "max_resumes": ((int, type(None)), False), "sweep": ((dict, type(None)), False),
     "validation": ((dict, type(None)), False), "evaluates": ((dict, type(None)), False),
+    "keep_checkpoints": ((int, str, type(None)), False),
 }
 
 

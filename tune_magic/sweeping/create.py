@@ -17,13 +17,13 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from tune_magic import schedulers
 from tune_magic.errors import PlanError, UserError, warn_launch
-from tune_magic.job.validation import validation_of
+from tune_magic.job.validation import sweep_disk_warning, validation_of
 from tune_magic.job.launch import (MAX_NAME_CHARS, dry_run_requested, launch, missing_inputs_error, register_trial,
                                    state_error)
 from tune_magic.config.checks import check_axis_items
@@ -115,7 +115,8 @@ def sweep(args: "str | Sequence[str | Word]", *, name: str | None = None, gpus: 
           gpus_per_trial: "int | str | None" = None, max_parallel: "int | str | None" = None,
           max_trials: "int | str | None" = None, cwd: "str | os.PathLike | None" = None, force: bool = False,
           env: Mapping[str, str] | None = None, dry_run: bool | None = None, config_overlay: str | None = None,
-          scheduler: str | None = None, val_split: float | None = None, **options: Any) -> "Sweep | SweepDryRun":
+          scheduler: str | None = None, val_split: float | None = None, keep_checkpoints: "int | str | None" = None,
+          **options: Any) -> "Sweep | SweepDryRun":
     """Run a grid of trials, each a normal job, at most ``max_parallel`` at a time; return at once.
 
     Args:
@@ -155,12 +156,13 @@ def sweep(args: "str | Sequence[str | Word]", *, name: str | None = None, gpus: 
     if dry_run is None:
         dry_run = dry_run_requested(inputs.env)
     return _sweep(inputs, name=name, gpus=gpus, gpus_per_trial=gpus_per_trial, max_parallel=max_parallel,
-                  max_trials=max_trials, force=force, dry_run=dry_run, first_only=False)
+                  max_trials=max_trials, force=force, dry_run=dry_run, first_only=False, keep=keep_checkpoints)
 
 
 def preview(args: "str | Sequence[str | Word]", *, name: str | None = None, gpus=None, gpus_per_trial=None,
             max_parallel=None, max_trials=None, cwd=None, force: bool = False, env=None, config_overlay=None,
-            scheduler: str | None = None, val_split: float | None = None, **options: Any) -> SweepDryRun:
+            scheduler: str | None = None, val_split: float | None = None,
+            keep_checkpoints: "int | str | None" = None, **options: Any) -> SweepDryRun:
     """A quick dry run for previews (the launch panel): every check of :func:`sweep`, and the
     first trial's plan only (``plans`` holds one; ``len()`` is still the number of trials).
 
@@ -170,16 +172,16 @@ def preview(args: "str | Sequence[str | Word]", *, name: str | None = None, gpus
     inputs = _read_inputs(args, name=name, force=force, env=env, cwd=cwd, config_overlay=config_overlay,
                           scheduler=scheduler, options=options, val_split=val_split)
     return _sweep(inputs, name=name, gpus=gpus, gpus_per_trial=gpus_per_trial, max_parallel=max_parallel,
-                  max_trials=max_trials, force=force, dry_run=True, first_only=True)
+                  max_trials=max_trials, force=force, dry_run=True, first_only=True, keep=keep_checkpoints)
 
 
 def _sweep(inputs: "_Inputs", *, name, gpus, gpus_per_trial, max_parallel, max_trials, force, dry_run,
-           first_only) -> "Sweep | SweepDryRun":
+           first_only, keep=None) -> "Sweep | SweepDryRun":
     """Check, then return the dry run, or register the sweep and hand it to its scheduler."""
     sweep_id = sweepstore.new_sweep_id()
     plan, slots, first, extra = _check(inputs, sweep_id, name=name, gpus=gpus, gpus_per_trial=gpus_per_trial,
                                        max_parallel=max_parallel, max_trials=max_trials, force=force,
-                                       real=not dry_run)
+                                       real=not dry_run, keep=keep)
     sweep_name = name or first.recipe_name or Path(first.recipe).stem
     if dry_run:
         return _dry_run(inputs, sweep_id, sweep_name, plan, slots, first, extra, force, first_only)
@@ -191,7 +193,7 @@ def _sweep(inputs: "_Inputs", *, name, gpus, gpus_per_trial, max_parallel, max_t
         extra_overrides=list(extra), config_overlay=inputs.overlay, scheduler=inputs.options.scheduler,
         scheduler_options=dict(inputs.launch_options), slots=[list(g) if g else None for g in slots.gpus],
         gpus_per_trial=slots.gpus_per_trial, max_trials=None if max_trials is None else int(max_trials),
-        force=force, warnings=list(dict.fromkeys(first.warnings)))
+        force=force, warnings=list(dict.fromkeys(first.warnings)), keep_checkpoints=keep)
     return _register(inputs, record)
 
 
@@ -240,7 +242,8 @@ def _val_split_words(inputs: _Inputs, fraction: float) -> list[Word]:
     return [Word(w, frozenset(range(w.index("=") + 1, len(w)))) for w in val_split_words(first, fraction)]
 
 
-def _check(inputs: _Inputs, sweep_id: str, *, name, gpus, gpus_per_trial, max_parallel, max_trials, force, real):
+def _check(inputs: _Inputs, sweep_id: str, *, name, gpus, gpus_per_trial, max_parallel, max_trials, force, real,
+           keep=None):
     """Everything refused before anything starts; return (trials, slots, first trial's plan, extra overrides)."""
     plan = plan_sweep(inputs.words, body_axes=inputs.body_axes, max_trials=max_trials)
     parsed = tokenise(plan.args(0))
@@ -248,11 +251,15 @@ def _check(inputs: _Inputs, sweep_id: str, *, name, gpus, gpus_per_trial, max_pa
     slots = _slots(len(plan), parsed.torchrun.get("nproc_per_node") or inputs.env.get("PET_NPROC_PER_NODE"),
                    gpus=gpus, gpus_per_trial=gpus_per_trial, max_parallel=max_parallel, env=inputs.env,
                    scheduler=schedulers.get(inputs.options.scheduler), checking=real)
-    first = _trial_plan(inputs, plan, 0, slots, (), force)
+    first = _trial_plan(inputs, plan, 0, slots, (), force, keep)
     extra: tuple[str, ...] = ()
     if _uses_wandb(first) and not any(w.split("=", 1)[0].lstrip("+") == "metric_logger.group" for w in plan.words):
         extra = (_group_override(name or sweep_id),)
-        first = _trial_plan(inputs, plan, 0, slots, extra, force)
+        first = _trial_plan(inputs, plan, 0, slots, extra, force, keep)
+    validation, cfg = validation_of(first)
+    disk = sweep_disk_warning(first, cfg, keep, len(plan), refuse=real)
+    if disk:
+        first = replace(first, warnings=[*first.warnings, disk])
     check_axis_items(first.config, [(a.key, a.texts) for a in plan.axes])
     if real:
         refused = [w for w in first.warnings if w.startswith("a launch here would refuse this: ")]
@@ -261,7 +268,6 @@ def _check(inputs: _Inputs, sweep_id: str, *, name, gpus, gpus_per_trial, max_pa
         missing = resolve_dirs(first, cwd=inputs.cwd).missing_inputs
         if missing:
             raise PlanError(missing_inputs_error(first, missing, "every trial"))
-        validation, cfg = validation_of(first)
         if validation is not None:
             from tune_magic.job.validation import check_dataset_val
 
@@ -296,12 +302,12 @@ def _slots(n_trials: int, nproc, *, gpus, gpus_per_trial, max_parallel, env, sch
 
 
 def _trial_plan(inputs: _Inputs, plan: SweepPlan, index: int, slots: Slots, extra: Sequence[str],
-                force: bool) -> LaunchPlan:
+                force: bool, keep=None) -> LaunchPlan:
     """Trial ``index``'s plan as a launch would build it (in slot ``index % max_parallel``)."""
     gpus = slots.gpus[index % slots.max_parallel]
     return launch(plan.args(index) + list(extra), name=plan.trials[index].name, gpus=list(gpus) if gpus else None,
                   cwd=inputs.cwd, force=force, env=inputs.env, dry_run=True, config_overlay=inputs.overlay,
-                  scheduler=inputs.options.scheduler, **inputs.launch_options)
+                  scheduler=inputs.options.scheduler, keep_checkpoints=keep, **inputs.launch_options)
 
 
 def _uses_wandb(plan: LaunchPlan) -> bool:
@@ -407,6 +413,7 @@ def _register_trial(final: Path, inputs: _Inputs, index: int):
         registered = register_trial(
             record.trial_args(index), sweep_trial={"id": record.id, "trial": index, "name": record.name},
             name=trial.name, gpus=None, cwd=record.cwd, force=record.force, env=inputs.env,
-            config_overlay=record.config_overlay, scheduler=record.scheduler, **record.scheduler_options)
+            config_overlay=record.config_overlay, scheduler=record.scheduler, keep_checkpoints=record.keep_checkpoints,
+            **record.scheduler_options)
         trial.status, trial.job_id, trial.started_at = STARTED, registered.record.id, registered.record.started_at
     return registered

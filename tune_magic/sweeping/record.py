@@ -93,6 +93,7 @@ class SweepRecord:
         gpus_per_trial: G, or ``None`` without GPUs.
         max_trials: the cap the sweep was checked against.
         force: trials may share a GPU or an output_dir with a live job (``--force``).
+        keep_checkpoints: each trial's retention policy (``--keep-checkpoints``: N, ``"best"``), or ``None``.
         stop_requested_at: unix seconds when a user stopped the sweep, else ``None``.
         done_at: unix seconds when the last trial ended (nothing queued, nothing live), else ``None``.
         warnings: what the checks said (keys the config lacks, ...).
@@ -118,6 +119,7 @@ class SweepRecord:
     gpus_per_trial: int | None = None
     max_trials: int | None = None
     force: bool = False
+    keep_checkpoints: int | str | None = None
     stop_requested_at: float | None = None
     done_at: float | None = None
     warnings: list[str] = field(default_factory=list)
@@ -244,6 +246,7 @@ _FIELDS: dict[str, tuple[tuple, bool]] = {
     "extra_overrides": ((list,), False), "config_overlay": (_OPT_STR, False), "scheduler": ((str,), False),
     "scheduler_options": ((dict,), False), "slots": ((list,), False), "gpus_per_trial": ((int, type(None)), False),
     "max_trials": ((int, type(None)), False), "force": ((bool,), False), "stop_requested_at": (_OPT_NUM, False),
+    "keep_checkpoints": ((int, str, type(None)), False),
     "done_at": (_OPT_NUM, False), "warnings": ((list,), False), "engine": ((dict,), False), "schema": ((int,), False),
 }
 _TRIAL_FIELDS: dict[str, tuple[tuple, bool]] = {

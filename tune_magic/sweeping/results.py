@@ -54,7 +54,7 @@ class TrialResult:
         val_step: the step of ``best_val_loss`` (steps), or ``None``.
         validated: it has a validation loss (NaN included: evaluated, never best).
         val_pending: evaluations of its checkpoints still to finish (queued, running, or not
-            launched yet by its evaluator).
+            launched yet by its keeper).
         ranked_by: on the best trial :func:`rank` returns, the measure it won by
             (:data:`BY_VAL_LOSS` or :data:`BY_FINAL_LOSS`); ``None`` on every other row.
     """

@@ -208,7 +208,8 @@ class Runner:
                     record.trial_args(index), name=trial.name, gpus=list(gpus) if gpus else None, cwd=record.cwd,
                     force=record.force, env=self.env, config_overlay=record.config_overlay,
                     scheduler=record.scheduler, sweep_trial={"id": record.id, "trial": index, "name": record.name,
-                                                             "slot": slot}, **record.scheduler_options)
+                                                             "slot": slot},
+                    keep_checkpoints=record.keep_checkpoints, **record.scheduler_options)
             except (GpuError, StateDirError) as exc:  # a GPU another job holds; a full registry disk
                 self._wait(record, index, str(exc) if isinstance(exc, GpuError) else
                            (no_room(self.dir) or " ".join(str(exc).split())))

@@ -21,8 +21,8 @@ from tune_magic.ui.clifiles import (  # noqa: F401  (CliError, CHUNK_BYTES and r
     CHUNK_BYTES, ENV_ERRNOS, FOLLOWING, CliError, check_job_log, os_error_paragraph, os_reason, read_from, whole_log,
     write_chunks,
 )
-from tune_magic.ui.clitargets import (EXIT_USAGE, end_line, jobs_command, logs_command, metrics_command, rm_command,
-                                      stop_command, sweeps_command)
+from tune_magic.ui.clitargets import (EXIT_USAGE, checkpoints_command, end_line, export_command, jobs_command,
+                                      logs_command, metrics_command, rm_command, stop_command, sweeps_command)
 from tune_magic.ui.textfmt import escape, print_warnings
 
 
@@ -42,7 +42,7 @@ def _cmd(argv: Sequence[str]) -> int:
         return _cmd_sweep(own, rest)
     launchopts.check_sweep_options(own)
     plan = launch(rest, gpus=own.get("gpus"), dry_run=True, scheduler=own.get("scheduler"),
-                  job_id=own.get("job_id"), val_split=own.get("val_split"), **scheduler_values(own))
+                  job_id=own.get("job_id"), val_split=own.get("val_split"), keep_checkpoints=own.get("keep_checkpoints"), **scheduler_values(own))
     if own.get("job_id") is None:
         print(f"tune-magic cmd: built for the new id {plan.job_id}; tune-magic run picks its own id",
               file=sys.stderr)
@@ -143,7 +143,7 @@ def _run(argv: Sequence[str]) -> int:
         return _run_sweep(own, rest)
     launchopts.check_sweep_options(own)
     result = launch(rest, name=own.get("name"), gpus=own.get("gpus"), force=bool(own.get("force")),
-                    scheduler=own.get("scheduler"), max_resumes=own.get("max_resumes"), val_split=own.get("val_split"),
+                    scheduler=own.get("scheduler"), max_resumes=own.get("max_resumes"), val_split=own.get("val_split"), keep_checkpoints=own.get("keep_checkpoints"),
                     **scheduler_values(own))
     if not hasattr(result, "id"):  # TUNE_MAGIC_DRY_RUN=1: a plan, nothing started
         print(result.command_line())
@@ -267,6 +267,8 @@ _COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "stop": (stop_command, "stop a job or a sweep, or --all"),
     "rm": (rm_command, "remove finished jobs"),
     "metrics": (metrics_command, "print a job's or a sweep's metric points (--json, --csv)"),
+    "checkpoints": (checkpoints_command, "list a job's checkpoints: step, kind, size, validation loss, pruned"),
+    "export": (export_command, "copy one checkpoint with its tokenizer and configs into a new folder"),
     "demo": (_demo, "run the demo"),
     "help": (_help, "show help for a command: tune-magic help COMMAND"),
 }

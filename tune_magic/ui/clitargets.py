@@ -421,3 +421,64 @@ def _sweep_metrics(spec: str, fmt: str) -> int:
             for p in points:
                 print(f"{labels['trial']:>5} {p.step:>7} {cell(p.name, 28):<28} {p.value:.6g}")
     return 0
+
+
+# -- checkpoints, export ------------------------------------------------------------------------
+
+
+def checkpoints_command(argv: Sequence[str]) -> int:
+    """``tune-magic checkpoints JOB [--json]``: the job's checkpoints (``Job.checkpoints``), the best
+    by validation loss marked ``*``."""
+    from tune_magic.checkpoints.catalog import best_of
+    from tune_magic.checkpoints.layout import size_text
+
+    parser = argparse.ArgumentParser(prog="tune-magic checkpoints", description="List a job's checkpoints "
+                                     "(epoch_N/): step, kind, size on disk, validation loss, pruned or kept.")
+    parser.add_argument("--json", action="store_true", help="print a JSON list of checkpoints")
+    ns, job = _job_arg(parser, argv)
+    listed = job.checkpoints()
+    best = best_of([c for c in listed if c.pruned is None and c.complete])
+    if ns.json:
+        print(json.dumps([_checkpoint_json(c, best) for c in listed], indent=2))
+        return 0
+    rows = [("EPOCH", "STEP", "KIND", "SIZE", "VAL LOSS", "STATE", "PATH")]
+    for c in listed:
+        state = (f"pruned (freed {size_text(c.pruned.bytes_freed)})" if c.pruned is not None else
+                 "incomplete" if not c.complete else "resume needs it" if c.needed_by_resume else "kept")
+        rows.append((c.name + (" *" if best is not None and c.epoch == best.epoch else ""),
+                     "-" if c.step is None else str(c.step), c.kind or "-",
+                     "-" if c.pruned is not None else size_text(c.bytes_on_disk),
+                     "-" if c.val_loss is None else f"{c.val_loss:.5g}", state, cell(str(c.path), PATH_WIDTH, keep="end")))
+    for line in table(rows):
+        print(line)
+    if best is not None:
+        print(f"* best: {best.name} (lowest validation loss, {best.val_loss:.5g})")
+    return 0
+
+
+def _checkpoint_json(c, best) -> dict:
+    return {"epoch": c.epoch, "name": c.name, "path": str(c.path), "step": c.step, "kind": c.kind,
+            "complete": c.complete, "problems": list(c.problems), "files": list(c.files),
+            "bytes_on_disk": c.bytes_on_disk, "val_loss": _finite(c.val_loss), "best": best is not None and c is best,
+            "needed_by_resume": c.needed_by_resume,
+            "pruned": None if c.pruned is None else {"at": c.pruned.at, "bytes_freed": c.pruned.bytes_freed}}
+
+
+def export_command(argv: Sequence[str]) -> int:
+    """``tune-magic export JOB DEST [--checkpoint C]``: ``Job.export``; prints the export's folder."""
+    parser = argparse.ArgumentParser(prog="tune-magic export", description="Copy one checkpoint of a job, with its "
+                                     "tokenizer and configs, into a new folder (Hugging Face layout where the "
+                                     "checkpointer wrote one, and a README saying how to load it).")
+    from tune_magic.job import get_job
+
+    parser.add_argument("job", help="job id, or the name of one job (tune-magic jobs lists them)")
+    parser.add_argument("dest", help="the export's folder: new, or empty")
+    parser.add_argument("--checkpoint", default="best", help="best (lowest validation loss; default), last, or "
+                                                             "epoch_N")
+    ns = parser.parse_args(argv)
+    job = get_job(ns.job)
+    if not ns.dest.strip():
+        raise CliError("the destination is an empty path; give a folder, e.g. tune-magic export JOB ./exported")
+    result = job.export(ns.dest, checkpoint=ns.checkpoint)
+    print(result.dest)
+    return 0

@@ -129,7 +129,7 @@ class TuneMagics(Magics):
                                 force=bool(own.get("force")), cwd=os.getcwd(),
                                 dry_run=True if own.get("dry_run") else None, config_overlay=body.config_yaml,
                                 scheduler=own.get("scheduler"), max_resumes=own.get("max_resumes"),
-                                val_split=own.get("val_split"),
+                                val_split=own.get("val_split"), keep_checkpoints=own.get("keep_checkpoints"),
                                 **scheduler_values(own))
         except UserError as exc:
             raise UsageError(str(exc)) from None

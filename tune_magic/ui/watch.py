@@ -454,8 +454,8 @@ class SweepWatcher(Watcher):
     losses through its own incremental follower (read while the trial runs, once more when it
     ends). Each look also starts the sweep process again when it died with trials queued
     (:meth:`tune_magic.sweeping.sweep.Sweep.revive`: a card of such a sweep would wait for good), and
-    the evaluator of an ended trial whose checkpoints still await their evaluation
-    (:func:`tune_magic.job.evaluate.keep_evaluating`). It is done once the trials ended and no
+    the keeper of an ended trial whose checkpoints still await their evaluation
+    (:func:`tune_magic.job.keeper.keep_evaluating`). It is done once the trials ended and no
     evaluation of theirs can still change the ranking.
 
     Args:
@@ -487,7 +487,7 @@ class SweepWatcher(Watcher):
         return self._hand_over(snap, last is None or snap != last, ticked)
 
     def _read(self) -> SweepSnapshot:
-        from tune_magic.job.evaluate import keep_evaluating
+        from tune_magic.job.keeper import keep_evaluating
 
         self.sweep.revive()
         rows, evaluating = [], False
@@ -499,7 +499,7 @@ class SweepWatcher(Watcher):
                 rows.append(TrialRow(t.index, t.name, texts, t.status, note=t.error or t.waiting))
                 continue
             steps, losses, lowest = self._curve(t.job)
-            if r.val_pending and not t.job.record.state.is_live:  # its evaluator, started again if it died
+            if r.val_pending and not t.job.record.state.is_live:  # its keeper, started again if it died
                 evaluating = keep_evaluating(t.job) or evaluating
             rows.append(TrialRow(t.index, t.name, texts, t.status, t.job.id, steps[-1] if steps else None,
                                  losses[-1] if losses else None, lowest, t.job.elapsed_s, note=t.error,
