@@ -369,7 +369,10 @@ def recipe_main(cfg: DictConfig) -> int:
         import traceback
 
         traceback.print_exc()
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()] or [type(exc).__name__]
+        first = lines[0]
+        if first.endswith(":") and len(lines) > 1:  # "Error loading 'x':" says why on the next line
+            first = f"{first} {lines[1]}"
         print(f"validate_checkpoint: error: {type(exc).__name__}: {first}", file=sys.stderr, flush=True)
         return 2
     return 0

@@ -269,7 +269,7 @@ def test_sweep_notebook(stop_leftovers, tiny_assets):
     names = re.findall(r"^trial (\d): (\S+)$", dry, re.M)
     assert names == [("0", "lr=1e-3,lora_rank=4"), ("1", "lr=1e-3,lora_rank=8"), ("2", "lr=3e-3,lora_rank=4"),
                      ("3", "lr=3e-3,lora_rank=8")]
-    assert " optimizer.lr=3e-3 model.lora_rank=8 max_steps_per_epoch=5 " in dry
+    assert " optimizer.lr=3e-3 model.lora_rank=8 max_steps_per_epoch=5 'dataset.split=train[:90%]' 'dataset_val=" in dry
     sweep_id = re.match(r"<Sweep (sweep-\S+) 'lr-rank': 4 trials, 2 at a time>", stdout(nb, "wait")).group(1)
     assert stdout(nb, "wait").splitlines()[1] == "{'succeeded': 4}"
     (card,) = texts(nb, "sweep", "display_data")
@@ -281,16 +281,21 @@ def test_sweep_notebook(stop_leftovers, tiny_assets):
     rows = [line.split() for line in stdout(nb, "frame").splitlines()[2:]]
     assert [r[:5] for r in rows] == [["0", "0.001", "4", "succeeded", "5"], ["1", "0.001", "8", "succeeded", "5"],
                                      ["2", "0.003", "4", "succeeded", "5"], ["3", "0.003", "8", "succeeded", "5"]]
-    finals = [float(r[5]) for r in rows]
-    for job, final in zip(jobs, finals):
+    finals, vals = [float(r[5]) for r in rows], [float(r[7]) for r in rows]
+    for job, final, val in zip(jobs, finals, vals):
         losses = [p["value"] for p in job.metrics() if p["name"] == "loss"]
         assert len(losses) == 5 and abs(losses[-1] - final) < 1e-5
-    best = finals.index(min(finals))
-    assert stdout(nb, "best").startswith(f"best: trial {best} ({names[best][1]}), final loss {min(finals):.4f}, "
-                                         f"job {jobs[best].id}")
+        # --val-split 0.1: validated in the recipe's loop at the epoch's end (step 5), no evaluation job
+        (point,) = job.validation_points()
+        assert point.step == 5 and abs(point.value - val) < 1e-5 * val and job.evaluations() == []
+    # the best trial is the one with the lowest validation loss, said as such
+    best = vals.index(min(vals))
+    assert stdout(nb, "best").startswith(f"best by val_loss: trial {best} ({names[best][1]}), val_loss {min(vals):.4f}, "
+                                         f"final loss {finals[best]:.4f}, job {jobs[best].id}")
+    assert sweep.best().trial.index == best and sweep.best().ranked_by == "val_loss"
     (again,) = texts(nb, "card", "display_data")
     assert again.startswith(f"sweep lr-rank ({sweep_id}): finished, 4 trials, 2 at a time: 4 succeeded")
-    assert f"* best: trial {best} ({names[best][1]})" in again
+    assert f"* best: trial {best} ({names[best][1]}), val_loss " in again and "(best by val_loss: " in again
 
 
 def test_gpu_node_notebook_in_dry_run(stop_leftovers, monkeypatch):

@@ -113,7 +113,8 @@ def test_four_tiny_lora_trials_two_at_a_time_equal_the_same_runs_alone(tmp_path,
     assert losses(jobs[0]) != losses(jobs[3])  # the axes did change the run
     frame = sweep.frame()
     assert list(frame.columns) == ["name", "optimizer.lr", "seed", "status", "job_id", "steps", "final_loss",
-                                   "min_loss"]
+                                   "min_loss", "best_val_loss"]
+    assert frame["best_val_loss"].isna().all() and frame.attrs["ranked_by"] == "final_loss"  # no trial validates
     assert frame["optimizer.lr"].tolist() == [0.001, 0.001, 0.002, 0.002] and frame["seed"].tolist() == [1, 2, 1, 2]
     assert frame["steps"].tolist() == [4] * 4
     for i, job in enumerate(jobs):
@@ -121,6 +122,7 @@ def test_four_tiny_lora_trials_two_at_a_time_equal_the_same_runs_alone(tmp_path,
         assert frame.loc[i, "final_loss"] == values[-1] and frame.loc[i, "min_loss"] == min(values)
     best = sweep.best()  # the lowest final loss (no ties here)
     assert best.trial.index == int(frame["final_loss"].idxmin()) and best.final_loss == frame["final_loss"].min()
+    assert best.ranked_by == "final_loss" and sweep.ranking().note is None
     # %tune_jobs shows each trial with its sweep
     from tune_magic.ui.views import JobsTable
 

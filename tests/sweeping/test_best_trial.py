@@ -58,15 +58,18 @@ def test_every_view_names_the_same_best_trial_on_a_tie(tied_sweep, capsys):
     assert (best.trial.index, best.final_loss, best.min_loss, best.steps) == (1, 1.0, 0.5, 3)
     snap = SweepWatcher(tied_sweep).poll_once()
     assert snap.best == 1
-    assert "* best: trial 1 (lr=1), final loss 1" in table_text(snap)
+    assert "* best: trial 1 (lr=1), final loss 1 (best by final loss: the lowest final loss" in table_text(snap)
+    assert "VAL_LOSS" not in table_text(snap)  # no trial validates: no column for it
 
     capsys.readouterr()
     assert cli.main(["sweeps", "--json"]) == 0
     (listed,) = json.loads(capsys.readouterr().out)
-    assert listed["best"] == {"trial": 1, "final_loss": 1.0, "min_loss": 0.5}
+    assert listed["best"] == {"trial": 1, "final_loss": 1.0, "min_loss": 0.5, "best_val_loss": None,
+                              "ranked_by": "final_loss"}
+    assert (listed["ranked_by"], listed["ranking"], listed["ranking_note"]) == ("final_loss", "best by final loss", None)
     assert cli.main(["sweeps"]) == 0
     (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith(SWEEP_ID)]
-    assert "1 (trial 1)" in row
+    assert "1 final loss (trial 1)" in row
     assert cli.main(["jobs", "--sweep", SWEEP_ID, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["best"] == 1
     assert cli.main(["jobs", "--sweep", SWEEP_ID]) == 0

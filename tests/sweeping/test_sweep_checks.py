@@ -203,20 +203,6 @@ def test_the_panels_sweep_switch_previews_the_trial_count_and_the_first_command(
     panel.close()
 
 
-def test_the_one_measure_of_the_best_trial():
-    from tune_magic.sweeping.results import pick_best
-
-    nan = float("nan")
-    # lowest final loss; a tie broken by the lowest minimum; then by trial order
-    assert pick_best([(0, "succeeded", 2.0, 1.5), (1, "succeeded", 1.0, 0.9), (2, "succeeded", 1.0, 0.8)]) == 2
-    assert pick_best([(0, "succeeded", 1.0, 0.8), (1, "succeeded", 1.0, 0.8)]) == 0
-    # among the trials that succeeded while any has: a failed one's early low loss does not count
-    assert pick_best([(0, "failed", 0.1, 0.1), (1, "succeeded", 1.0, 1.0), (2, "running", 0.5, 0.5)]) == 1
-    assert pick_best([(0, "failed", 0.1, 0.1), (1, "running", 0.5, 0.5)]) == 0
-    assert pick_best([(0, "succeeded", nan, 1.0), (1, "succeeded", 3.0, 3.0)]) == 1
-    assert pick_best([(0, "queued", None, None)]) is None
-
-
 def test_warnings_of_a_dry_run_are_not_raised_as_python_warnings(nothing_registered):
     with warnings.catch_warnings():
         warnings.simplefilter("error")

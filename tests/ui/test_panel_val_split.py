@@ -59,7 +59,7 @@ def test_launch_passes_the_fraction_to_launch(tmp_path, monkeypatch):
     calls.clear()
     panel.launch_button.click()
     (kw,) = calls
-    assert kw["val_split"] == 0.25 and "dry run" in panel.error.value and panel.launched == []
+    assert kw["val_split"] == "0.25" and "dry run" in panel.error.value and panel.launched == []
     panel.val_split.value = ""
     calls.clear()
     panel.launch_button.click()
@@ -78,7 +78,7 @@ def test_a_sweep_gets_the_fraction_in_its_preview_and_its_launch(tmp_path, monke
     monkeypatch.setattr(create, "sweep", lambda args, **kw: calls.append(kw) or create.preview(args, **{
         k: v for k, v in kw.items() if k != "name"}))
     panel.launch_button.click()
-    assert calls[0]["val_split"] == 0.1 and "dry run" in panel.error.value
+    assert calls[0]["val_split"] == "0.1" and "dry run" in panel.error.value
 
 
 # -- the magic's and the CLI's --val-split hand on the word as typed --------------------------------

@@ -83,8 +83,8 @@ def test_text_form_lists_every_trial_and_says_which_is_best_and_why():
     assert lines[1].split() == ["TRIAL", "LR", "SEED", "STATUS", "STEP", "LOSS", "BEST", "LOSS", "ELAPSED", "JOB"]
     assert lines[3].split()[:6] == ["1*", "1e-3", "2", "running", "2", "2"]
     assert lines[4].split() == ["2", "2e-3", "1", "queued", "-", "-", "-", "-", "-"]
-    assert lines[-1] == ("* best: trial 1 (lr=1e-3,seed=2), final loss 2 (lowest final loss; ties: lowest minimum "
-                         "loss)")
+    assert lines[-1] == ("* best: trial 1 (lr=1e-3,seed=2), final loss 2 (best by final loss: the lowest final loss; "
+                         "ties: lowest minimum loss)")
 
 
 def test_opening_a_queued_trials_card_says_it_has_not_started(sweep):

@@ -154,6 +154,24 @@ def plan_validation(cfg: Any, recipe: str, recipe_name: str | None = None) -> Va
 # -- --val-split -----------------------------------------------------------------------------------
 
 
+def fraction_of(value: Any) -> float:
+    """``--val-split F`` as given: a number, or its text as typed on a command line or in a magic
+    (``"0.1"``); return F, checked by :func:`check_fraction`.
+
+    Raises:
+        PlanError: as :func:`check_fraction`; text that is not a number.
+    """
+    if isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            raise PlanError(f"--val-split {value!r}: give the fraction of the training data to hold out, "
+                            "between 0 and 1, e.g. --val-split 0.1") from None
+        value = int(number) if number.is_integer() else number  # "1" reads as 1, not 1.0, in messages
+    check_fraction(value)
+    return float(value)
+
+
 def check_fraction(fraction: Any) -> int:
     """``--val-split F`` read: return the whole percent 100·F. F is a number, or its text as the
     magic's and the CLI's option parser hand it on (``"0.1"``).

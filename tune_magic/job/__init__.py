@@ -220,7 +220,8 @@ class Job:
     # -- actions --------------------------------------------------------------------------------
     def wait(self, timeout: float | None = None, poll_s: float = 0.1) -> Status:
         """Block while the job is pending or running; return the status it then has (terminal,
-        or ``unknown`` when nothing of it runs and no exit code exists).
+        or ``unknown`` when nothing of it runs and no exit code exists). The evaluations of its
+        checkpoints may still run: :meth:`wait_evaluations` waits for them too.
 
         Raises:
             TimeoutError: still pending or running after ``timeout`` seconds.
@@ -244,7 +245,29 @@ class Job:
         finally:
             sub.close()
         self._settle_supervisor()
+        if self._record.validation or self._record.keep_checkpoints:
+            self.ensure_keeper()  # a keeper that died with checkpoints still to evaluate or prune goes on
         return self._record.state
+
+    def wait_evaluations(self, timeout: float | None = None, poll_s: float = 0.2) -> list:
+        """Block until the job has ended and every evaluation of its checkpoints has ended (a job
+        that validates by checkpoints: :meth:`evaluations`); return :meth:`evaluations`. Returns
+        once the job has ended for a job that validates in its loop (its values are in its logs)
+        or not at all. Starts the job's keeper again should it have died (:meth:`ensure_keeper`).
+
+        Args:
+            timeout: seconds to wait in all (the job and its evaluations), or ``None``.
+            poll_s: seconds between looks.
+
+        Raises:
+            TimeoutError: the job, or an evaluation, still to finish after ``timeout`` seconds.
+            ValueError: ``timeout`` is not a number of seconds >= 0.
+        """
+        from tune_magic.job.keeper import wait_for
+
+        deadline = wait_deadline(timeout)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()), poll_s)
+        return wait_for(self, deadline, poll_s)
 
     def _settle_supervisor(self) -> None:
         """Let the scheduler's own process for this ended job finish exiting (see
@@ -417,10 +440,12 @@ class Job:
         """What listings show of the job's validation losses (latest, best, evaluations pending or
         failed): :class:`tune_magic.checkpoints.validation.ValSummary`, or ``None`` when the job does
         not validate. Reads the small summary file (in-loop validation) or the evaluations' result
-        files, never a whole log."""
+        files, never a whole log. Pending evaluations count, once the job has ended, the checkpoints
+        its keeper has not launched an evaluation of yet."""
         from tune_magic.job.evaluate import val_summary_of
+        from tune_magic.job.keeper import KEEPER_DONE
 
-        return val_summary_of(self)
+        return val_summary_of(self, keeper_done=(self.dir / KEEPER_DONE).exists())
 
     def metrics(self) -> list[dict]:
         """Return the job's metric points as dicts: ``step`` (int), ``name`` (str), ``value``

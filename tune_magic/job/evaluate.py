@@ -129,12 +129,32 @@ def is_evaluated(record: JobRecord) -> bool:
     return plan is not None and plan.mode == validation.CHECKPOINTS
 
 
-def val_summary_of(job, summary=None) -> "validation.ValSummary | None":
+def unevaluated(record: JobRecord, done: set[int], settings=None) -> list:
+    """The complete ``epoch_N/`` checkpoints this job wrote (:func:`tune_magic.checkpoints.catalog.list_checkpoints`)
+    whose epoch is not in ``done``: those its keeper has still to launch an evaluation of."""
+    from tune_magic.checkpoints.catalog import list_checkpoints
+
+    if not record.output_dir:
+        return []
+    started = record.started_at - 1  # folders an earlier job of this output_dir wrote are not this job's
+    return [c for c in list_checkpoints(record.output_dir, settings)
+            if c.complete and c.epoch not in done and c.mtime >= started]
+
+
+def val_summary_of(job, summary=None, *, keeper_done: bool = True) -> "validation.ValSummary | None":
     """``Job.val_summary``: from the job's summary file (in-loop validation, or ``val_loss`` lines
     a recipe logged unasked) or its evaluations (checkpoint evaluation). ``summary``: the job's
-    :class:`~tune_magic.logs.summary.Summary` when the caller read it already (a listing)."""
+    :class:`~tune_magic.logs.summary.Summary` when the caller read it already (a listing). Pending
+    evaluations are the queued and running ones and, once the job has ended while its keeper is not
+    done (``keeper_done`` False), the checkpoints it has not launched an evaluation of yet."""
     if is_evaluated(job.record):
-        return summary_of_evaluations(job.evaluations())
+        evals = job.evaluations()
+        out = summary_of_evaluations(evals)
+        if not keeper_done and not job.record.state.is_live:
+            from dataclasses import replace
+
+            out = replace(out, pending=out.pending + len(unevaluated(job.record, {e.epoch for e in evals})))
+        return out
     s = job.summary() if summary is None else summary
     if s.val_step is None and validation.ValidationPlan.from_record(job.record.validation) is None:
         return None

@@ -281,6 +281,46 @@ def ensure(job, *, env: Mapping[str, str] | None = None) -> bool:
     return start_keeper(job.dir, env=env, cwd=job.record.cwd)
 
 
+# -- waiting for it -------------------------------------------------------------------------------
+
+def keep_evaluating(job) -> bool:
+    """Start the keeper of an ended ``job`` again if it died (:func:`ensure`); return whether the
+    evaluations of its checkpoints can still finish: its keeper runs, or is done (the evaluations it
+    launched end on their own). ``False`` for a keeper that cannot be started (a registry it cannot
+    write)."""
+    job.ensure_keeper()
+    return (job.dir / KEEPER_DONE).exists() or keeper_alive(job.dir)
+
+
+def wait_for(job, deadline: float | None, poll_s: float = 0.2) -> list:
+    """``Job.wait_evaluations`` once ``job`` has ended: block until its keeper has launched the
+    evaluation of every checkpoint (started again should it have died: :func:`keep_evaluating`) and
+    each of those jobs has ended; return :meth:`~tune_magic.job.Job.evaluations`.
+
+    Args:
+        job: the ended :class:`~tune_magic.job.Job`.
+        deadline: :func:`time.monotonic` seconds to give up at, or ``None``.
+        poll_s: seconds between looks.
+
+    Raises:
+        TimeoutError: evaluations still to finish at ``deadline`` (the message counts them).
+    """
+    plan = validation.ValidationPlan.from_record(job.record.validation)
+    if plan is None or plan.mode != validation.CHECKPOINTS:
+        return job.evaluations()
+    while True:
+        going = keep_evaluating(job)
+        evals = job.evaluations()
+        if not going or ((job.dir / KEEPER_DONE).exists() and not any(e.status in ("pending", "running")
+                                                                       for e in evals)):
+            return evals
+        if deadline is not None and time.monotonic() > deadline:
+            left = job.val_summary().pending or 1
+            raise TimeoutError(f"job {job.id}: {left} evaluation{'s' if left > 1 else ''} of its checkpoints still "
+                               "to finish")
+        time.sleep(poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic())))
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m tune_magic.job.keeper JOB_DIR [--lock-fd N]``: the keeper (module docstring)."""
     args = list(sys.argv[1:] if argv is None else argv)

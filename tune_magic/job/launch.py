@@ -289,6 +289,10 @@ def _request(args, *, name, gpus, cwd, force, env, dry_run, config_overlay, sche
     check_word_sizes(tokens)  # first: the checks of a 1 MB value would take tens of seconds
     if job_id is not None and not dry_run:
         raise PlanError("job_id is for dry runs only; a launch picks its own id")
+    if val_split is not None:  # a number, or its text from a command line or a magic
+        from tune_magic.checkpoints.validation import fraction_of
+
+        val_split = fraction_of(val_split)
     request = _Request(tokens=tokens, caller_env=caller_env,
                        cwd=os.path.abspath(os.getcwd() if cwd is None else os.fspath(cwd)), name=name, gpus=gpus,
                        force=force, config_overlay=config_overlay, options=read, sched=schedulers.get(read.scheduler),
@@ -296,10 +300,6 @@ def _request(args, *, name, gpus, cwd, force, env, dry_run, config_overlay, sche
                        record_fields=record_fields, max_resumes=max_resumes,
                        sweep=dict(sweep_trial) if sweep_trial is not None else None, val_split=val_split,
                        keep_checkpoints=_keep_policy(keep_checkpoints))
-    if val_split is not None:
-        from tune_magic.checkpoints.validation import check_fraction
-
-        check_fraction(val_split)
     return request, dry_run
 
 

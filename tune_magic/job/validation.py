@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Mapping
 
 from tune_magic.checkpoints import validation
+from tune_magic.checkpoints.validation import fraction_of  # noqa: F401 - --val-split read, for the sweep layer
 from tune_magic.errors import PlanError
 
 #: Seconds the pre-flight build of ``dataset_val`` may take.
@@ -91,8 +92,8 @@ def check_dataset_val(plan, cfg, *, cwd: str, env: Mapping[str, str]) -> int:
     why = line.split(": error: ", 1)[1] if line else (r.stderr.strip().splitlines() or ["no output"])[-1]
     kind = why.split(":", 1)[0]
     hint = _HINTS.get(kind, "")
-    if "has no examples" in why:
-        hint = "the validation set is empty: give it data (with --val-split, a larger fraction)"
+    if "has no examples" in why or "corresponds to no data" in why:  # the recipe's check, or Hugging Face's slice
+        hint = "the validation set is empty: give it data (with --val-split, a larger fraction or more data)"
     raise PlanError(f"dataset_val cannot be built as the recipe would build it: {why}" + (f"; {hint}" if hint else "")
                     + ". Nothing was started.")
 

@@ -17,7 +17,6 @@ is never handed to torchrun or the recipe. No short forms.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -92,19 +91,6 @@ class Option:
         return self.check(value) if self.check is not None else value
 
 
-def _fraction(value: Any) -> float:
-    """``--val-split``'s value: a number strictly between 0 and 1 (its whole-percent rule is checked
-    with the config, :func:`tune_magic.checkpoints.validation.check_fraction`)."""
-    try:
-        fraction = float(value)
-    except (TypeError, ValueError):
-        fraction = math.nan
-    if isinstance(value, bool) or not 0 < fraction < 1:
-        raise PlanError(f"--val-split {value!r}: give the fraction of the training data to hold out as dataset_val, "
-                        "between 0 and 1, e.g. --val-split 0.1")
-    return fraction
-
-
 def _keep(value: Any) -> "int | str":
     """``--keep-checkpoints``' value: a whole number >= 1 (the newest N) or ``best``."""
     text = str(value).strip().lower() if not isinstance(value, bool) else ""
@@ -143,9 +129,10 @@ GENERIC: tuple[Option, ...] = (
                                                           "(default: its processes per node)", example="2"),
     Option("--max-trials", "max_trials", "count", "with --sweep: the cap on the number of trials (default 1000)",
            example="2000"),
+    # its value is read where the config is known: tune_magic.checkpoints.validation.fraction_of
     Option("--val-split", "val_split", "text", "hold out the last fraction F of the training data as dataset_val "
                                                "(dataset.split=train[:P%], dataset_val: the rest): the run "
-                                               "validates", example="0.1", check=_fraction),
+                                               "validates", example="0.1"),
     Option("--keep-checkpoints", "keep_checkpoints", "text", "keep only the newest N epoch_N/ checkpoints, or best "
                                                              "(the best by validation loss and the newest); older "
                                                              "ones are removed once a newer one is complete",

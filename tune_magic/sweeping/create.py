@@ -225,7 +225,9 @@ def _read_inputs(args, *, name, force, env, cwd, config_overlay, scheduler, opti
                      cwd=os.path.abspath(os.getcwd() if cwd is None else os.fspath(cwd)), options=read,
                      launch_options={k: v for k, v in options.items() if v is not None})
     if val_split is not None:
-        inputs.words = inputs.words + _val_split_words(inputs, val_split)
+        from tune_magic.job.validation import fraction_of
+
+        inputs.words = inputs.words + _val_split_words(inputs, fraction_of(val_split))
     return inputs
 
 

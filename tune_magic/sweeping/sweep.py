@@ -71,10 +71,9 @@ class Sweep:
     """A sweep: a grid of trials, each a normal job, at most ``max_parallel`` at a time.
 
     ``trials`` (:class:`Trial` rows), ``jobs`` (the started trials' jobs), :meth:`wait`,
-    :meth:`stop`, :meth:`best` (the trial with the lowest final loss, ties broken by the lowest
-    minimum loss; among the trials that succeeded while any has), :meth:`frame` (a pandas
-    DataFrame, one row per trial). Attributes are read from the record; every call re-reads what
-    changed.
+    :meth:`stop`, :meth:`best` (the trial with the lowest validation loss when the trials validate,
+    else the lowest final loss: :meth:`ranking`), :meth:`frame` (a pandas DataFrame, one row per
+    trial). Attributes are read from the record; every call re-reads what changed.
     """
 
     def __init__(self, directory: Path, record: SweepRecord | None = None):
@@ -209,14 +208,37 @@ class Sweep:
         the sweep took (see :func:`sweep_status`), else ``finished``."""
         return sweep_status([t.status for t in self.trials], self._record.stop_requested_at)
 
-    def wait(self, timeout: float | None = None, poll_s: float = 0.5) -> dict[str, int]:
-        """Block until no trial is queued, pending or running; return :meth:`counts`.
+    def wait(self, timeout: float | None = None, poll_s: float = 0.5,
+             evaluations: bool | None = None) -> dict[str, int]:
+        """Block until no trial is queued, pending or running, and (``evaluations``) every
+        evaluation of the trials' checkpoints has ended, so :meth:`best` gives the final ranking;
+        return :meth:`counts`.
+
+        Args:
+            timeout: seconds to wait in all, or ``None``.
+            poll_s: seconds between looks.
+            evaluations: wait for the evaluations of the trials' checkpoints too
+                (:meth:`tune_magic.job.Job.wait_evaluations`; trials that validate in their loop
+                have nothing to wait for). Default (``None``): yes, when the trials validate.
 
         Raises:
-            TimeoutError: still running after ``timeout`` seconds.
+            TimeoutError: a trial, or an evaluation, still to finish after ``timeout`` seconds.
             ValueError: ``timeout`` is not a number of seconds >= 0.
         """
         deadline = wait_deadline(timeout)
+        counts = self._wait_trials(deadline, timeout, poll_s)
+        if evaluations is not False:
+            for job in self.jobs:
+                if job.record.validation:
+                    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    try:
+                        job.wait_evaluations(left, poll_s=min(poll_s, 0.2))
+                    except TimeoutError as exc:
+                        raise TimeoutError(f"sweep {self.id} after {timeout} s: {exc}") from None
+        return counts
+
+    def _wait_trials(self, deadline: float | None, timeout: float | None, poll_s: float) -> dict[str, int]:
+        """:meth:`wait`'s wait for the trials' jobs."""
         woke = threading.Event()
         sub = get_notifier().subscribe(woke.set)
         try:
@@ -269,18 +291,28 @@ class Sweep:
 
     def best(self):
         """The best trial so far (:class:`tune_magic.sweeping.results.TrialResult`: the trial, its
-        steps, final and minimum loss), or ``None`` before any trial logged a loss.
+        steps, final and minimum loss, best validation loss, and ``ranked_by``: the measure it won
+        by, ``val_loss`` or ``final_loss``), or ``None`` before any trial has a finite value.
 
-        The measure: the lowest final loss (the loss at a trial's last logged step), ties broken by
-        the lowest minimum loss; among the trials that succeeded while any has, else among all.
+        The measure (:meth:`ranking`): among the trials that succeeded while any has, else among
+        all, the lowest best validation loss when every one has a validation loss and none of
+        their evaluations is still to finish, else the lowest final loss (ties broken by the lowest
+        minimum loss).
         """
-        from tune_magic.sweeping.results import best
+        return self.ranking().best
 
-        return best(self.results())
+    def ranking(self):
+        """The ranking of the trials (:class:`tune_magic.sweeping.results.Ranking`: ``best``,
+        ``measure``, ``label`` such as ``"best by val_loss"``, and ``note``, e.g. ``"ranking by
+        final loss until 2 evaluations finish"``), the one every view shows
+        (:func:`tune_magic.sweeping.results.rank`)."""
+        from tune_magic.sweeping.results import rank
+
+        return rank(self.results())
 
     def results(self) -> list:
-        """Every trial with its steps, final and minimum loss read from its logs
-        (:class:`tune_magic.sweeping.results.TrialResult`, in trial order)."""
+        """Every trial with its steps, final and minimum loss read from its logs, and its best
+        validation loss (:class:`tune_magic.sweeping.results.TrialResult`, in trial order)."""
         from tune_magic.sweeping.results import results
 
         return results(self.trials)
@@ -288,7 +320,10 @@ class Sweep:
     def frame(self):
         """A pandas DataFrame, one row per trial (index ``trial``): ``name``, a column per axis
         (its key; values as the recipe reads them), ``status``, ``job_id``, ``steps`` (the last
-        step with a loss), ``final_loss``, ``min_loss``.
+        step with a loss), ``final_loss``, ``min_loss``, ``best_val_loss`` (the trial's lowest
+        validation loss, NaN without one). Its ``attrs`` say how the best trial was chosen:
+        ``best`` (its index), ``ranked_by`` (``val_loss`` or ``final_loss``), ``ranking``
+        (``"best by val_loss"``), ``note`` (:meth:`ranking`).
 
         Raises:
             ImportError: pandas is not installed.

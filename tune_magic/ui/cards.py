@@ -29,7 +29,7 @@ from tune_magic.ui.cardlines import engine_id_text, fallback_html, gone_hint, go
 from tune_magic.ui.charts import (LOSS_COLOUR, VAL_COLOUR, fit_steps, legend_html, loss_chart, trial_colours,
                                   trials_chart, val_mark)
 from tune_magic.ui.resumeview import ResumeControl, lineage_marks, show_lineage
-from tune_magic.ui.snapshot import SweepSnapshot, table_text
+from tune_magic.ui.snapshot import SweepSnapshot, table_text, val_text
 from tune_magic.ui.textfmt import cut
 from tune_magic.ui.watch import JobSnapshot, JobWatcher, SweepWatcher, Watcher, stopped_how
 
@@ -292,7 +292,9 @@ class SweepCard(Card):
     Public child widgets (stable names, for tests and tutorials), top to bottom: ``header`` (HTML:
     name, id, status, how many at a time, the count of trials per status), ``table`` (HTML: one row
     per trial: index, a column per axis, status — ``queued`` while queued —, step, loss, best loss
-    so far, elapsed; the best trial's row marked ◆), ``legend`` (HTML: each trial's colour and
+    so far, best validation loss when the trials validate, elapsed; the best trial's row marked ◆;
+    under it, which measure chose it: ``◆ best by val_loss`` or ``◆ best by final loss``, and the
+    ranking's note, e.g. ``ranking by final loss until 2 evaluations finish``), ``legend`` (HTML: each trial's colour and
     values), ``chart`` (bqplot Figure, hidden until the first loss: ``curves``, a Lines mark with
     one row per trial that logged a loss, one colour each; ``best_mark``, a black diamond on the best
     trial's last point; ``x_axis``, integer step ticks), ``stop_button`` (stops the whole sweep:
@@ -300,8 +302,9 @@ class SweepCard(Card):
     ``trial_card`` (a box that holds the chosen trial's own :class:`~tune_magic.ui.views.JobCard`).
     ``snapshot`` is the last :class:`~tune_magic.ui.sweepwatch.SweepSnapshot` shown.
 
-    The best trial: the lowest final loss, ties broken by the lowest minimum loss, among the trials
-    that succeeded while any has (:mod:`tune_magic.sweeping.results`).
+    The best trial (:func:`tune_magic.sweeping.results.rank`, as every view): among the trials that
+    succeeded while any has, the lowest validation loss when every one has one and no evaluation of
+    theirs is still to finish, else the lowest final loss (ties broken by the lowest minimum loss).
 
     Args:
         sweep: the sweep to show.
@@ -355,6 +358,7 @@ class SweepCard(Card):
 
     def _table_html(self, snap: SweepSnapshot) -> str:
         head = "".join(f"<th>{html.escape(self._short.get(k, k))}</th>" for k in snap.keys)
+        val = snap.validates
         rows = []
         for r in snap.rows:
             texts = dict(r.texts)
@@ -369,6 +373,7 @@ class SweepCard(Card):
                      *(f"<td><code>{html.escape(cut(texts.get(k, ''), 24))}</code></td>" for k in snap.keys),
                      f"<td>{status}</td>", f"<td class='tm-trial-step'>{'' if r.step is None else r.step}</td>",
                      f"<td class='tm-trial-loss'>{_num(r.loss)}</td>", f"<td class='tm-trial-best'>{_num(r.best_loss)}</td>",
+                     *([f"<td class='tm-trial-val'>{html.escape(val_text(r))}</td>"] if val else []),
                      f"<td>{fmt_duration(r.elapsed_s) if r.job_id else ''}</td>"]
             style = " style='font-weight:bold;background:#fff8e1'" if best else ""
             rows.append(f"<tr class='tm-trial{' tm-best' if best else ''}' data-trial='{r.index}'{style}>"
@@ -376,8 +381,19 @@ class SweepCard(Card):
         return ("<table class='tm-sweep-table' style='border-collapse:collapse;font-size:12px'>"
                 "<style>.tm-sweep-table td,.tm-sweep-table th{padding:1px 8px;text-align:left;"
                 "border-bottom:1px solid #eee}</style>"
-                f"<tr><th>#</th>{head}<th>status</th><th>step</th><th>loss</th><th>best loss</th><th>elapsed</th></tr>"
-                + "".join(rows) + "</table>")
+                f"<tr><th>#</th>{head}<th>status</th><th>step</th><th>loss</th><th>best loss</th>"
+                f"{'<th>best val_loss</th>' if val else ''}<th>elapsed</th></tr>"
+                + "".join(rows) + "</table>" + self._ranking_html(snap))
+
+    @staticmethod
+    def _ranking_html(snap: SweepSnapshot) -> str:
+        """Under the table: by which measure the ◆ trial is best, and the ranking's note."""
+        if snap.best is None and not snap.ranking_note:
+            return ""
+        parts = [f"◆ {html.escape(snap.ranking)}"] if snap.best is not None else []
+        parts += [f"<span class='tm-ranking-note' style='color:#8a6d3b'>{html.escape(snap.ranking_note)}</span>"] \
+            if snap.ranking_note else []
+        return f"<div class='tm-ranking' style='font-size:11px;margin-top:2px'>{' · '.join(parts)}</div>"
 
     def _chart(self, snap: SweepSnapshot) -> None:
         """Every trial's curve (one row each, NaN-padded to one length), the legend, the best

@@ -162,9 +162,11 @@ def _sweep_jobs(spec: str, as_json: bool) -> int:
     snap = SweepWatcher(sweep).poll_once()
     if as_json:
         print(json.dumps({"id": snap.sweep_id, "name": snap.name, "status": snap.status, "best": snap.best,
+                          "ranked_by": snap.ranked_by, "ranking": snap.ranking, "ranking_note": snap.ranking_note,
                           "trials": [{"index": r.index, "name": r.name, "values": dict(r.texts), "status": r.status,
                                       "job_id": r.job_id, "step": r.step, "loss": _finite(r.loss),
-                                      "best_loss": _finite(r.best_loss), "elapsed_s": round(r.elapsed_s, 3),
+                                      "best_loss": _finite(r.best_loss), "best_val_loss": _finite(r.best_val_loss),
+                                      "val_pending": r.val_pending, "elapsed_s": round(r.elapsed_s, 3),
                                       "note": r.note} for r in snap.rows]}, indent=2))
         return 0
     print(table_text(snap))
@@ -176,7 +178,8 @@ def _finite(value: float | None):
 
 
 def sweeps_command(argv: Sequence[str]) -> int:
-    """``tune-magic sweeps [--json]``: every sweep with its trials' statuses and its best loss so far."""
+    """``tune-magic sweeps [--json]``: every sweep with its trials' statuses and its best trial so far
+    (by validation loss or final loss, said in the cell; a ranking note on stderr)."""
     from tune_magic.sweeping.sweep import revive_sweeps, sweeps, trial_jobs_of
 
     parser = argparse.ArgumentParser(prog="tune-magic sweeps", description="List sweeps, running and finished.")
@@ -192,17 +195,20 @@ def sweeps_command(argv: Sequence[str]) -> int:
     for s in listed:
         if s.note:
             print(f"tune-magic sweeps: {s.id}: {s.note}", file=sys.stderr)
-    rows = [("ID", "NAME", "STATUS", "TRIALS", "AT ONCE", "BEST LOSS", "STATUSES")]
+    rows = [("ID", "NAME", "STATUS", "TRIALS", "AT ONCE", "BEST", "STATUSES")]
     data = []
     for s in listed:
         counts = s.counts()
-        best = _best_summary(s)
+        ranking = s.ranking()  # from each trial's summary file and evaluations: never a whole log
+        best = _best_json(ranking)
         data.append({"id": s.id, "name": s.name, "status": s.status, "trials": len(s.record.trials),
                      "max_parallel": s.max_parallel, "counts": counts, "axes": s.keys,
-                     "best": best, "created_at": s.record.created_at, "note": s.note})
+                     "best": best, "ranked_by": ranking.measure, "ranking": ranking.label,
+                     "ranking_note": ranking.note, "created_at": s.record.created_at, "note": s.note})
         rows.append((cell(s.id), cell(s.name), s.status, str(len(s.record.trials)), str(s.max_parallel),
-                     "-" if best is None else f"{best['final_loss']:.4g} (trial {best['trial']})",
-                     ", ".join(f"{n} {k}" for k, n in counts.items())))
+                     _best_cell(ranking), ", ".join(f"{n} {k}" for k, n in counts.items())))
+        if ranking.note and not ns.json:
+            print(f"tune-magic sweeps: {s.id}: {ranking.note}", file=sys.stderr)
     if ns.json:
         print(json.dumps(data, indent=2, allow_nan=False, default=str))
         return 0
@@ -211,13 +217,22 @@ def sweeps_command(argv: Sequence[str]) -> int:
     return 0
 
 
-def _best_summary(sweep) -> dict | None:
-    """The best trial (:func:`tune_magic.sweeping.results.best`, from each trial's summary file:
-    never its whole log), with its final and lowest loss."""
-    from tune_magic.sweeping.results import best, results
+def _best_json(ranking) -> dict | None:
+    """The best trial of a :class:`~tune_magic.sweeping.results.Ranking` for ``--json``: its index,
+    final, lowest and best validation loss, and ``ranked_by`` (``val_loss`` or ``final_loss``)."""
+    top = ranking.best
+    if top is None:
+        return None
+    return {"trial": top.trial.index, "final_loss": _finite(top.final_loss), "min_loss": _finite(top.min_loss),
+            "best_val_loss": _finite(top.best_val_loss), "ranked_by": top.ranked_by}
 
-    top = best(results(sweep.trials))
-    return None if top is None else {"trial": top.trial.index, "final_loss": top.final_loss, "min_loss": top.min_loss}
+
+def _best_cell(ranking) -> str:
+    """The BEST cell: ``3.162 val_loss (trial 1)``, ``1.234 final loss (trial 1)``, or ``-``."""
+    from tune_magic.sweeping.results import MEASURE_WORDS
+
+    top = ranking.best
+    return "-" if top is None else f"{top.value:.4g} {MEASURE_WORDS[ranking.measure]} (trial {top.trial.index})"
 
 
 # -- logs --------------------------------------------------------------------------------------------

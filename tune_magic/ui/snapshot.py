@@ -16,6 +16,7 @@ from tune_magic.logs.progress import SAVED, SAVING, RunProgress, fmt_duration, f
 from tune_magic.registry.status import Status
 from tune_magic.gpus import gpus_label
 from tune_magic.sweeping.grid import short_keys
+from tune_magic.sweeping.results import BY_FINAL_LOSS, BY_VAL_LOSS, MEASURE_WORDS
 from tune_magic.ui.cardlines import engine_id_text, overrides_text
 from tune_magic.ui.textfmt import cut, table
 
@@ -329,6 +330,9 @@ class TrialRow:
         elapsed_s: seconds since its job started (its whole run once ended); 0 before.
         note: why it waits or could not start, or its failure reason.
         steps, losses: its loss curve (thinned for the chart).
+        validates: its job validates (:attr:`tune_magic.sweeping.results.TrialResult.validates`).
+        best_val_loss: its lowest finite validation loss, or ``None``.
+        val_pending: evaluations of its checkpoints still to finish.
     """
 
     index: int
@@ -343,6 +347,9 @@ class TrialRow:
     note: str | None = None
     steps: tuple[int, ...] = ()
     losses: tuple[float, ...] = ()
+    validates: bool = False
+    best_val_loss: float | None = None
+    val_pending: int = 0
 
 
 @dataclass(frozen=True)
@@ -355,7 +362,10 @@ class SweepSnapshot:
         keys: the axis keys, in trial order.
         max_parallel: trials at once; ``slots``: each slot's GPUs (``None``: no GPUs).
         rows: every trial, in order.
-        best: the index of the best trial so far (:func:`tune_magic.sweeping.results.best`), or ``None``.
+        best: the index of the best trial so far (:func:`tune_magic.sweeping.results.rank`), or ``None``.
+        ranked_by: the measure it is best by, ``val_loss`` or ``final_loss``.
+        ranking_note: why trials that validate are ranked by final loss
+            (:attr:`tune_magic.sweeping.results.Ranking.note`), or ``None``.
     """
 
     sweep_id: str
@@ -366,6 +376,18 @@ class SweepSnapshot:
     slots: tuple
     rows: tuple[TrialRow, ...]
     best: int | None
+    ranked_by: str = BY_FINAL_LOSS
+    ranking_note: str | None = None
+
+    @property
+    def ranking(self) -> str:
+        """``"best by val_loss"`` or ``"best by final loss"``."""
+        return f"best by {MEASURE_WORDS[self.ranked_by]}"
+
+    @property
+    def validates(self) -> bool:
+        """Whether a trial validates (the views then show each trial's best validation loss)."""
+        return any(r.validates or r.best_val_loss is not None for r in self.rows)
 
     def counts(self) -> dict[str, int]:
         """``{status: trials}``, in the order statuses first appear."""
@@ -409,26 +431,51 @@ def header_of(snap: SweepSnapshot) -> str:
             f"{snap.max_parallel} at a time{where}: {counts}")
 
 
+def val_text(row: TrialRow) -> str:
+    """A trial's best validation loss as tables show it: the value, ``pending`` while its
+    evaluations run and it has none, else ``-``."""
+    if row.best_val_loss is not None:
+        return _num(row.best_val_loss)
+    return "pending" if row.val_pending else "-"
+
+
 def table_rows(snap: SweepSnapshot) -> list[tuple[str, ...]]:
     """The trial table: a header row, then one row per trial (the best one marked
-    :data:`BEST_MARK` in the first column)."""
+    :data:`BEST_MARK` in the first column); a ``BEST VAL_LOSS`` column when the trials validate."""
     short = short_keys(list(snap.keys))
+    val = snap.validates
     rows: list[tuple[str, ...]] = [("TRIAL", *(short[k].upper() for k in snap.keys), "STATUS", "STEP", "LOSS",
-                                    "BEST LOSS", "ELAPSED", "JOB")]
+                                    "BEST LOSS", *(("BEST VAL_LOSS",) if val else ()), "ELAPSED", "JOB")]
     for r in snap.rows:
         texts = dict(r.texts)
         mark = BEST_MARK if snap.best == r.index else ""
         rows.append((f"{r.index}{mark}", *(cut(texts.get(k, ""), 24) for k in snap.keys), r.status,
                      "-" if r.step is None else str(r.step), _num(r.loss), _num(r.best_loss),
-                     fmt_duration(r.elapsed_s) if r.job_id else "-", r.job_id or "-"))
+                     *((val_text(r),) if val else ()), fmt_duration(r.elapsed_s) if r.job_id else "-", r.job_id or "-"))
     return rows
 
 
+def best_line(snap: SweepSnapshot) -> str | None:
+    """Which trial is best and by what: ``best: trial 1 (lr=1e-3), val_loss 3.1625 (best by
+    val_loss: the lowest validation loss)``, then the ranking's note; ``None`` without a best."""
+    if snap.best is None:
+        return None
+    row = snap.rows[snap.best]
+    if snap.ranked_by == BY_VAL_LOSS:
+        line = (f"best: trial {row.index} ({cut(row.name)}), val_loss {_num(row.best_val_loss)} "
+                f"({snap.ranking}: the lowest validation loss)")
+    else:
+        line = (f"best: trial {row.index} ({cut(row.name)}), final loss {_num(row.loss)} "
+                f"({snap.ranking}: the lowest final loss; ties: lowest minimum loss)")
+    return line + (f"; {snap.ranking_note}" if snap.ranking_note else "")
+
+
 def table_text(snap: SweepSnapshot) -> str:
-    """The header line, the trial table, and which trial is best and why."""
+    """The header line, the trial table, and which trial is best and why (:func:`best_line`)."""
     lines = [header_of(snap), *table(table_rows(snap))]
-    if snap.best is not None:
-        row = snap.rows[snap.best]
-        lines.append(f"{BEST_MARK} best: trial {row.index} ({cut(row.name)}), final loss {_num(row.loss)} "
-                     f"(lowest final loss; ties: lowest minimum loss)")
+    best = best_line(snap)
+    if best is not None:
+        lines.append(f"{BEST_MARK} {best}")
+    elif snap.ranking_note:
+        lines.append(snap.ranking_note)
     return "\n".join(lines)

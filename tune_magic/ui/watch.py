@@ -1,4 +1,5 @@
 """Follow a job or a sweep in a named daemon thread and hand snapshots of it to a sink callback.
+One concept: the watcher, one thread and one rule of what a view is shown, for either.
 
 One watcher, two things it follows: :class:`Watcher` is the thread, the sink and the rule of when a
 snapshot is handed on; :class:`JobWatcher` reads one job (its log, metric file and record, woken by
@@ -29,7 +30,7 @@ from tune_magic.registry.status import Status
 from tune_magic.logs.cardtail import display_tail
 from tune_magic.ui.cardlines import shown_overrides
 
-from tune_magic.sweeping.results import best, results
+from tune_magic.sweeping.results import rank, results
 from tune_magic.sweeping.sweep import Sweep, sweep_status
 from tune_magic.ui.snapshot import (LOSS, READ_PER_SHOWN, THROUGHPUT, JobSnapshot, SweepSnapshot, TrialRow,  # noqa: F401
                                     progress_summary, val_fields)  # (views import them from here too)
@@ -482,7 +483,10 @@ class SweepWatcher(Watcher):
     """Follow a sweep: every trial's status from its job's record and summary, each started trial's
     losses through its own incremental follower (read while the trial runs, once more when it
     ends). Each look also starts the sweep process again when it died with trials queued
-    (:meth:`tune_magic.sweeping.sweep.Sweep.revive`: a card of such a sweep would wait for good).
+    (:meth:`tune_magic.sweeping.sweep.Sweep.revive`: a card of such a sweep would wait for good), and
+    the keeper of an ended trial whose checkpoints still await their evaluation
+    (:func:`tune_magic.job.keeper.keep_evaluating`). It is done once the trials ended and no
+    evaluation of theirs can still change the ranking.
 
     Args:
         sweep: the sweep.
@@ -513,25 +517,33 @@ class SweepWatcher(Watcher):
         return self._hand_over(snap, last is None or snap != last, ticked)
 
     def _read(self) -> SweepSnapshot:
+        from tune_magic.job.keeper import keep_evaluating
+
         self.sweep.revive()
-        rows = []
+        rows, evaluating = [], False
         trials = self.sweep.trials
-        for t in trials:
+        standings = results(trials)
+        for t, r in zip(trials, standings):
             texts = tuple(t.texts.items())
             if t.job is None:
                 rows.append(TrialRow(t.index, t.name, texts, t.status, note=t.error or t.waiting))
                 continue
             steps, losses, lowest = self._curve(t.job)
+            if r.val_pending and not t.job.record.state.is_live:  # its keeper, started again if it died
+                evaluating = keep_evaluating(t.job) or evaluating
             rows.append(TrialRow(t.index, t.name, texts, t.status, t.job.id, steps[-1] if steps else None,
                                  losses[-1] if losses else None, lowest, t.job.elapsed_s, note=t.error,
-                                 steps=steps, losses=losses))
+                                 steps=steps, losses=losses, validates=r.validates, best_val_loss=r.best_val_loss,
+                                 val_pending=r.val_pending))
         status = sweep_status([r.status for r in rows], self.sweep.record.stop_requested_at)
-        self.done = status != "running" and all(r.job_id in self._ended for r in rows if r.job_id)
-        top = best(results(trials))  # the one measure on the one input every view uses
+        ranking = rank(standings)  # the one measure on the one input every view uses
+        # the trials ended, their logs read to the end, and no evaluation of theirs can still change the ranking
+        self.done = status != "running" and all(r.job_id in self._ended for r in rows if r.job_id) and not evaluating
         rec = self.sweep.record
         return SweepSnapshot(sweep_id=rec.id, name=rec.name, status=status, keys=tuple(rec.keys),
                              max_parallel=rec.max_parallel, slots=tuple(tuple(s) if s else None for s in rec.slots),
-                             rows=tuple(rows), best=None if top is None else top.trial.index)
+                             rows=tuple(rows), best=None if ranking.best is None else ranking.best.trial.index,
+                             ranked_by=ranking.measure, ranking_note=ranking.note)
 
     def _curve(self, job) -> tuple[tuple[int, ...], tuple[float, ...], float | None]:
         """The job's loss curve and lowest loss: its follower is read while it runs, and once more
