@@ -414,7 +414,7 @@ def _sweep_metrics(spec: str, fmt: str) -> int:
 def generate_command(argv: Sequence[str]) -> int:
     """``tune-magic generate JOB --prompt TEXT [...]``: print only the generated text (one line
     end after it), from the recipe's one-shot mode where the job ran."""
-    from tune_magic.job.generate import generate_once
+    from tune_magic.job.generate import GenOptions, check_checkpoint_name, check_prompt, generate_once
 
     parser = argparse.ArgumentParser(
         prog="tune-magic generate", description="Generate text from one of a job's checkpoints, with the job's own "
@@ -428,6 +428,9 @@ def generate_command(argv: Sequence[str]) -> int:
     parser.add_argument("--top-k", type=int, default=None, help="sample among the K most likely tokens only")
     parser.add_argument("--seed", type=int, default=0, help="seeds the sampling (0)")
     ns = parser.parse_args(argv)
+    check_prompt(ns.prompt)  # every word is checked before the job is looked up, and before anything starts
+    GenOptions.checked(ns.max_new_tokens, ns.temperature, ns.top_k, ns.seed)
+    check_checkpoint_name(ns.checkpoint)
     if is_sweep(ns.job):
         raise CliError(f"{ns.job} is a sweep: generate from one of its trials (tune-magic jobs --sweep {ns.job} lists "
                        "their job ids), or compare every trial's answer in Python: tune_magic.compare(sweep, prompt) "

@@ -134,6 +134,18 @@ def _one_prompt(prompt: str | None, cell: str | None, magic: str) -> str:
     return prompt if prompt is not None else body
 
 
+def _check_generation(ns, prompt: str) -> None:
+    """Every word of a generation magic checked before a job is looked up or anything starts."""
+    from tune_magic.job.generate import GenOptions, check_checkpoint_name, check_prompt
+
+    try:
+        check_prompt(prompt)
+        GenOptions.checked(ns.max_new_tokens, ns.temperature, ns.top_k, ns.seed)
+        check_checkpoint_name(ns.checkpoint)
+    except UserError as exc:
+        raise UsageError(str(exc)) from None
+
+
 @magics_class
 class TuneMagics(Magics):
     """tune_magic's magics (registered by ``%load_ext tune_magic``)."""
@@ -308,6 +320,7 @@ class TuneMagics(Magics):
             print(self.tune_generate.__doc__)
             return None
         prompt = _one_prompt(prompt, cell, "%tune_generate")
+        _check_generation(ns, prompt)
         if is_sweep(ns.job):
             raise UsageError(f"{ns.job} is a sweep: generate from one of its trials (%tune_generate TRIAL_JOB ...; "
                              f"%tune_jobs lists them), or compare every trial: %tune_compare {ns.job} PROMPT "
@@ -343,6 +356,7 @@ class TuneMagics(Magics):
             print(self.tune_compare.__doc__)
             return None
         prompt = _one_prompt(prompt, None, "%tune_compare")
+        _check_generation(ns, prompt)
         view = widgets.HTML()
         rows: list[dict] = []
 
