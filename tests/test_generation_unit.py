@@ -292,7 +292,19 @@ def test_a_crash_raises_the_recipes_own_paragraph(server):
     p = server()
     with pytest.raises(GenerationError, match="^the checkpoint does not fit the config's model$"):
         p.ask({"prompt": "crash"})
-    assert not p.alive and p.proc.returncode == 2
+    assert not p.alive and p.proc.returncode == 2 and p.starts == 1  # a fresh process: never tried twice
+    p.ask({"prompt": "a"})
+    with pytest.raises(GenerationError, match="^the checkpoint does not fit the config's model$"):
+        p.ask({"prompt": "crash"})
+    assert p.starts == 3  # a process that ran before: started again once, which crashed too
+
+
+def test_a_process_killed_right_before_a_request_is_started_again(server):
+    p = server()
+    for n in range(3):  # SIGKILL lands before or after the request is written: either way, one answer
+        pid = p.ask({"prompt": f"x{n}"})["pid"]
+        os.kill(pid, 9)
+        assert p.ask({"prompt": "y"})["text"] == "Y" and p.pid != pid
 
 
 def test_a_request_that_takes_too_long_ends_its_process(server):

@@ -9,7 +9,9 @@ this Python process for that job and checkpoint is one JSON line to it and one b
 * when this Python process exits (``atexit``), or dies (its stdin pipe closes: the recipe ends);
 * on :func:`close_generators` (``tune_magic.close_generators()``, ``Job.close_generation()``).
 
-A process that ended (idle, killed, a crash) is started again by the next request, transparently.
+A process that ended (idle, killed, a crash) is started again by the next request, transparently,
+also when it ends just as a request goes (once: a process started for a request that ends without
+answering it raises :class:`~tune_magic.job.generate.GenerationError` with the recipe's paragraph).
 A request interrupted (Ctrl-C) or timed out ends its process, so no late answer is read as the
 next one's. Nothing here prints or touches a widget; partial text goes to the caller's callback,
 in the caller's thread.
@@ -37,16 +39,10 @@ IDLE_TIMEOUT_S = 300.0
 ANSWER_TIMEOUT_S = 900.0
 #: Seconds :meth:`ServeProcess.close` waits after closing stdin, and again after SIGTERM.
 CLOSE_GRACE_S = 5.0
-#: What the recipe logs when its idle timeout ends it (``recipes/generate_text.py``).
-IDLE_END = "Serve: no request for"
 
 
 class _Ended(Exception):
-    """The process ended before it answered (internal; ``idle``: its idle timeout ended it)."""
-
-    def __init__(self, idle: bool) -> None:
-        super().__init__("ended")
-        self.idle = idle
+    """The process ended before it answered (internal)."""
 
 
 class ServeProcess:
@@ -97,8 +93,8 @@ class ServeProcess:
     def ask(self, request: dict[str, Any], on_partial: Callable[[str], None] | None = None,
             timeout_s: float = ANSWER_TIMEOUT_S) -> dict[str, Any]:
         """Send one request (docs/generation.md's keys) and return its answer, starting the process
-        first if none runs; a process its idle timeout ended just as the request went is started
-        again and asked once more.
+        first if none runs; a process started earlier that ended just as the request went (its idle
+        timeout, a kill) is started again and asked once more.
 
         Args:
             on_partial: called with each piece of text as it arrives (``"stream": true`` requests).
@@ -110,12 +106,13 @@ class ServeProcess:
         """
         with self._lock:
             for again in (False, True):
-                if not self.alive:
+                fresh = not self.alive
+                if fresh:
                     self._start()
                 try:
                     answer = self._exchange(request, on_partial, timeout_s)
-                except _Ended as ended:
-                    if ended.idle and not again:
+                except _Ended:
+                    if not fresh and not again:  # it ended (idle, killed) just as the request went
                         continue
                     code = self.proc.returncode
                     raise GenerationError(failure_message(self.log_path, self._offset, "the generation process ended "
@@ -177,13 +174,7 @@ class ServeProcess:
             self.proc.wait(timeout=CLOSE_GRACE_S)
         except subprocess.TimeoutExpired:
             self._kill()
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(self._offset)
-                idle = IDLE_END.encode() in f.read()
-        except OSError:
-            idle = False
-        return _Ended(idle)
+        return _Ended()
 
     def _kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -107,4 +107,6 @@ def compare(jobs_or_sweep: Any, prompt: str, checkpoint: Any = "best", *, max_ne
     columns = list(dict.fromkeys([*(["trial"] if sweep is not None else []), "job_id", "name", *keys, *COLUMNS]))
     frame = pd.DataFrame(rows, columns=columns)
     frame["val_loss"] = frame["val_loss"].astype(float)
+    for column in ("checkpoint", "text", "error"):  # None where missing (pandas' own str dtype would say NaN)
+        frame[column] = pd.Series([r[column] for r in rows], index=frame.index, dtype=object)
     return frame.set_index("trial") if sweep is not None else frame
