@@ -56,6 +56,7 @@ ROWS = [
     ("sweep_slurm", "bench.rows.sweep_slurm", "17", 900, 240),
     ("eval_checkpoint", "bench.rows.eval_checkpoint", "18", 900, 180),
     ("val_in_loop", "bench.rows.val_in_loop", "20", 900, 180),
+    ("generation", "bench.rows.generation", "21", 900, 180),
 ]
 QUICK_BUDGET_S = 600
 OUT = REPO / "bench" / "out"

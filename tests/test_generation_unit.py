@@ -122,6 +122,8 @@ def test_last_is_the_newest_complete_checkpoint(job):
         choose_checkpoint(job, "epoch_3")
     with pytest.raises(CheckpointError, match=r"there is no epoch_7 \(checkpoints: epoch_0, epoch_1, epoch_2\)"):
         choose_checkpoint(job, "epoch_7")
+    job.validation_points = lambda: pytest.fail("read without need")  # "last" alone reads no metrics
+    assert choose_checkpoint(job, "last", losses=False) == ChosenCheckpoint("last", chosen.path, 2)
 
 
 def test_best_is_the_lowest_evaluated_loss(job):

@@ -146,8 +146,18 @@ class ChosenCheckpoint:
         return BASE if self.epoch is None else f"epoch_{self.epoch}"
 
 
+_SETTINGS: dict[tuple, SaveSettings | None] = {}  # (config, overrides) -> its settings: a record's never change
+
+
 def _settings(record: JobRecord) -> SaveSettings | None:
     """What the job's config says about its checkpoints, or ``None`` when it cannot be read."""
+    key = (record.config, tuple(overrides_of(record)))
+    if key not in _SETTINGS:
+        _SETTINGS[key] = _read_settings(record)
+    return _SETTINGS[key]
+
+
+def _read_settings(record: JobRecord) -> SaveSettings | None:
     try:
         from omegaconf import OmegaConf
 
@@ -208,9 +218,10 @@ def checkpoint_val_losses(job, steps: Any, epochs: list[int]) -> dict[int, float
     return out
 
 
-def job_checkpoints(job) -> list[Checkpoint]:
-    """The job's checkpoints, oldest first, with ``step``, ``val_loss`` and ``pruned`` filled in (a
-    pruned one whose folder is gone stands in with no files).
+def job_checkpoints(job, losses: bool = True) -> list[Checkpoint]:
+    """The job's checkpoints, oldest first, with ``pruned`` filled in (a pruned one whose folder is
+    gone stands in with no files), and with ``losses`` also ``step`` and ``val_loss`` (these read the
+    job's whole log and metrics: "last" or "epoch_N" alone need neither).
 
     Raises:
         CheckpointError: the job has no ``output_dir`` recorded.
@@ -224,12 +235,14 @@ def job_checkpoints(job) -> list[Checkpoint]:
     for epoch, pruned in read_pruned(job.dir).items():
         found[epoch] = replace(found[epoch], pruned=pruned) if epoch in found else Checkpoint(
             epoch, out_dir / f"epoch_{epoch}", (), 0, 0, None, False, ("pruned by retention",), pruned=pruned)
+    if not losses:
+        return [c for _, c in sorted(found.items())]
     steps = save_steps(record.log_path)
-    losses = checkpoint_val_losses(job, steps, sorted(found))
-    return [replace(c, step=steps.step_of(c.epoch), val_loss=losses.get(c.epoch)) for _, c in sorted(found.items())]
+    values = checkpoint_val_losses(job, steps, sorted(found))
+    return [replace(c, step=steps.step_of(c.epoch), val_loss=values.get(c.epoch)) for _, c in sorted(found.items())]
 
 
-def _by_path(job, path: Path) -> ChosenCheckpoint:
+def _by_path(job, path: Path, losses: bool) -> ChosenCheckpoint:
     """A checkpoint named by its folder (relative paths: to the job's working directory)."""
     record = job.record
     path = path.expanduser()
@@ -237,7 +250,7 @@ def _by_path(job, path: Path) -> ChosenCheckpoint:
     if record.output_dir and folder.parent.absolute() == Path(record.output_dir).absolute():
         m = EPOCH_DIR.match(folder.name)
         if m:  # one of the job's own: named by its epoch (pruned, incomplete, its loss)
-            return _by_name(job, folder.name, asked=str(path))
+            return _by_name(job, folder.name, losses, asked=str(path))
     ckpt = read_checkpoint(folder, _settings(record))
     if not ckpt.complete:
         raise CheckpointError(f"{ckpt.path} is not a complete checkpoint ({'; '.join(ckpt.problems)}); wait for its "
@@ -245,12 +258,12 @@ def _by_path(job, path: Path) -> ChosenCheckpoint:
     return ChosenCheckpoint(str(path), str(ckpt.path), ckpt.epoch)
 
 
-def _by_name(job, name: str | int, asked: str | None = None) -> ChosenCheckpoint:
-    ckpt = find_checkpoint(job_checkpoints(job), name)
+def _by_name(job, name: str | int, losses: bool, asked: str | None = None) -> ChosenCheckpoint:
+    ckpt = find_checkpoint(job_checkpoints(job, losses or name == "best"), name)
     return ChosenCheckpoint(asked or str(name), str(ckpt.path), ckpt.epoch, ckpt.step, ckpt.val_loss)
 
 
-def choose_checkpoint(job, checkpoint: Any = "last") -> ChosenCheckpoint:
+def choose_checkpoint(job, checkpoint: Any = "last", losses: bool = True) -> ChosenCheckpoint:
     """The checkpoint ``checkpoint`` names for ``job`` (a :class:`~tune_magic.job.Job`).
 
     Args:
@@ -258,6 +271,8 @@ def choose_checkpoint(job, checkpoint: Any = "last") -> ChosenCheckpoint:
             :func:`tune_magic.checkpoints.catalog.best_of` over the job's evaluations, or its in-loop
             ``val_loss`` at each save step), ``"epoch_N"`` (or N), ``"base"`` (the job's untrained
             input model), or a path to an ``epoch_N/`` folder (``str`` with a ``/``, or a path object).
+        losses: fill in the chosen one's ``step`` and ``val_loss`` (they read the job's whole log
+            and metrics; ``"best"`` always does).
 
     Raises:
         CheckpointError: an unknown name, a checkpoint that does not exist, was pruned by retention,
@@ -265,10 +280,10 @@ def choose_checkpoint(job, checkpoint: Any = "last") -> ChosenCheckpoint:
             message lists the ones there are and what to do).
     """
     if is_path(check_checkpoint_name(checkpoint)):
-        return _by_path(job, Path(os.fspath(checkpoint)))
+        return _by_path(job, Path(os.fspath(checkpoint)), losses)
     if checkpoint == BASE:
         return ChosenCheckpoint(BASE, BASE)
-    return _by_name(job, checkpoint)
+    return _by_name(job, checkpoint, losses)
 
 
 def is_path(checkpoint: Any) -> bool:
@@ -393,7 +408,7 @@ def generate_once(job, prompt: Any, *, checkpoint: Any = "last", max_new_tokens:
     """
     prompt = check_prompt(prompt)
     opts = GenOptions.checked(max_new_tokens, temperature, top_k, seed)
-    chosen = chosen or choose_checkpoint(job, checkpoint)
+    chosen = chosen or choose_checkpoint(job, checkpoint, losses=False)
     argv, env = command(job, chosen, [f"generate.prompt={prompt}", *opts.words()])
     log = log_file(job, chosen, "once")
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)

@@ -236,7 +236,7 @@ def generate(job, prompt: Any, *, checkpoint: Any = "last", max_new_tokens: Any 
     kept-alive process for the checkpoint answers (:func:`serve_process`)."""
     prompt = check_prompt(prompt)
     opts = GenOptions.checked(max_new_tokens, temperature, top_k, seed)
-    chosen = choose_checkpoint(job, checkpoint)
+    chosen = choose_checkpoint(job, checkpoint, losses=False)
     return serve_process(job, chosen).ask(opts.request(prompt, stream=on_text is not None), on_text)["text"]
 
 
