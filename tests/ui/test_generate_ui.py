@@ -14,22 +14,22 @@ from tune_magic.errors import PlanError
 from tune_magic.ui.generation import TextShower, compare_html, split_prompt_line
 
 
-@pytest.mark.parametrize("line, words, prompt", [
-    ("fact What is the capital of Xyzzy?", ["fact"], "What is the capital of Xyzzy?"),
-    ("fact --checkpoint best What's the  capital?", ["fact", "--checkpoint", "best"], "What's the  capital?"),
-    ("fact --max-new-tokens=8 --seed 3 Say {x} and $y", ["fact", "--max-new-tokens=8", "--seed", "3"],
+@pytest.mark.parametrize("line, job, words, prompt", [
+    ("fact What is the capital of Xyzzy?", "fact", [], "What is the capital of Xyzzy?"),
+    ("fact --checkpoint best What's the  capital?", "fact", ["--checkpoint", "best"], "What's the  capital?"),
+    ("fact --max-new-tokens=8 --seed 3 Say {x} and $y", "fact", ["--max-new-tokens=8", "--seed", "3"],
      "Say {x} and $y"),
-    ('fact "What is it?"', ["fact"], "What is it?"),  # one quoted word: without its quotes
-    ("fact 'a' and 'b'", ["fact"], "'a' and 'b'"),  # more than one word: as typed
-    ("--checkpoint epoch_1 fact hi", ["--checkpoint", "epoch_1", "fact"], "hi"),
-    ("fact -- --help me", ["fact"], "--help me"),
-    ("fact -5 degrees?", ["fact"], "-5 degrees?"),
-    ('"my job" --temperature 0.5', ["my job", "--temperature", "0.5"], None),
-    ("fact", ["fact"], None),
-    ("", [], None),
+    ('fact "What is it?"', "fact", [], "What is it?"),  # one quoted word: without its quotes
+    ("fact 'a' and 'b'", "fact", [], "'a' and 'b'"),  # more than one word: as typed
+    ("--checkpoint epoch_1 fact hi", "fact", ["--checkpoint", "epoch_1"], "hi"),
+    ("fact -- --help me", "fact", [], "--help me"),
+    ("fact -5 degrees?", "fact", [], "-5 degrees?"),
+    ('"my job" --temperature 0.5', "my job", ["--temperature", "0.5"], None),
+    ("fact", "fact", [], None),
+    ("", None, [], None),
 ])
-def test_a_magics_line_is_the_job_the_options_and_the_prompt_as_typed(line, words, prompt):
-    assert split_prompt_line(line) == (words, prompt)
+def test_a_magics_line_is_the_job_the_options_and_the_prompt_as_typed(line, job, words, prompt):
+    assert split_prompt_line(line) == (job, words, prompt)
 
 
 @pytest.mark.parametrize("line, message", [("'fact hi", "a quote is never closed"),

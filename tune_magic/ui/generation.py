@@ -38,15 +38,16 @@ def _prompt(raw: str) -> str | None:
     return raw
 
 
-def split_prompt_line(line: str, value_options: Sequence[str] = VALUE_OPTIONS) -> tuple[list[str], str | None]:
-    """Split a magic's line into its words (the job and the options, as shell words) and the prompt.
+def split_prompt_line(line: str,
+                      value_options: Sequence[str] = VALUE_OPTIONS) -> tuple[str | None, list[str], str | None]:
+    """Split a magic's line into the job, the options (shell words) and the prompt.
 
     The first word that is not an option (nor an option's value) is the job; the next one starts
     the prompt, which is the rest of the line (see the module docstring). ``--opt=value`` and
     ``--opt value`` both work.
 
     Returns:
-        (the words before the prompt, the prompt or ``None`` when the line has none).
+        (the job or ``None``, the option words in order, the prompt or ``None`` when the line has none).
 
     Raises:
         PlanError: a quote left open before the prompt, or an option at the end with no value.
@@ -54,32 +55,31 @@ def split_prompt_line(line: str, value_options: Sequence[str] = VALUE_OPTIONS) -
     lex = shlex.shlex(line, posix=True)
     lex.whitespace_split, lex.commenters = True, ""
     words: list[str] = []
-    value_of, job_seen = None, False
+    value_of, job = None, None
     while True:
         at = lex.instream.tell()
         try:
             token = lex.get_token()
         except ValueError:  # an open quote: an apostrophe in the prompt, else a mistake
-            if job_seen and value_of is None:
-                return words, _prompt(line[at:])
+            if job is not None and value_of is None:
+                return job, words, _prompt(line[at:])
             raise PlanError("cannot split the line (a quote is never closed); close every quote") from None
         if token is None:
             if value_of is not None:
                 raise PlanError(f"{value_of} needs a value, e.g. {value_of} 8")
-            return words, None
+            return job, words, None
         if value_of is not None:
             words.append(token)
             value_of = None
         elif token == "--":
-            return words, _prompt(line[lex.instream.tell():])
-        elif token.startswith("-") and len(token) > 1 and not job_seen or token.startswith("--"):
+            return job, words, _prompt(line[lex.instream.tell():])
+        elif (token.startswith("-") and len(token) > 1 and job is None) or token.startswith("--"):
             words.append(token)
             value_of = token if token in value_options else None
-        elif not job_seen:
-            words.append(token)
-            job_seen = True
+        elif job is None:
+            job = token
         else:
-            return words, _prompt(line[at:])
+            return job, words, _prompt(line[at:])
 
 
 class TextShower:

@@ -102,7 +102,8 @@ def _generation_arguments(func):
         (("--temperature",), {"type": float, "default": 0.0, "help": "0 is greedy, exactly (0); > 0 samples"}),
         (("--top-k",), {"type": int, "default": None, "help": "sample among the k most likely tokens"}),
         (("--seed",), {"type": int, "default": 0, "help": "seeds the sampling (0)"}),
-        (("prompt",), {"nargs": "*", "help": "the prompt: the rest of the line as typed, or the cell body"}),
+        (("prompt",), {"nargs": argparse.REMAINDER, "help": "the prompt: the rest of the line as typed, or the cell "
+                                                            "body"}),
     ]
     what = "a sweep's id or name, a job's id or name" if checkpoint == "best" else "job id or the name of one job"
     for flags, kwargs in reversed(rows):
@@ -116,13 +117,13 @@ def _generation_words(magic, line: str, ns_user: dict):
     from tune_magic.ui.generation import split_prompt_line
 
     try:
-        words, prompt = split_prompt_line(line)
+        job, words, prompt = split_prompt_line(line)
         if "-h" in words or "--help" in words:
             return None, prompt
-        words = [expand_fields(w, ns_user) for w in words]
+        words = [expand_fields(w, ns_user) for w in words + ([job] if job is not None else [])]
     except UserError as exc:
         raise UsageError(str(exc)) from None
-    return magic.parser.parse_args(words), prompt
+    return magic.parser.parse_args(words), prompt  # the options, then the job: the prompt is not among them
 
 
 def _one_prompt(prompt: str | None, cell: str | None, magic: str) -> str:
