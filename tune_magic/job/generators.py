@@ -41,8 +41,9 @@ ANSWER_TIMEOUT_S = 900.0
 CLOSE_GRACE_S = 5.0
 
 
-class _Ended(Exception):
-    """The process ended before it answered (internal)."""
+class _Ended(GenerationError):
+    """The process ended before it answered (internal: :meth:`ServeProcess.ask` starts it again or
+    raises a :class:`~tune_magic.job.generate.GenerationError` of its own)."""
 
 
 class ServeProcess:
