@@ -318,6 +318,15 @@ def test_a_request_that_takes_too_long_ends_its_process(server):
     assert p.ask({"prompt": "d"})["text"] == "D" and p.starts == 2  # a late answer is never read as this one's
 
 
+def test_a_process_that_cannot_start_says_why_and_shows_its_command(tmp_path):
+    p = generators.ServeProcess(("j1", "base"), [sys.executable, "x.py", "it's"], dict(os.environ),
+                                str(tmp_path / "gone"), tmp_path / "g" / "s.log")
+    with pytest.raises(GenerationError, match=r"cannot start the generation process \(No such file or directory: "
+                                              r".*gone\): .* x\.py 'it'\"'\"'s'$"):
+        p.ask({"prompt": "a"})
+    assert "pid=None starts=0" in repr(p) and repr(p).endswith("x.py 'it'\"'\"'s'>")
+
+
 def test_close_ends_it_through_its_input(server):
     p = server()
     pid = p.ask({"prompt": "a"})["pid"]

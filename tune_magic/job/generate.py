@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass, replace
@@ -410,14 +411,18 @@ def generate_once(job, prompt: Any, *, checkpoint: Any = "last", max_new_tokens:
     opts = GenOptions.checked(max_new_tokens, temperature, top_k, seed)
     chosen = chosen or choose_checkpoint(job, checkpoint, losses=False)
     argv, env = command(job, chosen, [f"generate.prompt={prompt}", *opts.words()])
-    log = log_file(job, chosen, "once")
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    offset = os.lseek(fd, 0, os.SEEK_END)
     try:
-        proc = subprocess.Popen(argv, cwd=job.record.cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=fd, start_new_session=True, close_fds=True)
-    finally:
-        os.close(fd)
+        log = log_file(job, chosen, "once")
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            offset = os.lseek(fd, 0, os.SEEK_END)
+            proc = subprocess.Popen(argv, cwd=job.record.cwd, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=fd, start_new_session=True, close_fds=True)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise GenerationError(f"cannot start the generation process ({exc.strerror or exc}: "
+                              f"{exc.filename or argv[0]}): {shlex.join(argv)}") from None
     try:
         out, _ = proc.communicate(timeout=ONE_SHOT_TIMEOUT_S)
     except subprocess.TimeoutExpired:

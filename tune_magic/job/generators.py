@@ -23,6 +23,7 @@ import atexit
 import json
 import os
 import select
+import shlex
 import signal
 import subprocess
 import threading
@@ -78,16 +79,29 @@ class ServeProcess:
         """Whether its process runs (an ended one is reaped here)."""
         return self.proc is not None and self.proc.poll() is None
 
+    def __repr__(self) -> str:
+        return f"<ServeProcess {self.key[0]} {self.key[1]} pid={self.pid} starts={self.starts}: {shlex.join(self.argv)}>"
+
     def _start(self) -> None:
-        self.log_path.parent.mkdir(mode=0o700, exist_ok=True)
-        fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        """Start the process.
+
+        Raises:
+            GenerationError: it could not be started (its log or working directory unusable, the
+                program missing).
+        """
         try:
-            self._offset = os.lseek(fd, 0, os.SEEK_END)
-            # a session of its own: a notebook's interrupt (SIGINT to the kernel's group) never reaches it
-            self.proc = subprocess.Popen(self.argv, cwd=self.cwd, env=self.env, stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=fd, start_new_session=True, close_fds=True)
-        finally:
-            os.close(fd)
+            self.log_path.parent.mkdir(mode=0o700, exist_ok=True)
+            fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                self._offset = os.lseek(fd, 0, os.SEEK_END)
+                # a session of its own: a notebook's interrupt (SIGINT to the kernel's group) never reaches it
+                self.proc = subprocess.Popen(self.argv, cwd=self.cwd, env=self.env, stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=fd, start_new_session=True, close_fds=True)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise GenerationError(f"cannot start the generation process ({exc.strerror or exc}: "
+                                  f"{exc.filename or self.argv[0]}): {shlex.join(self.argv)}") from None
         self._buffer = b""
         self.starts += 1
 
