@@ -57,6 +57,7 @@ ROWS = [
     ("eval_checkpoint", "bench.rows.eval_checkpoint", "18", 900, 180),
     ("val_in_loop", "bench.rows.val_in_loop", "20", 900, 180),
     ("prune_wait", "bench.rows.prune_wait", "21", 900, 180),
+    ("generation", "bench.rows.generation", "22", 900, 180),
 ]
 QUICK_BUDGET_S = 600
 OUT = REPO / "bench" / "out"

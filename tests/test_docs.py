@@ -32,7 +32,7 @@ SETUP = ("```bash\n"
 OTHER_TOOLS = {
     "sbatch": {"--parsable", "--array", "--output", "--error", "--job-name", "--nodes", "--requeue", "--no-requeue",
                "--signal", "--export", "--qos", "--exclusive", "--gres", "--ntasks-per-node", "--cpus-per-task"},
-    "srun": {"--ntasks-per-node", "--export"},
+    "srun": {"--ntasks-per-node", "--export", "--ntasks", "--nodes"},
     "scancel": {"--signal", "--full", "--state"},
     "squeue": {"--jobs", "--json", "--format"},
     "torchrun": {"--local-addr", "--standalone"},
@@ -318,8 +318,9 @@ def test_every_code_block_parses(page):
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_every_command_and_option_in_the_prose_exists(page):
     known = set().union(*(cli_flags(c) for c in ("run", "cmd", "resume", "jobs", "sweeps", "logs", "stop", "rm",
-                                                 "metrics", "ls", "assets", "demo")),
-                        *(magic_flags(m) for m in ("tune_jobs", "tune_stop", "tune_logs", "tune_panel")),
+                                                 "metrics", "ls", "assets", "demo", "generate")),
+                        *(magic_flags(m) for m in ("tune_jobs", "tune_stop", "tune_logs", "tune_panel", "tune_generate",
+                                                   "tune_compare")),
                         *OTHER_TOOLS.values())
     for text in spans(page):
         where = f"{page.name}: `{text}`"

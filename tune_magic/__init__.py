@@ -40,6 +40,9 @@ _API = {
     "sweeps": "sweeping.sweep",
     "get_sweep": "sweeping.sweep",
     "revive_sweeps": "sweeping.sweep",
+    "close_generators": "job.generators",
+    "GenerationError": "job.generate",
+    "compare": "sweeping.compare",
 }
 
 __all__ = sorted(_API) + ["load_ipython_extension"]

@@ -138,8 +138,8 @@ def test_help_help_shows_the_help_of_help():
     r = run("help", "help")
     assert r.returncode == 0 and r.stderr == ""
     assert r.stdout.splitlines()[0] == "usage: tune-magic help [COMMAND]"
-    assert ("commands: cmd, ls, assets, run, resume, jobs, sweeps, logs, stop, rm, metrics, checkpoints, export, demo, "
-            "help") in r.stdout
+    assert ("commands: cmd, ls, assets, run, resume, jobs, sweeps, logs, stop, rm, metrics, checkpoints, export, "
+            "generate, demo, help") in r.stdout
 
 
 # --- a job's log is read only when it is a regular file --------------------------------------------

@@ -475,6 +475,50 @@ class Job:
 
         return resume(self, overrides, **options)
 
+    def generate(self, prompt: str, *, checkpoint="last", max_new_tokens: int = 64, temperature: float = 0.0,
+                 top_k: int | None = None, seed: int = 0, on_text=None) -> str:
+        """Answer ``prompt`` with this job's model loaded from one of its checkpoints, with its own
+        config, tokenizer and prompt template (``recipes/generate_text.py``; docs/generation.md).
+
+        The first call for a checkpoint starts a process where the job ran (this machine, or a
+        one-task job of its cluster scheduler) that keeps the model loaded; later calls of this
+        Python process reuse it. It ends after 300 s without a prompt, at exit, or on
+        :meth:`close_generation`; one that ended is started again. Nothing is written outside the
+        job's registry directory (``<job dir>/generate/``); this process never imports torch.
+
+        Args:
+            prompt: the user message (``str``), formatted as in training.
+            checkpoint: ``"last"`` (the newest complete), ``"best"`` (lowest validation loss),
+                ``"epoch_N"``, ``"base"`` (the untrained input model), or the path of an
+                ``epoch_N/`` folder.
+            max_new_tokens: at most this many new tokens (>= 1).
+            temperature: 0.0 is greedy (exactly the most likely token every step); > 0 samples.
+            top_k: sample among the k most likely tokens (>= 1), or ``None``.
+            seed: seeds the sampling (>= 0): the same request gives the same text.
+            on_text: ``Callable[[str], None]`` called with each new piece of text as it arrives, in
+                this thread (the pieces are for display: the returned text is the answer).
+
+        Returns:
+            The generated text (``str``), without the end-of-sequence token.
+
+        Raises:
+            PlanError: a bad prompt or option (nothing started).
+            CheckpointError: an unknown, pruned or incomplete checkpoint, none yet, or no validation
+                loss for ``"best"`` (nothing started).
+            GenerationError: the recipe refused it (e.g. a prompt longer than the tokenizer's
+                ``max_seq_len``: its own paragraph), or its process ended without answering.
+        """
+        from tune_magic.job.generators import generate
+
+        return generate(self, prompt, checkpoint=checkpoint, max_new_tokens=max_new_tokens, temperature=temperature,
+                        top_k=top_k, seed=seed, on_text=on_text)
+
+    def close_generation(self) -> int:
+        """End this job's kept-alive generation processes (see :meth:`generate`); return how many ran."""
+        from tune_magic.job.generators import close_generators
+
+        return close_generators(self.id)
+
     def lineage(self) -> list["Job"]:
         """This job and the jobs it resumed, oldest first: the chain of ``resumed_from`` back to the
         first run (a job removed with ``rm`` ends it; see :mod:`tune_magic.checkpoints.lineage`)."""

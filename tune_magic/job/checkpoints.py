@@ -72,9 +72,9 @@ def read_pruned(job_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
 def val_losses(job, steps: validation.SaveSteps) -> dict[int, float]:
     """``{epoch: val_loss}`` of the job's checkpoints that have one: their evaluations', or the
     point its recipe logged in its loop at the step the checkpoint was saved (``steps``)."""
-    plan = validation.ValidationPlan.from_record(job.record.validation)
-    if plan is not None and plan.mode == validation.CHECKPOINTS:
-        return {e.epoch: e.val_loss for e in job.evaluations() if e.val_loss is not None}
+    evaluated = {e.epoch: e.val_loss for e in job.evaluations() if e.val_loss is not None}
+    if evaluated:
+        return evaluated
     at = {p.step: p.value for p in job.validation_points()}
     out = {}
     for epoch in steps.last:
@@ -84,18 +84,19 @@ def val_losses(job, steps: validation.SaveSteps) -> dict[int, float]:
     return out
 
 
-def checkpoints_of(job) -> list[catalog.Checkpoint]:
+def checkpoints_of(job, *, details: bool = True) -> list[catalog.Checkpoint]:
     """``Job.checkpoints()``: one :class:`~tune_magic.checkpoints.catalog.Checkpoint` per ``epoch_N/``
     of the job's ``output_dir`` (and per one its keeper removed, with ``pruned`` set), by epoch,
-    with ``step``, ``val_loss`` and ``needed_by_resume`` filled."""
+    with ``step``, ``val_loss`` and ``needed_by_resume`` filled (``details``: they read the job's log
+    and metrics; without, the folders and what was pruned only)."""
     record = job.refresh().record
     if not record.output_dir:
         return []
     cfg = job_config(record)
     settings = catalog.SaveSettings.from_config(cfg) if cfg is not None else None
-    steps = _save_steps(record.log_path)
-    losses = val_losses(job, steps)
-    resume = catalog.resume_epoch(record.output_dir)
+    steps = _save_steps(record.log_path) if details else validation.SaveSteps()
+    losses = val_losses(job, steps) if details else {}
+    resume = catalog.resume_epoch(record.output_dir) if details else None
     out = {c.epoch: replace(c, step=steps.step_of(c.epoch), val_loss=losses.get(c.epoch),
                             needed_by_resume=c.epoch == resume)
            for c in catalog.list_checkpoints(record.output_dir, settings)}

@@ -29,7 +29,11 @@ Contract:
    after saving a checkpoint is started again from it, as the same job, recording each attempt in
    ``record.attempts``: :mod:`tune_magic.registry.attempts`); launches asking it of another
    scheduler are refused.
-8. Sweeps are an optional capability. A scheduler without one (``sweep_engine = None``) has its
+8. ``interactive_command`` turns a command to run once, where a job ran, with its stdin and
+   stdout connected to the caller (generation from the job's checkpoint), into the command that
+   runs it there: on this machine the command itself; an engine with nodes of its own wraps it
+   in a one-task job of the job's allocation options.
+9. Sweeps are an optional capability. A scheduler without one (``sweep_engine = None``) has its
    sweeps run by the sweep process (:mod:`tune_magic.sweeping.runner`), which queues the trials
    and launches each as a job through :meth:`submit` as slots free up. A scheduler that runs a
    whole sweep as one engine job (a job array) sets ``sweep_engine`` to a :class:`SweepEngine`: it
@@ -115,7 +119,7 @@ class SweepSubmission:
 
 class SweepEngine(ABC):
     """The optional capability of a scheduler that runs a whole sweep as ONE engine job (e.g. a
-    job array), queueing its trials itself (contract item 8). A scheduler leaves it out by keeping
+    job array), queueing its trials itself (contract item 9). A scheduler leaves it out by keeping
     ``Scheduler.sweep_engine = None``: its sweeps are then run by the sweep process, trial by trial."""
 
     @abstractmethod
@@ -164,7 +168,7 @@ class Scheduler(ABC):
     #: (``--gpus``, ``CUDA_VISIBLE_DEVICES``, a sweep's GPU pool), the rendezvous endpoint is
     #: chosen here, and there is no submit script to preview. Callers ask this, never the name.
     runs_on_this_machine: bool = False
-    #: The optional capability of running a whole sweep as one engine job (contract item 8), or
+    #: The optional capability of running a whole sweep as one engine job (contract item 9), or
     #: ``None``: the sweep process queues the trials and starts each through :meth:`submit`.
     sweep_engine: SweepEngine | None = None
     #: Lines of the engine's own that a card's display tail collapses (e.g. SLURM's cancel
@@ -273,6 +277,31 @@ class Scheduler(ABC):
         (e.g. ``"SLURM not answering since 14:05"`` while the engine does not answer and the last
         known status is shown), else ``None``. Cheap: it asks the engine nothing."""
         return None
+
+    def interactive_command(self, record: "JobRecord", argv: list[str],
+                            env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+        """The command and environment that run ``argv`` once where ``record``'s job ran: one
+        process (one task), its stdin and stdout those of the caller's process, its stderr too
+        (contract item 8). Pure: nothing is started.
+
+        Default: ``argv`` and ``env`` unchanged, for a scheduler whose jobs run on this machine
+        (:attr:`runs_on_this_machine`); an engine with nodes of its own overrides it.
+
+        Args:
+            record: the job's record (its allocation options, the engine's settings it used).
+            argv: the command (``argv[0]`` a program on the job's nodes, e.g. this Python).
+            env: the environment it should run with.
+
+        Raises:
+            UserError: this scheduler cannot run a command where its jobs ran (the message says why).
+        """
+        if not self.runs_on_this_machine:
+            from tune_magic.errors import UserError
+
+            raise UserError(f"scheduler {self.name!r} cannot run a command where its jobs ran (it has no "
+                            "interactive_command); copy the checkpoint to this machine and run recipes/generate_text.py on it "
+                            "(docs/generation.md)")
+        return list(argv), dict(env)
 
     def queued_s(self, record: "JobRecord") -> float:
         """Seconds the job spent back in the engine's queue after it had started (a requeue),

@@ -22,8 +22,9 @@ from tune_magic.ui.clifiles import (  # noqa: F401  (CliError, CHUNK_BYTES and r
     CHUNK_BYTES, ENV_ERRNOS, FOLLOWING, CliError, check_job_log, os_error_paragraph, os_reason, read_from, whole_log,
     write_chunks,
 )
-from tune_magic.ui.clitargets import (EXIT_USAGE, checkpoints_command, end_line, export_command, jobs_command,
-                                      logs_command, metrics_command, rm_command, stop_command, sweeps_command)
+from tune_magic.ui.clitargets import (EXIT_USAGE, checkpoints_command, end_line, export_command, generate_command,
+                                      jobs_command, logs_command, metrics_command, rm_command, stop_command,
+                                      sweeps_command)
 from tune_magic.ui.textfmt import escape, print_warnings
 
 
@@ -295,6 +296,7 @@ _COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "metrics": (metrics_command, "print a job's or a sweep's metric points (--json, --csv)"),
     "checkpoints": (checkpoints_command, "list a job's checkpoints: step, kind, size, validation loss, pruned"),
     "export": (export_command, "copy one checkpoint with its tokenizer and configs into a new folder"),
+    "generate": (generate_command, "generate text from a job's checkpoint (--prompt TEXT)"),
     "demo": (_demo, "run the demo"),
     "help": (_help, "show help for a command: tune-magic help COMMAND"),
 }
@@ -303,7 +305,8 @@ _COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
 def _usage() -> str:
     lines = ["usage: tune-magic COMMAND [ARGS...]   (tune-magic help COMMAND, or COMMAND --help)", "",
              "commands:"]
-    lines += [f"  {name:<8} {help_}" for name, (_, help_) in _COMMANDS.items()]
+    width = max(map(len, _COMMANDS)) + 1
+    lines += [f"  {name:<{width}} {help_}" for name, (_, help_) in _COMMANDS.items()]
     lines += ["", "Jobs, their logs and the tiny assets live under $TUNE_MAGIC_HOME (default ~/.cache/tune_magic);",
               "every process that sets the same TUNE_MAGIC_HOME sees the same jobs."]
     return "\n".join(lines)

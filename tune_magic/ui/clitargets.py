@@ -1,5 +1,5 @@
 """The ``tune-magic`` commands on existing jobs and sweeps: ``jobs``, ``sweeps``, ``logs``, ``stop``,
-``rm`` and ``metrics``. Each takes a job or a sweep the same way (:mod:`tune_magic.ui.targets`: a
+``rm``, ``metrics`` and ``generate``. Each takes a job or a sweep the same way (:mod:`tune_magic.ui.targets`: a
 sweep's id or name, else a job's id or name); :mod:`tune_magic.ui.cli` dispatches to them, same
 rules: the public API underneath, bad input exits 2 with one paragraph, values escaped and cut in
 tables (``--json`` keeps them whole).
@@ -501,4 +501,40 @@ def export_command(argv: Sequence[str]) -> int:
         raise CliError("the destination is an empty path; give a folder, e.g. tune-magic export JOB ./exported")
     result = job.export(ns.dest, checkpoint=ns.checkpoint)
     print(result.dest)
+    return 0
+
+
+# -- generate ----------------------------------------------------------------------------------------
+
+
+def generate_command(argv: Sequence[str]) -> int:
+    """``tune-magic generate JOB --prompt TEXT [...]``: print only the generated text (one line
+    end after it), from the recipe's one-shot mode where the job ran."""
+    from tune_magic.job.generate import GenOptions, check_checkpoint_name, check_prompt, generate_once
+
+    parser = argparse.ArgumentParser(
+        prog="tune-magic generate", description="Generate text from one of a job's checkpoints, with the job's own "
+        "config, tokenizer and prompt template; print only the text (logs go to <job dir>/generate/).")
+    parser.add_argument("job", help="job id, or the name of one job (tune-magic jobs lists them)")
+    parser.add_argument("--prompt", required=True, help="the prompt (the user message)")
+    parser.add_argument("--checkpoint", default="last", help="last (default), best (lowest validation loss), "
+                        "epoch_N, base (the untrained input model) or a path to an epoch_N folder")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="at most this many new tokens (64)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy, exactly (default); > 0 samples")
+    parser.add_argument("--top-k", type=int, default=None, help="sample among the K most likely tokens only")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the sampling (0)")
+    ns = parser.parse_args(argv)
+    check_prompt(ns.prompt)  # every word is checked before the job is looked up, and before anything starts
+    GenOptions.checked(ns.max_new_tokens, ns.temperature, ns.top_k, ns.seed)
+    check_checkpoint_name(ns.checkpoint)
+    if is_sweep(ns.job):
+        raise CliError(f"{ns.job} is a sweep: generate from one of its trials (tune-magic jobs --sweep {ns.job} lists "
+                       "their job ids), or compare every trial's answer in Python: tune_magic.compare(sweep, prompt) "
+                       "(%tune_compare in a notebook)")
+    from tune_magic.job import get_job
+
+    text = generate_once(get_job(ns.job), ns.prompt, checkpoint=ns.checkpoint, max_new_tokens=ns.max_new_tokens,
+                         temperature=ns.temperature, top_k=ns.top_k, seed=ns.seed)
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
     return 0

@@ -1,5 +1,5 @@
 """IPython magics: ``%%tune_run``, ``%tune_run``, ``%tune_resume``, ``%tune_jobs``, ``%tune_logs``, ``%tune_stop``,
-``%tune_panel``.
+``%tune_panel``, ``%tune_generate`` (``%%tune_generate``), ``%tune_compare``.
 
 Thin by design: parse (own options with :mod:`tune_magic.plan.options`, the rest with
 ``magic_arguments``), call the public API (:func:`tune_magic.launch`, :func:`tune_magic.jobs`, ...),
@@ -87,6 +87,64 @@ def _filter_arguments(func):
     for flags, kwargs in reversed(ARGUMENTS):
         func = argument(*flags, **kwargs)(func)
     return func
+
+
+def _generation_arguments(func):
+    """``magic_arguments`` of ``%tune_generate`` and ``%tune_compare``: the target, the generation
+    options (as ``tune-magic generate``'s), the prompt (the rest of the line; only for help: the line
+    is split by :func:`tune_magic.ui.generation.split_prompt_line`)."""
+    checkpoint = "best" if func.__name__ == "tune_compare" else "last"
+    rows = [
+        (("--checkpoint",), {"default": checkpoint, "help": f"last, best (lowest validation loss), epoch_N, base (the "
+                                                          f"untrained model) or a path to an epoch_N folder "
+                                                          f"({checkpoint})"}),
+        (("--max-new-tokens",), {"type": int, "default": 64, "help": "at most this many new tokens (64)"}),
+        (("--temperature",), {"type": float, "default": 0.0, "help": "0 is greedy, exactly (0); > 0 samples"}),
+        (("--top-k",), {"type": int, "default": None, "help": "sample among the k most likely tokens"}),
+        (("--seed",), {"type": int, "default": 0, "help": "seeds the sampling (0)"}),
+        (("prompt",), {"nargs": argparse.REMAINDER, "help": "the prompt: the rest of the line as typed, or the cell "
+                                                            "body"}),
+    ]
+    what = "a sweep's id or name, a job's id or name" if checkpoint == "best" else "job id or the name of one job"
+    for flags, kwargs in reversed(rows):
+        func = argument(*flags, **kwargs)(func)
+    return magic_arguments()(argument("job", help=what)(func))
+
+
+def _generation_words(magic, line: str, ns_user: dict):
+    """(parsed options, or ``None`` when they ask for help; the prompt on the line or ``None``) of a
+    generation magic's line (``{name}`` in the job and the options expands from the namespace)."""
+    from tune_magic.ui.generation import split_prompt_line
+
+    try:
+        job, words, prompt = split_prompt_line(line)
+        if "-h" in words or "--help" in words:
+            return None, prompt
+        words = [expand_fields(w, ns_user) for w in words + ([job] if job is not None else [])]
+    except UserError as exc:
+        raise UsageError(str(exc)) from None
+    return magic.parser.parse_args(words), prompt  # the options, then the job: the prompt is not among them
+
+
+def _one_prompt(prompt: str | None, cell: str | None, magic: str) -> str:
+    body = cell.strip() if cell is not None and cell.strip() else None
+    if prompt is not None and body is not None:
+        raise UsageError(f"give the prompt on the line or as the cell body, not both ({magic} JOB [OPTIONS] PROMPT)")
+    if prompt is None and body is None:
+        raise UsageError(f"give a prompt: {magic} JOB [OPTIONS] PROMPT, or the prompt as the cell body")
+    return prompt if prompt is not None else body
+
+
+def _check_generation(ns, prompt: str) -> None:
+    """Every word of a generation magic checked before a job is looked up or anything starts."""
+    from tune_magic.job.generate import GenOptions, check_checkpoint_name, check_prompt
+
+    try:
+        check_prompt(prompt)
+        GenOptions.checked(ns.max_new_tokens, ns.temperature, ns.top_k, ns.seed)
+        check_checkpoint_name(ns.checkpoint)
+    except UserError as exc:
+        raise UsageError(str(exc)) from None
 
 
 @magics_class
@@ -238,6 +296,81 @@ class TuneMagics(Magics):
         wanted = JobFilter.from_args(_parse(self.tune_jobs, line))
         display(JobsTable(filter=wanted))
         return None
+
+    @no_var_expand
+    @_generation_arguments
+    @line_cell_magic("tune_generate")
+    def tune_generate(self, line: str, cell: str | None = None):
+        """Generate text from one of a job's checkpoints, with the job's own config, tokenizer and
+        prompt template; show the text as it arrives and return it (a str).
+
+        %tune_generate JOB [--checkpoint C] [--max-new-tokens N] [--temperature T] [--top-k K]
+        [--seed S] PROMPT, or %%tune_generate JOB [OPTIONS] with the prompt as the cell body.
+
+        The prompt is the rest of the line as typed (one quoted word: without its quotes; -- before
+        a prompt that starts with --). The first prompt for a checkpoint starts a process where the
+        job ran that keeps the model loaded; later prompts of this kernel reuse it (it ends after
+        300 s without one, or at exit; tune_magic.close_generators() ends it now).
+        """
+        from tune_magic.job import get_job
+        from tune_magic.ui.generation import TextShower
+        from tune_magic.ui.targets import is_sweep
+
+        ns, prompt = _generation_words(self.tune_generate, line, self.shell.user_ns)
+        if ns is None:
+            print(self.tune_generate.__doc__)
+            return None
+        prompt = _one_prompt(prompt, cell, "%tune_generate")
+        _check_generation(ns, prompt)
+        if is_sweep(ns.job):
+            raise UsageError(f"{ns.job} is a sweep: generate from one of its trials (%tune_generate TRIAL_JOB ...; "
+                             f"%tune_jobs lists them), or compare every trial: %tune_compare {ns.job} PROMPT "
+                             "(tune_magic.compare(sweep, prompt))")
+        show = TextShower()
+        try:
+            text = get_job(ns.job).generate(prompt, checkpoint=ns.checkpoint, max_new_tokens=ns.max_new_tokens,
+                                            temperature=ns.temperature, top_k=ns.top_k, seed=ns.seed, on_text=show)
+        except UserError as exc:
+            raise UsageError(str(exc)) from None
+        show.finish(text)
+        return text
+
+    @no_var_expand
+    @_generation_arguments
+    @line_magic("tune_compare")
+    def tune_compare(self, line: str):
+        """Answer one prompt with every trial of a sweep (or one job), each from its --checkpoint
+        (best: lowest validation loss); show the answers side by side as they come and return the
+        pandas DataFrame (tune_magic.compare's: job_id, name, the sweep's axis values, checkpoint,
+        val_loss, text, error).
+
+        %tune_compare SWEEP [--checkpoint C] [--max-new-tokens N] [--temperature T] [--top-k K]
+        [--seed S] PROMPT
+        """
+        import ipywidgets as widgets
+
+        from tune_magic.sweeping.compare import compare
+        from tune_magic.ui.generation import compare_html
+
+        ns, prompt = _generation_words(self.tune_compare, line, self.shell.user_ns)
+        if ns is None:
+            print(self.tune_compare.__doc__)
+            return None
+        prompt = _one_prompt(prompt, None, "%tune_compare")
+        _check_generation(ns, prompt)
+        view = widgets.HTML()
+        rows: list[dict] = []
+
+        def on_row(row: dict) -> None:  # called in this thread, between generations
+            rows.append(row)
+            view.value = compare_html(rows, list(row))
+
+        display(view)
+        try:
+            return compare(ns.job, prompt, ns.checkpoint, max_new_tokens=ns.max_new_tokens,
+                           temperature=ns.temperature, top_k=ns.top_k, seed=ns.seed, on_row=on_row)
+        except UserError as exc:
+            raise UsageError(str(exc)) from None
 
     @magic_arguments()
     @line_magic("tune_panel")

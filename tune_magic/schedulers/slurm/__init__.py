@@ -106,6 +106,20 @@ def _gpus_asked(options: SchedulerOptions, words: tuple[str, ...]) -> bool:
                ("gpu" in w and w.startswith("--gres")) for w in words)
 
 
+def srun_argv(job_id: str, cwd: str, options: Mapping[str, Any], argv: list[str]) -> list[str]:
+    """``srun`` running ``argv`` as one task on one node, named ``tune_magic-<job_id>-interactive``,
+    with the job's ``partition``, ``account``, ``cpus_per_node`` (as the task's CPUs) and, when it
+    had ``gpus_per_node``, one GPU. Pure."""
+    words = ["srun", "--ntasks=1", "--nodes=1", "--quiet", f"--job-name=tune_magic-{job_id}-interactive",
+             f"--chdir={cwd}"]
+    for key, flag in (("partition", "--partition"), ("account", "--account"), ("cpus_per_node", "--cpus-per-task")):
+        if options.get(key):
+            words.append(f"{flag}={options[key]}")
+    if options.get("gpus_per_node"):
+        words.append("--gpus=1")
+    return words + list(argv)
+
+
 class SlurmScheduler(Scheduler):
     """Jobs as SLURM batch jobs (see the module docstring)."""
 
@@ -202,6 +216,22 @@ class SlurmScheduler(Scheduler):
         if client_env.get("SLURM_CONF"):
             backend["conf"] = client_env["SLURM_CONF"]
         jobstore.update(job_dir, backend=backend)
+
+    def interactive_command(self, record: JobRecord, argv: list[str],
+                            env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+        """``srun`` of ``argv`` as a one-task job (one node) with the job's partition, account, CPUs
+        and a GPU if it had GPUs, in its working directory, under the ``SLURM_CONF`` it went to;
+        the environment without a surrounding allocation's ``SLURM_*`` (and the kernel's
+        ``CUDA_VISIBLE_DEVICES``: SLURM gives the task its GPU). srun passes stdin to the task.
+
+        Raises:
+            PlanError: srun is not on PATH.
+        """
+        client_env = _client_env(env, record)
+        client_env.pop("CUDA_VISIBLE_DEVICES", None)
+        if shutil.which("srun", path=client_env.get("PATH")) is None:
+            raise PlanError(_CLIENTS_MISSING.replace("(sbatch, squeue, scancel)", "(srun)"))
+        return srun_argv(record.id, record.cwd, record.scheduler_options, argv), client_env
 
     # -- following ----------------------------------------------------------------------------
     def describe(self, job_dir: Path, record: JobRecord) -> dict[str, Any]:
