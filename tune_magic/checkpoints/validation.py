@@ -294,6 +294,17 @@ class SaveSteps:
             if step > self.last.get(epoch, -1):
                 self.last[epoch] = step
 
+    def feed_lines(self, lines) -> None:
+        """Lines already split (a follower's last lines): each bar description in them is noted."""
+        for line in lines:
+            for m in _BAR_DESC.finditer(line):
+                self.note(int(m.group(1)), int(m.group(2)))
+
+    def note(self, epoch: int, step: int) -> None:
+        """A step of 1-based bar epoch ``epoch`` seen elsewhere (a follower's progress points)."""
+        if step > self.last.get(epoch, -1):
+            self.last[epoch] = step
+
     def step_of(self, epoch_dir_index: int) -> int | None:
         """The step ``epoch_<epoch_dir_index>`` was saved at, or ``None`` before its epoch logged a step."""
         for m in _BAR_DESC.finditer(self._tail):  # the open line: tqdm redraws it without a newline

@@ -84,6 +84,30 @@ def val_losses(job, steps: validation.SaveSteps) -> dict[int, float]:
     return out
 
 
+def listing(record, job_dir: Path, settings=None, *, steps: validation.SaveSteps | None = None,
+            losses: dict[int, float] | None = None, resume: int | None = None) -> list[catalog.Checkpoint]:
+    """The checkpoints of a job's ``output_dir`` and those its keeper removed (``pruned``), by epoch,
+    with ``step`` (from ``steps``), ``val_loss`` (from ``losses``) and ``needed_by_resume``
+    (``resume``: the epoch a resume would load) filled where given. Reads the folders only (a live
+    card calls it when they changed); :func:`checkpoints_of` gives it what it reads of the log."""
+    if not record.output_dir:
+        return []
+    steps = steps if steps is not None else validation.SaveSteps()
+    losses = losses or {}
+    out = {c.epoch: replace(c, step=steps.step_of(c.epoch), val_loss=losses.get(c.epoch),
+                            needed_by_resume=c.epoch == resume)
+           for c in catalog.list_checkpoints(record.output_dir, settings)}
+    for entry in read_pruned(job_dir):
+        epoch = entry["epoch"]
+        if epoch not in out:
+            out[epoch] = catalog.Checkpoint(
+                epoch=epoch, path=Path(entry.get("path") or Path(record.output_dir) / f"epoch_{epoch}"), files=(),
+                bytes_on_disk=0, apparent_bytes=0, kind=None, complete=False, step=steps.step_of(epoch),
+                val_loss=losses.get(epoch), pruned=catalog.Pruned(float(entry.get("at") or 0.0),
+                                                                  int(entry.get("bytes_freed") or 0)))
+    return [out[k] for k in sorted(out)]
+
+
 def checkpoints_of(job, *, details: bool = True) -> list[catalog.Checkpoint]:
     """``Job.checkpoints()``: one :class:`~tune_magic.checkpoints.catalog.Checkpoint` per ``epoch_N/``
     of the job's ``output_dir`` (and per one its keeper removed, with ``pruned`` set), by epoch,
@@ -94,21 +118,11 @@ def checkpoints_of(job, *, details: bool = True) -> list[catalog.Checkpoint]:
         return []
     cfg = job_config(record)
     settings = catalog.SaveSettings.from_config(cfg) if cfg is not None else None
-    steps = _save_steps(record.log_path) if details else validation.SaveSteps()
-    losses = val_losses(job, steps) if details else {}
-    resume = catalog.resume_epoch(record.output_dir) if details else None
-    out = {c.epoch: replace(c, step=steps.step_of(c.epoch), val_loss=losses.get(c.epoch),
-                            needed_by_resume=c.epoch == resume)
-           for c in catalog.list_checkpoints(record.output_dir, settings)}
-    for entry in read_pruned(job.dir):
-        epoch = entry["epoch"]
-        if epoch not in out:
-            out[epoch] = catalog.Checkpoint(
-                epoch=epoch, path=Path(entry.get("path") or Path(record.output_dir) / f"epoch_{epoch}"), files=(),
-                bytes_on_disk=0, apparent_bytes=0, kind=None, complete=False, step=steps.step_of(epoch),
-                val_loss=losses.get(epoch), pruned=catalog.Pruned(float(entry.get("at") or 0.0),
-                                                                  int(entry.get("bytes_freed") or 0)))
-    return [out[k] for k in sorted(out)]
+    if not details:
+        return listing(record, job.dir, settings)
+    steps = _save_steps(record.log_path)
+    return listing(record, job.dir, settings, steps=steps, losses=val_losses(job, steps),
+                   resume=catalog.resume_epoch(record.output_dir))
 
 
 def export_of(job, dest: str | os.PathLike[str], checkpoint: "str | int" = "best"):

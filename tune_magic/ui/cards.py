@@ -131,7 +131,9 @@ class JobCard(Card):
     the run is: epoch of epochs, step of steps, loss, the latest and the best validation loss, steps
     this epoch, elapsed, ETA, throughput, the checkpoints being evaluated; "waiting for the first
     step", "waiting in the queue: <reason>", "saving checkpoint…"), ``legend`` (HTML, shown once
-    the job has a validation loss: ``loss`` and ``val_loss``), ``chart`` (bqplot Figure, hidden
+    the job has a validation loss: ``loss`` and ``val_loss``), ``checkpoints`` (HTML, hidden until the
+    first: one line per saved ``epoch_N/``: step, size, validation loss with the best marked ◆, pruned
+    or the one a resume needs, its path; ``Job.checkpoints``), ``chart`` (bqplot Figure, hidden
     until the first loss) with ``loss_line`` (its Lines mark: ``x`` steps, ``y`` losses),
     ``val_line`` (the validation losses: ``x`` steps, ``y`` values) and ``x_axis`` (integer ticks),
     ``log_tail`` (HTML: the last log lines, :func:`tune_magic.logs.cardtail.display_tail`; long lines
@@ -171,6 +173,7 @@ class JobCard(Card):
         self.legend = widgets.HTML(legend_html([("loss", LOSS_COLOUR, "●"), ("val_loss", VAL_COLOUR, "■")]),
                                    layout=widgets.Layout(**hidden))
         self.log_tail = widgets.HTML(layout=widgets.Layout(min_width="0"))
+        self.checkpoints = widgets.HTML(layout=widgets.Layout(display="none", min_width="0"))
         self.stop_button = self.make_stop_button("Stop", f"Stop job {job.id}")
         self.snapshot: JobSnapshot | None = None
         self._shown_steps: tuple | None = None
@@ -179,8 +182,8 @@ class JobCard(Card):
         self.resume_control = ResumeControl(job, JobCard)
         watcher = JobWatcher(job, self.update, interval_s=interval_s, tail_lines=tail_lines, notify=notify)
         super().__init__(job, watcher, [self.error, self.traceback, self.header, self.overrides, self.notes,
-                                        self.progress, self.legend, self.chart, self.log_tail, self.stop_button,
-                                        self.resume_control])
+                                        self.progress, self.legend, self.chart, self.checkpoints, self.log_tail,
+                                        self.stop_button, self.resume_control])
         JobCard._by_job[job.id] = self
         if watch:
             self.watcher.start()
@@ -213,6 +216,8 @@ class JobCard(Card):
                  for cls, text, suffix in snap.progress_parts()]
         set_html(self.progress, f"<div class='tm-progress' style='{_CARD_WRAP}'>" + " · ".join(parts) + "</div>")
         self._chart(snap)
+        set_html(self.checkpoints, checkpoints_html(snap.checkpoints))
+        set_shown(self.checkpoints, bool(snap.checkpoints))
         lines = [line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + " …" for line in snap.tail]
         # the tail is already bounded (tail_lines), so show all of it: newest lines last, in view;
         # long lines wrap (a horizontal scrollbar would hide the end of every line)
@@ -283,6 +288,7 @@ class JobCard(Card):
         lines += snap.notes()
         lines.append(snap.progress_text())
         lines += [snap.val_text()] if snap.val_steps else []
+        lines += [f"checkpoint {c.text()}" for c in snap.checkpoints]
         return "\n".join(lines + list(snap.tail[-5:]))
 
 
@@ -449,6 +455,21 @@ class SweepCard(Card):
         for card in getattr(self, "trial_card", widgets.VBox()).children:
             card.close()
         super().close()
+
+
+def checkpoints_html(rows) -> str:
+    """A job card's list of its checkpoints (:class:`~tune_magic.ui.snapshot.CheckpointRow`): one line
+    each, newest last: name, step, size, validation loss (the best marked ◆), pruned, path."""
+    if not rows:
+        return ""
+    lines = []
+    for c in rows:
+        style = "color:#7f7f7f" if c.pruned_bytes is not None else (
+            "font-weight:bold" if c.best else "")
+        lines.append(f"<div class='tm-checkpoint{' tm-best' if c.best else ''}' data-name='{html.escape(c.name)}' "
+                     f"style='{style}'>{html.escape(c.text())}</div>")
+    return (f"<details class='tm-checkpoints' style='{_CARD_WRAP};font-size:11px' open><summary>checkpoints "
+            f"({len(rows)})</summary>" + "".join(lines) + "</details>")
 
 
 def _num(value: float | None) -> str:

@@ -62,6 +62,61 @@ def val_fields(in_loop: dict[int, float], evaluations: tuple, max_points: int) -
                 val=val if points or evaluations else None, evaluations=tuple(evaluations))
 
 
+@dataclass(frozen=True)
+class CheckpointRow:
+    """One checkpoint as a card lists it (``Job.checkpoints``, :mod:`tune_magic.job.checkpoints`).
+
+    Attributes:
+        name: ``epoch_N``.
+        path: its folder.
+        step: the global step it was saved at, when known.
+        bytes_on_disk: what it takes (bytes; 0 once pruned).
+        kind: ``full``, ``lora_merged``, ``adapter_only``, or ``None`` (nothing there yet).
+        val_loss: its validation loss, when evaluated.
+        best: the lowest validation loss among the kept ones.
+        complete: every file there and whole.
+        resume: a resume would load it.
+        pruned_bytes: the bytes retention freed removing it, or ``None`` (kept).
+    """
+
+    name: str
+    path: str
+    step: int | None = None
+    bytes_on_disk: int = 0
+    kind: str | None = None
+    val_loss: float | None = None
+    best: bool = False
+    complete: bool = True
+    resume: bool = False
+    pruned_bytes: int | None = None
+
+    def text(self) -> str:
+        """``epoch_2 · step 12 · 753.7 KB · val 3.1625 ◆ best · /runs/x/epoch_2``, as one line."""
+        from tune_magic.checkpoints.layout import size_text
+
+        bits = [self.name] + ([f"step {self.step}"] if self.step is not None else [])
+        if self.pruned_bytes is not None:
+            bits.append(f"pruned (freed {size_text(self.pruned_bytes)})")
+        else:
+            bits.append(size_text(self.bytes_on_disk) if self.complete else "being written")
+        if self.val_loss is not None:
+            bits.append(f"val {self.val_loss:.5g}" + (" ◆ best" if self.best else ""))
+        if self.resume and self.pruned_bytes is None:
+            bits.append("resume needs it")
+        return " · ".join(bits) + ("" if self.pruned_bytes is not None else f" · {self.path}")
+
+
+def checkpoint_rows(checkpoints) -> tuple[CheckpointRow, ...]:
+    """The card's rows of a job's :class:`~tune_magic.checkpoints.catalog.Checkpoint` list, the best by
+    validation loss among the kept complete ones marked."""
+    from tune_magic.checkpoints.catalog import best_of
+
+    best = best_of([c for c in checkpoints if c.pruned is None and c.complete])
+    return tuple(CheckpointRow(c.name, str(c.path), c.step, c.bytes_on_disk, c.kind, c.val_loss,
+                               best is not None and c.epoch == best.epoch, c.complete, c.needed_by_resume,
+                               None if c.pruned is None else c.pruned.bytes_freed) for c in checkpoints)
+
+
 def evaluation_note(e) -> str | None:
     """What a card, ``--wait`` and the CLI say of an evaluation of a checkpoint
     (:class:`tune_magic.job.evaluate.Evaluation`) that ended without a value (it never makes the job
@@ -137,6 +192,7 @@ class JobSnapshot:
             the evaluations queued or running and failed), or ``None`` when the job has none.
         evaluations: the evaluations of its checkpoints (:class:`tune_magic.job.evaluate.Evaluation`,
             by epoch), for a job that validates by checkpoints.
+        checkpoints: the checkpoints it saved (:class:`CheckpointRow`, by epoch), pruned ones included.
     """
 
     job_id: str
@@ -175,6 +231,7 @@ class JobSnapshot:
     val_losses: tuple[float, ...] = ()
     val: ValSummary | None = None
     evaluations: tuple = ()
+    checkpoints: tuple = ()
 
     @property
     def label(self) -> str:
@@ -296,6 +353,7 @@ class JobSnapshot:
             lines.append(f"step {self.step} loss {self.loss:.6g}  {progress_summary(self.progress)}".rstrip())
         val = " · ".join(text + suffix for _, text, suffix in self.val_parts())
         lines += [f"{val} · {self.val_text()}"] if val else []
+        lines += [f"checkpoint {c.text()}" for c in self.checkpoints]
         return "\n".join(lines)
 
     def news(self, before: "JobSnapshot | None") -> list[str]:

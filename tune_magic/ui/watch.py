@@ -13,6 +13,7 @@ follows either in the calling thread, as text (``--wait``).
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -32,8 +33,9 @@ from tune_magic.ui.cardlines import shown_overrides
 
 from tune_magic.sweeping.results import rank, results
 from tune_magic.sweeping.sweep import Sweep, sweep_status
+from tune_magic.checkpoints.validation import SaveSteps
 from tune_magic.ui.snapshot import (LOSS, READ_PER_SHOWN, THROUGHPUT, JobSnapshot, SweepSnapshot, TrialRow,  # noqa: F401
-                                    progress_summary, val_fields)  # (views import them from here too)
+                                    checkpoint_rows, progress_summary, val_fields)  # (views import them from here too)
 
 #: What a watcher follows.
 Target = Union[Job, Sweep]
@@ -194,6 +196,9 @@ class JobWatcher(Watcher):
         self.evals = EvaluationFollower(job, revive=True) if is_evaluated(r) else None
         self._in_loop: dict[int, float] | None = None  # the val_loss points the recipe logged, by step
         self._val: tuple = (None, None)  # (what the validation fields were made from, those fields)
+        self._saves = SaveSteps()  # the step each epoch_N/ was saved at, from the bars read
+        self._ckpt: tuple = (None, -math.inf, ())  # (what the checkpoint rows were read from, when, the rows)
+        self._ckpt_settings = None  # the config's save settings, read once
 
     def poll_once(self) -> JobSnapshot:
         """Read what is new, return the snapshot, and hand it to the sink if it changed."""
@@ -218,9 +223,11 @@ class JobWatcher(Watcher):
                 and (status.is_live or self._finished)):
             # nothing was written and the record is the same object: only the elapsed time moved
             # (and, while its checkpoints are evaluated, what their evaluations wrote)
-            snap = replace(last, elapsed_s=self.job.elapsed_s, engine_note=self.job.engine_note,
-                           **(self._val_fields(()) if evaluated else {}))
-            changed = snap.engine_note != last.engine_note or evaluated
+            fields = self._val_fields(()) if evaluated else {}
+            snap = replace(last, elapsed_s=self.job.elapsed_s, engine_note=self.job.engine_note, **fields,
+                           checkpoints=self._checkpoint_rows(status, last.run.checkpoint,
+                                                             fields.get("evaluations", last.evaluations)))
+            changed = snap.engine_note != last.engine_note or evaluated or snap.checkpoints != last.checkpoints
         else:
             snap = self._read(status)
             self._seen = seen
@@ -246,6 +253,11 @@ class JobWatcher(Watcher):
             self._failure = self.job.failure() or False  # written before the record says failed
         failure = self._failure or None
         tail, raw = self._tail(failure)
+        for lines in raw:
+            self._saves.feed_lines(lines)
+        for p in changes:  # the bars' points carry their 1-based epoch: every save's step, not only the tail's
+            if p.epoch is not None:
+                self._saves.note(p.epoch, p.step)
         run = self._progress(status, step, raw)
         nodes = ()
         if status.is_live and (r.num_nodes > 1 or not schedulers.get_or_missing(r.scheduler).runs_on_this_machine):
@@ -262,7 +274,8 @@ class JobWatcher(Watcher):
             num_nodes=r.num_nodes, warnings=tuple(r.warnings), log_lost_at=r.log_lost_at,
             overrides=tuple(shown_overrides(self.job.overrides, r.id)), engine_id=self.job.engine_id,
             engine_id_label=self.job.engine_id_label, **self._lineage(r),
-            engine_note=self.job.engine_note, **self._val_fields(changes),
+            engine_note=self.job.engine_note, **(val := self._val_fields(changes)),
+            checkpoints=self._checkpoint_rows(status, run.checkpoint, val["evaluations"]),
         )
 
     def _val_fields(self, changes) -> dict:
@@ -277,6 +290,40 @@ class JobWatcher(Watcher):
         if made_from is None or made_from[0] is not self._in_loop or made_from[1] != evaluations:
             self._val = ((self._in_loop, evaluations), val_fields(self._in_loop, evaluations, self.max_points))
         return self._val[1]
+
+    def _checkpoint_rows(self, status, saving, evaluations) -> tuple:
+        """The card's checkpoint rows (:func:`~tune_magic.ui.snapshot.checkpoint_rows`), read again
+        only when what they come from changed (the output_dir's and ``pruned.jsonl``'s stat, a save
+        starting or ending, the job ending, an evaluation's value) and at most once a second while
+        the job runs: a poll otherwise costs two ``stat`` calls."""
+        from tune_magic.job.checkpoints import PRUNED, job_config, listing
+
+        r = self.job.record
+        if not r.output_dir:
+            return ()
+        made_from, at, rows = self._ckpt
+        key = (_stat(r.output_dir), _stat(self.job.dir / PRUNED), saving, status.is_live,
+               tuple((e.epoch, e.val_loss) for e in evaluations), len(self._in_loop or ()))
+        now = time.monotonic()
+        if key == made_from or (status.is_live and now - at < 1.0):
+            return rows
+        if self._ckpt_settings is None:
+            from tune_magic.checkpoints.catalog import SaveSettings
+
+            cfg = job_config(r)
+            self._ckpt_settings = SaveSettings.from_config(cfg) if cfg is not None else False
+        losses = {e.epoch: e.val_loss for e in evaluations if e.val_loss is not None}
+        if not losses and self._in_loop:
+            losses = {n - 1: self._in_loop[step] for n, step in self._saves.last.items() if step in self._in_loop}
+        from tune_magic.checkpoints.catalog import resume_epoch
+
+        try:
+            found = listing(r, self.job.dir, self._ckpt_settings or None, steps=self._saves, losses=losses,
+                            resume=resume_epoch(r.output_dir))
+        except OSError:
+            return rows
+        self._ckpt = (key, now, checkpoint_rows(found))
+        return self._ckpt[2]
 
     def _lineage(self, r) -> dict:
         """The snapshot's lineage fields: the earlier runs' curve (read once: they have ended) and
