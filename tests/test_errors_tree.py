@@ -67,3 +67,17 @@ def test_every_exception_keeps_a_builtin_base(name, cls):
         return  # the roots: nothing to be compatible with
     builtin = [b for b in cls.__mro__ if b.__module__ == "builtins" and b not in (object, BaseException, Exception)]
     assert builtin, f"{name} has no builtin base besides Exception (e.g. ValueError, LookupError)"
+
+
+def test_the_tree_in_errors_docstring_names_every_public_exception():
+    """The tree atop tune_magic/errors.py is where a user looks up what can be raised: each public
+    class (no leading underscore) the package defines is in it, and each names its module."""
+    doc = tune_magic.errors.__doc__
+    tree = doc.split("::", 1)[1]
+    for name, cls in sorted(defined_exceptions().items()):
+        short = name.rsplit(".", 1)[1]
+        if short.startswith("_"):
+            continue
+        assert f" {short}" in tree, f"{short} ({name}) is missing from the tree in tune_magic/errors.py"
+        if cls.__module__ != "tune_magic.errors":
+            assert f":mod:`{cls.__module__}`" in doc, f"errors.py does not say {short} lives in {cls.__module__}"

@@ -6,23 +6,36 @@
     ├── UserError                       a mistake the user can fix; the message names the fix
     │   ├── PlanError (ValueError)      bad ``tune run`` input, bad options, clashes at launch
     │   │   ├── GpuError                GPU ids that do not exist, are not visible, or are busy
-    │   │   └── NothingToResume         a job's output_dir holds nothing a resume can continue from
+    │   │   ├── NothingToResume         a job's output_dir holds nothing a resume can continue from
+    │   │   └── AttemptNotRun           a requeued SLURM attempt that runs nothing (refused, or done)
     │   ├── JobNotFound (LookupError)   no job with that id
-    │   │   └── AmbiguousJobName        a job name that several jobs have
+    │   │   ├── AmbiguousJobName        a job name that several jobs have
+    │   │   └── DamagedSweep            a sweep whose record and its backup cannot be read
     │   ├── StateDirError (ValueError)  ``$TUNE_MAGIC_HOME`` cannot hold job records
     │   ├── AmbiguousNameError          a recipe/config name in both torchtune and tune_magic
     │   │   (LookupError)
+    │   ├── CheckpointError (ValueError)  a checkpoint unknown, pruned, incomplete, or a bad destination
+    │   ├── GenerationError             the generation recipe refused or ended without answering
+    │   │   (RuntimeError)
+    │   ├── ControllerUnreachable       SLURM's controller did not take a cancel (the stop is recorded)
+    │   │   (RuntimeError)
     │   └── CliError (ValueError)       a command-line mistake (``tune-magic``)
     ├── JobStartError (RuntimeError)    the job's supervisor did not start it
     ├── LaunchWarning (UserWarning)     what a launch warns about (a warning, not raised)
     ├── CorruptRecord (ValueError)      a job record missing, unreadable or invalid
+    ├── CheckpointFileError (ValueError)  a checkpoint file truncated, damaged, or not its format
     └── SqueueParseError (ValueError)   the SLURM scheduler's: squeue answered in an unreadable form
 
 The classes outside this module live with their code: ``GpuError`` in
 :mod:`tune_magic.gpus`, ``AmbiguousNameError`` in :mod:`tune_magic.config.catalog`,
 ``CliError`` in :mod:`tune_magic.ui.clifiles`, ``CorruptRecord`` in :mod:`tune_magic.registry.record`,
-and engine-specific ones in their scheduler's package (``SqueueParseError`` in
-:mod:`tune_magic.schedulers.slurm.status`). ``tests/test_errors_tree.py`` checks that every
+``CheckpointError`` in :mod:`tune_magic.checkpoints.catalog`, ``CheckpointFileError`` in
+:mod:`tune_magic.checkpoints.files`, ``GenerationError`` in :mod:`tune_magic.job.generate`, ``DamagedSweep`` in
+:mod:`tune_magic.sweeping.sweep`, and
+engine-specific ones in their scheduler's package (``SqueueParseError`` in
+:mod:`tune_magic.schedulers.slurm.array`, ``ControllerUnreachable`` in
+:mod:`tune_magic.schedulers.slurm`, ``AttemptNotRun`` in
+:mod:`tune_magic.schedulers.slurm.requeue`). ``tests/test_errors_tree.py`` checks that every
 exception class the package defines is in this tree.
 
 Each public exception keeps a builtin base as well (``PlanError`` is still a ``ValueError``,
