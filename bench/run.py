@@ -55,6 +55,7 @@ ROWS = [
     ("stop_all", "bench.rows.stop_all", "16", 600, 120),
     ("sweep_slurm", "bench.rows.sweep_slurm", "17", 900, 240),
     ("eval_checkpoint", "bench.rows.eval_checkpoint", "18", 900, 180),
+    ("val_card", "bench.rows.val_card", "19", 900, 180),
     ("val_in_loop", "bench.rows.val_in_loop", "20", 900, 180),
     ("prune_wait", "bench.rows.prune_wait", "21", 900, 180),
     ("generation", "bench.rows.generation", "22", 900, 180),
