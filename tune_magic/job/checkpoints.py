@@ -52,21 +52,9 @@ PRUNED = "pruned.jsonl"
 
 def read_pruned(job_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The lines of a job's ``pruned.jsonl``, oldest first (a torn last line is skipped)."""
-    import json
+    from tune_magic.registry.files import read_epoch_lines
 
-    out = []
-    try:
-        with open(Path(job_dir) / PRUNED, "r", encoding="utf-8") as f:
-            for line in f:
-                try:
-                    entry = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(entry, dict) and isinstance(entry.get("epoch"), int):
-                    out.append(entry)
-    except OSError:
-        pass
-    return out
+    return read_epoch_lines(Path(job_dir) / PRUNED)
 
 
 def val_losses(job, steps: validation.SaveSteps) -> dict[int, float]:

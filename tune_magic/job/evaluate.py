@@ -14,7 +14,6 @@ never fails the job.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -25,7 +24,7 @@ from typing import Any, Mapping
 from tune_magic.checkpoints import validation
 from tune_magic.job.validation import evaluation_recipe
 from tune_magic.registry import store as jobstore
-from tune_magic.registry.files import open_nofollow
+from tune_magic.registry.files import append_json_line, read_epoch_lines
 from tune_magic.registry.record import JobRecord, overrides_of
 
 #: One line per checkpoint given an evaluation: ``{"epoch", "step", "job"}`` or ``{"epoch", "step", "error"}``.
@@ -38,19 +37,7 @@ LIVE = ("pending", "running")
 
 def read_evaluations(job_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The lines of a job's ``evaluations.jsonl``, oldest first (a torn last line is skipped)."""
-    out = []
-    try:
-        with open(Path(job_dir) / EVALUATIONS, "r", encoding="utf-8") as f:
-            for line in f:
-                try:
-                    entry = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(entry, dict) and isinstance(entry.get("epoch"), int):
-                    out.append(entry)
-    except OSError:
-        pass
-    return out
+    return read_epoch_lines(Path(job_dir) / EVALUATIONS)
 
 
 @dataclass(frozen=True)
@@ -290,11 +277,7 @@ def _stat(path: Path) -> tuple | None:
 
 def record_evaluation(job_dir: Path, entry: Mapping[str, Any]) -> None:
     """Append one line to the job's ``evaluations.jsonl`` (one ``O_APPEND`` write: lines never mix)."""
-    fd = open_nofollow(job_dir / EVALUATIONS, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    try:
-        os.write(fd, (json.dumps(dict(entry)) + "\n").encode())
-    finally:
-        os.close(fd)
+    append_json_line(job_dir / EVALUATIONS, entry)
 
 
 def evaluation_args(record: JobRecord, checkpoint_dir: str, epoch: int, step: int) -> list[str]:

@@ -346,6 +346,32 @@ def log_file(job, chosen: ChosenCheckpoint, kind: str) -> Path:
 # -- the two ways to run it ---------------------------------------------------------------------------
 
 
+def start_process(argv: list[str], *, cwd: str | None, env: dict[str, str], log: Path,
+                  stdin: int) -> tuple[subprocess.Popen, int]:
+    """Start a generation process: stdout a pipe (the answer), stderr appended to ``log`` (created,
+    0600), a session of its own so that a notebook's interrupt (SIGINT to the kernel's process
+    group) never reaches it. Returns the process and the log's size before it started (bytes: where
+    its own lines begin).
+
+    Raises:
+        GenerationError: it could not be started (the log or working directory unusable, the
+            program missing); the message shows the command (``shlex.join``).
+    """
+    try:
+        log.parent.mkdir(mode=0o700, exist_ok=True)
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            offset = os.lseek(fd, 0, os.SEEK_END)
+            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=stdin, stdout=subprocess.PIPE, stderr=fd,
+                                    start_new_session=True, close_fds=True)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise GenerationError(f"cannot start the generation process ({exc.strerror or exc}: "
+                              f"{exc.filename or argv[0]}): {shlex.join(argv)}") from None
+    return proc, offset
+
+
 def generate_once(job, prompt: Any, *, checkpoint: Any = "last", max_new_tokens: Any = 64, temperature: Any = 0.0,
                   top_k: Any = None, seed: Any = 0, chosen: ChosenCheckpoint | None = None) -> str:
     """Generate once with the recipe's one-shot mode: one process loads the model, answers and
@@ -369,16 +395,10 @@ def generate_once(job, prompt: Any, *, checkpoint: Any = "last", max_new_tokens:
     argv, env = command(job, chosen, [f"generate.prompt={prompt}", *opts.words()])
     try:
         log = log_file(job, chosen, "once")
-        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            offset = os.lseek(fd, 0, os.SEEK_END)
-            proc = subprocess.Popen(argv, cwd=job.record.cwd, env=env, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=fd, start_new_session=True, close_fds=True)
-        finally:
-            os.close(fd)
     except OSError as exc:
         raise GenerationError(f"cannot start the generation process ({exc.strerror or exc}: "
                               f"{exc.filename or argv[0]}): {shlex.join(argv)}") from None
+    proc, offset = start_process(argv, cwd=job.record.cwd, env=env, log=log, stdin=subprocess.DEVNULL)
     held = hold_checkpoint(job, chosen)  # retention never removes it under the generation
     try:
         out, _ = proc.communicate(timeout=ONE_SHOT_TIMEOUT_S)

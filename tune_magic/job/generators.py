@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tune_magic.job.generate import (ChosenCheckpoint, GenerationError, GenOptions, check_prompt, choose_checkpoint,
-                                     command, failure_message, hold_checkpoint, log_file)
+                                     command, failure_message, hold_checkpoint, log_file, start_process)
 
 #: Seconds a kept-alive process waits for a request before it ends (the recipe's ``idle_timeout_s``).
 IDLE_TIMEOUT_S = 300.0
@@ -95,19 +95,8 @@ class ServeProcess:
             GenerationError: it could not be started (its log or working directory unusable, the
                 program missing).
         """
-        try:
-            self.log_path.parent.mkdir(mode=0o700, exist_ok=True)
-            fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                self._offset = os.lseek(fd, 0, os.SEEK_END)
-                # a session of its own: a notebook's interrupt (SIGINT to the kernel's group) never reaches it
-                self.proc = subprocess.Popen(self.argv, cwd=self.cwd, env=self.env, stdin=subprocess.PIPE,
-                                             stdout=subprocess.PIPE, stderr=fd, start_new_session=True, close_fds=True)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            raise GenerationError(f"cannot start the generation process ({exc.strerror or exc}: "
-                                  f"{exc.filename or self.argv[0]}): {shlex.join(self.argv)}") from None
+        self.proc, self._offset = start_process(self.argv, cwd=self.cwd, env=self.env, log=self.log_path,
+                                                stdin=subprocess.PIPE)
         self._buffer = b""
         self.starts += 1
         if self._hold is not None and self._held is None:

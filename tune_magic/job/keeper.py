@@ -27,19 +27,18 @@ files.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 from tune_magic.checkpoints import validation
 from tune_magic.errors import UserError
 from tune_magic.registry import store as jobstore
-from tune_magic.registry.files import open_nofollow
+from tune_magic.registry.files import append_json_line, open_nofollow
 from tune_magic.job.checkpoints import PRUNED, read_pruned, val_losses
 from tune_magic.registry.record import overrides_of
 
@@ -65,14 +64,6 @@ def needs_keeper(record) -> bool:
     """Whether a job's checkpoints need a keeper (validation by checkpoints, or retention)."""
     plan = validation.ValidationPlan.from_record(record.validation)
     return (plan is not None and plan.mode == validation.CHECKPOINTS) or keep_policy(record) is not None
-
-
-def _append(path: Path, entry: Mapping[str, Any]) -> None:
-    fd = open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    try:
-        os.write(fd, (json.dumps(dict(entry)) + "\n").encode())
-    finally:
-        os.close(fd)
 
 
 class Keeper:
@@ -202,7 +193,7 @@ class Keeper:
             shutil.rmtree(path, ignore_errors=True)
         if path.exists():
             return
-        _append(self.job.dir / PRUNED, {"epoch": cp.epoch, "at": time.time(), "bytes_freed": cp.bytes_on_disk,
+        append_json_line(self.job.dir / PRUNED, {"epoch": cp.epoch, "at": time.time(), "bytes_freed": cp.bytes_on_disk,
                                         "path": str(path)})
         self.pruned.add(cp.epoch)
         print(f"epoch_{cp.epoch}: removed ({cp.bytes_on_disk} bytes freed)", flush=True)

@@ -16,7 +16,7 @@ import stat as _stat
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from tune_magic.errors import StateDirError
 
@@ -117,6 +117,46 @@ def read_json(path: Path, limit: int = MAX_RECORD_BYTES) -> Any:
         raise ValueError(f"{path.name} is nested too deeply") from None
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path.name} is not UTF-8 ({exc.reason})") from None
+
+
+def append_json_line(path: Path, entry: Mapping[str, Any]) -> None:
+    """Append ``entry`` as one JSON line to ``path`` (created, mode 0600, no link followed) in one
+    ``O_APPEND`` write, so that lines of several writers never mix.
+
+    Raises:
+        OSError: the file cannot be opened or written (a link in the way: ``ELOOP``).
+    """
+    data = (json.dumps(dict(entry)) + "\n").encode()
+    fd = open_nofollow(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            # a writer killed mid-line (or a full disk) left a torn line: end it, or this entry
+            # would join it and be skipped with it; at worst a race adds a blank line, skipped too
+            data = b"\n" + data
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def read_epoch_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of ``path`` that are objects with an integer ``"epoch"``, oldest first: a torn
+    last line (a writer killed mid-write) and foreign lines are skipped; a missing or unreadable
+    file reads as none. The format of a job's ``evaluations.jsonl`` and ``pruned.jsonl``."""
+    out = []
+    try:
+        with os.fdopen(open_nofollow(path, os.O_RDONLY), "r", encoding="utf-8") as f:
+            for line in f:
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(entry, dict) and isinstance(entry.get("epoch"), int) \
+                        and not isinstance(entry["epoch"], bool):
+                    out.append(entry)
+    except (OSError, UnicodeDecodeError):
+        pass
+    return out
 
 
 @contextmanager
