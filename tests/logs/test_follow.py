@@ -473,6 +473,39 @@ def test_any_chunking_gives_the_points_of_parsing_at_once(pieces, cuts):
         job.close()
 
 
+_BAR = "Loss: 2.5:   0%|| 0/100 [00:01<00:02,  1.00it/s]"
+_DISK0 = (0, "loss", 2.0853, None, "disklogger")  # the file's value beats the bar's echo of step 0
+
+
+@pytest.mark.parametrize("bars, want, progress_text", [
+    # hypothesis's falsifying example and its variant: three --tee bar pieces (rank 1, then rank 0
+    # twice) on one physical line; each piece is a redraw of its own
+    ([f"[default1]:1|0|{_BAR}", f"[default0]:1|0|{_BAR}", f"[default0]:1|1|{_BAR}"],
+     [_DISK0, (1, "loss", 2.5, 1, "progress")], f"1|1|{_BAR}"),
+    ([f"[default1]:1|0|{_BAR}", f"[default0]:1|0|{_BAR}", f"[default0]:1|0|{_BAR}"], [_DISK0], f"1|0|{_BAR}"),
+    # torch's excepthook prefix inside torchrun's: "[rank0]: " glued after it is no cut of its own
+    ([f"[default0]:[rank0]: 1|0|{_BAR}", f"[rank0]: 1|1|{_BAR}"], [_DISK0], f"1|0|{_BAR}[rank0]: 1|1|{_BAR}"),
+], ids=["other-rank-then-step-1", "other-rank-then-step-0", "torch-prefix-glued"])
+def test_rank_prefixed_bars_glued_after_a_complete_line_at_any_cut(tmp_path, bars, want, progress_text):
+    # The same points and progress text whether the bar line reaches the parser in a plain run
+    # (the whole text, or a chunk holding both lines) or as a record of its own.
+    data = ("Step 0 | loss:2.0853 \n" + "".join(bars) + "\n").encode()
+    points, parser = parse_text(data.decode())
+    ref = MetricStore()
+    ref.add_points(points)
+    assert _key(ref.points()) == want
+    assert parser.latest_progress == progress_text
+    for cut in range(len(data) + 1):  # 22 (hypothesis's): right after the Step line's newline
+        log = tmp_path / f"job{cut}.log"
+        with JobMetricsFollower(log, max_lines=50) as job:
+            for piece in (data[:cut], data[cut:]):
+                append(log, piece)
+                job.poll()
+            job.finish()
+            assert _key(job.points()) == want, cut
+            assert job.latest_progress == progress_text, cut
+
+
 def _key(points):
     return [(p.step, p.name, "nan" if math.isnan(p.value) else p.value, p.epoch, p.source) for p in points]
 

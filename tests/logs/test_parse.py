@@ -562,6 +562,21 @@ def test_line_glued_after_a_progress_bar_unprefixed():
     assert parser.latest_progress == "1|1|Loss: 10.0:  50%|#####     | 1/2 [00:00<00:00, 10922.67it/s]"
 
 
+def test_other_ranks_piece_glued_in_a_block_of_prefixed_lines():
+    # a block long enough for the fast paths (parse: 16+ records; parse_plain: a run), every line
+    # [default0]:, one with rank 1's bar glued after rank 0's: that bar is a piece of its own
+    bar = "0%|| 0/100 [00:01<00:02,  1.00it/s]"
+    records = [f"[default0]:Step {s} | loss:{s}.5 " for s in range(1, 21)]
+    records[4] = f"[default0]:1|5|Loss: 5.5:   {bar}[default1]:1|6|Loss: 9.0:   {bar}"
+    want = [(s, "loss", s + 0.5, None, "disklogger") for s in range(1, 21)]
+    want[4:5] = [(5, "loss", 5.5, 1, "progress"), (6, "loss", 9.0, 1, "progress")]
+    for read in (LogParser.parse, LogParser.parse_plain):
+        parser = LogParser()
+        arg = records if read is LogParser.parse else "\n".join(records)
+        assert_points(read(parser, arg).points(), want)
+        assert parser.latest_progress == f"1|6|Loss: 9.0:   {bar}"
+
+
 def _steps(n: int = 8) -> list[tuple]:
     """What capture_worker.py's metrics mode prints per step (loss 10/step, lr 2e-05,
     tokens_per_second_per_gpu 100+step, grad_norm 0.5*step)."""

@@ -217,7 +217,15 @@ class LogParser:
     def _unprefix(self, joined: str, n: int) -> list[str] | None:
         """The ``n`` records joined in ``joined`` without their prefix, when all have the same one
         exactly once (a block of ``--tee`` output with no cut pieces) and no cut line waits: then
-        they parse like unprefixed records, on the fast paths. ``None`` otherwise.
+        they parse like unprefixed records, on the fast paths, with the points and progress text
+        of the record-by-record path (:meth:`_prefixed`). ``None`` otherwise, and so also when
+
+        * another prefix of that role occurs: a piece of another rank glued after a cut or
+          unterminated one (``[default1]:<bar>[default0]:<bar>``) is a piece of its own
+          (:func:`~tune_magic.logs.lineformat.split_prefixed`);
+        * a record goes on with a ``[`` (``[default0]:[rank0]: ...``): a second prefix is
+          torch's, read with the first (:func:`~tune_magic.logs.lineformat.strip_prefixes`), and
+          a piece glued after it is not cut out.
 
         Records left blank (torchrun's ``[default0]:`` for an empty line) are counted and dropped.
         """
@@ -229,9 +237,13 @@ class LogParser:
             if not joined.startswith(" ", m.end()):
                 return None
             prefix += " "
-        if joined.count(prefix) != n or ("\n" + joined).count("\n" + prefix) != n:
+        # "[<role>" n times: each record's own prefix, and no piece of any rank glued after it
+        if joined.count("[" + m.group(1)) != n or ("\n" + joined).count("\n" + prefix) != n:
             return None
-        records = joined[len(prefix):].replace("\n" + prefix, "\n").split("\n")
+        bare = joined[len(prefix):].replace("\n" + prefix, "\n")
+        if bare.startswith("[") or "\n[" in bare:
+            return None
+        records = bare.split("\n")
         kept = list(filter(str.strip, records))
         self.stats.records += len(records) - len(kept)
         return kept
