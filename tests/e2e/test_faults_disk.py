@@ -157,4 +157,6 @@ def test_a_sweep_on_a_full_disk_says_why_starts_no_process_and_goes_on_when_spac
         listed = ns.run([PY, "-m", "tune_magic", "sweeps"], env=env, timeout=60)
         assert "waiting for disk space" not in listed.stderr and " succeeded" in listed.stdout
         log = ns.run(["cat", f"{home}/sweeps/{sweep_id}/runner.log"], env=env).stdout
-        assert log.count("trial 1 (start_loss=2) waits: waiting for disk space") == 1, log
+        # said at most once (never again on each look); the line itself may be lost: the runner wrote
+        # it to runner.log on the full disk, and was killed before space returned
+        assert log.count("trial 1 (start_loss=2) waits: waiting for disk space") <= 1, log

@@ -196,8 +196,8 @@ def test_run_val_every_n_steps_without_dataset_val_fails_at_once(home, tmp_path)
 
 
 def test_validate_checkpoint_without_dataset_val_names_the_fix(home, tmp_path):
-    folder = tmp_path / "epoch_0"  # any folder: the missing key is reported first
-    folder.mkdir()
+    folder = tmp_path / "job" / "epoch_0"  # any folder: the missing key is reported first
+    folder.mkdir(parents=True)
     argv = [sys.executable, str(VALIDATE), "--config", str(CONFIGS / "full.yaml"), f"output_dir={tmp_path}/job",
             f"validate.checkpoint_dir={folder}", "validate.step=4", f"validate.output_dir={tmp_path}/val"]
     run(argv, home, tmp_path / "console.log", ok=False)
