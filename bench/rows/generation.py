@@ -1,9 +1,9 @@
-"""Rows 21a and 21b: generation from a job's checkpoint (issue 29).
+"""Rows 22a and 22b: generation from a job's checkpoint (issue 29).
 
 Set-up: ``tiny/fact.yaml`` trained by ``tune_magic.launch`` (4 epochs of 16 steps, CPU), whose
 ``epoch_3/`` answers "What is the capital of Xyzzy?" greedily with "Plugh is the capital of Xyzzy.".
 
-21a. Project: ``job.generate(QUESTION)``, the first call of a checkpoint (the kept-alive process
+22a. Project: ``job.generate(QUESTION)``, the first call of a checkpoint (the kept-alive process
 started where the job ran, the interpreter's start-up and imports, the model built and loaded, the
 prompt answered), timed in this process from the call to its return; the process is closed after
 each sample. Anchor: torchtune 0.6.1's own ``generate`` recipe run by hand, ``tune run generate
@@ -11,8 +11,8 @@ each sample. Anchor: torchtune 0.6.1's own ``generate`` recipe run by hand, ``tu
 resolved config (model, tokenizer, device, dtype, checkpointer) pointed at ``epoch_3/``, greedy
 (``temperature`` 0.6 with ``top_k`` 1). Both must answer the fact. Goal: ≤ 1.2×.
 
-21b. Project: the second prompt to the kept-alive process (the model already loaded), from the
-call to its return. Anchor: the first call of the same round (21a's project). Goal: ≤ 0.2×.
+22b. Project: the second prompt to the kept-alive process (the model already loaded), from the
+call to its return. Anchor: the first call of the same round (22a's project). Goal: ≤ 0.2×.
 
 1 warm-up of each, then alternated rounds (1 with --quick, 5 in full).
 """
@@ -29,7 +29,7 @@ import yaml
 
 from bench.common import REPO, alternated, log, median, ratio, row, row_main, spread
 
-KEY, NUMBER = "generation", "21"
+KEY, NUMBER = "generation", "22"
 METRIC = "Generation from a job's checkpoint: job.generate() first call vs torchtune's generate recipe by hand; a second prompt"
 GOAL_FIRST, GOAL_SECOND = 1.2, 0.2
 QUESTION, ANSWER = "What is the capital of Xyzzy?", "Plugh is the capital of Xyzzy."
@@ -100,7 +100,7 @@ def run(quick: bool) -> list[dict]:
             f"≤ {GOAL_FIRST}×", r1 is not None and r1 <= GOAL_FIRST, how,
             f"{spread(firsts)}; anchor {spread(anchors)}", data={"first_s": firsts, "anchor_s": anchors}),
         row(KEY, NUMBER + "b", "job.generate() second prompt to the kept-alive process vs its first call",
-            f"{median(seconds_):.3f} s median", f"{median(firsts):.2f} s median (the first call, 21a)", f"{r2:.3f}",
+            f"{median(seconds_):.3f} s median", f"{median(firsts):.2f} s median (the first call, 22a)", f"{r2:.3f}",
             f"≤ {GOAL_SECOND}×", r2 is not None and r2 <= GOAL_SECOND, how + "; the same process (loads == 1)",
             spread(seconds_), data={"second_s": seconds_}),
     ]

@@ -41,10 +41,8 @@ def _running(job):
     return job.summary().step and job.status == "running"
 
 
-def test_a_job_at_its_time_limit_failed_saying_so(cluster):
-    job = _launch(cluster, ("steps=1000", "step_s=0.5"), time_limit="1")
-    assert job.wait(200) == "failed", job.tail(15)
-    assert job.error == "hit the --time limit 1", job.tail(15)
+# A job at its time limit fails saying so: tests/slurm/test_slurm_requeue.py runs it beside the job
+# that --resume-on-timeout requeues (one minute, SLURM's shortest limit, waited for once).
 
 
 def test_a_job_whose_node_failed_failed_saying_so(cluster):

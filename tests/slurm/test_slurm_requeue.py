@@ -80,11 +80,17 @@ def test_a_requeued_job_resumes_from_epoch_1s_checkpoint_and_ends_as_an_uninterr
 
 
 def test_resume_on_timeout_requeues_the_job_once_before_its_limit_then_it_ends_at_its_limit(cluster):
-    # 1 minute limit, USR1 45 s before it; 12 steps of 6 s fit in neither attempt
-    job = tune_magic.launch(toy_args(f"epochs={EPOCHS}", f"steps={STEPS}", "step_s=6.0", "save_checkpoints=true",
+    # 1 minute limit, USR1 45 s before it (SLURM looks every ~30 s: the first attempt may run up to
+    # its whole minute, saving epoch_1 at step 8); 20 steps of 6 s fit in neither attempt
+    job = tune_magic.launch(toy_args("epochs=5", f"steps={STEPS}", "step_s=6.0", "save_checkpoints=true",
                                      nproc=1), scheduler="slurm", nodes=1, cpus_per_node=1, time_limit="1",
                             resume_on_timeout=1)
     cluster.started.append(job)
+    # beside it (SLURM's shortest limit is a minute: one wait serves both), a job without
+    # --resume-on-timeout at its limit: the outcome table's row "hit the --time limit"
+    plain = tune_magic.launch(toy_args("steps=1000", "step_s=0.5", nproc=2), scheduler="slurm", nodes=1,
+                              cpus_per_node=2, time_limit="1")
+    cluster.started.append(plain)
     script = job.dir.joinpath("job.sbatch").read_text()
     assert "#SBATCH --requeue" in script and "#SBATCH --signal=B:USR1@45" in script
     wait_for(lambda: (job.dir / "requeued-on-timeout.attempt-1").exists(), timeout=TIMEOUT, interval=0.5,
@@ -102,6 +108,9 @@ def test_resume_on_timeout_requeues_the_job_once_before_its_limit_then_it_ends_a
     assert two.number == 2 and two.ended_at == job.ended_at
     # the step it reached before SLURM ended it at its limit (issue 30: it was null)
     assert isinstance(two.step, int) and two.step == job.summary().step >= 1, (two, job.summary())
+    assert plain.wait(TIMEOUT) == "failed", plain.tail(15)
+    assert plain.error == "hit the --time limit 1", plain.tail(15)
+    assert "#SBATCH --requeue" not in plain.dir.joinpath("job.sbatch").read_text()
 
 
 def test_tune_magics_full_finetune_requeued_mid_epoch_2_ends_with_the_uninterrupted_runs_losses(cluster, tiny_assets,
