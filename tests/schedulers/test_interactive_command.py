@@ -51,6 +51,17 @@ def test_on_a_cluster_it_is_a_one_task_srun_with_the_jobs_options(tmp_path):
                     "--chdir=/work/project", *ARGV]
 
 
+def test_the_sites_policy_and_placement_from_sbatch_words_go_to_srun_the_batch_jobs_own_do_not(tmp_path):
+    (tmp_path / "srun").write_text("#!/bin/sh\n")
+    (tmp_path / "srun").chmod(0o755)
+    words = ["--qos=high", "--constraint=a100&ib", "--reservation=train week", "--mem=64G", "--requeue",
+             "--signal=B:USR1@60", "--output=/x/%j.out", "--time=1:00:00", "--array=0-3", "-q", "--exclusive"]
+    rec = record(scheduler="slurm", backend={"job_id": "41"}, scheduler_options={"partition": "gpu", "sbatch": words})
+    argv, _ = schedulers.get("slurm").interactive_command(rec, ARGV, {"PATH": str(tmp_path)})
+    assert argv[argv.index("--partition=gpu") + 1:] == ["--qos=high", "--constraint=a100&ib",
+                                                          "--reservation=train week", "--mem=64G", *ARGV]
+
+
 def test_on_a_cluster_without_srun_here_it_names_the_fix(tmp_path):
     with pytest.raises(PlanError, match=r"SLURM's client tools \(srun\) on PATH"):
         schedulers.get("slurm").interactive_command(record(scheduler="slurm"), ARGV, {"PATH": str(tmp_path)})

@@ -106,10 +106,20 @@ def _gpus_asked(options: SchedulerOptions, words: tuple[str, ...]) -> bool:
                ("gpu" in w and w.startswith("--gres")) for w in words)
 
 
+#: The ``--sbatch`` extras a one-task srun takes from its job: the site's policy and placement
+#: (a cluster that requires a QOS, a reservation or a node feature refuses or never starts a task
+#: without them). srun reads them as sbatch does; the rest (array, requeue, signal, output, time,
+#: ...) belong to the batch job alone.
+SRUN_SHARED_OPTIONS = frozenset({"qos", "constraint", "reservation", "clusters", "cluster-constraint", "exclude",
+                                 "nodelist", "mem", "mem-per-cpu", "mem-per-gpu", "gres", "licenses", "wckey",
+                                 "comment", "prefer"})
+
+
 def srun_argv(job_id: str, cwd: str, options: Mapping[str, Any], argv: list[str]) -> list[str]:
     """``srun`` running ``argv`` as one task on one node, named ``tune_magic-<job_id>-interactive``,
-    with the job's ``partition``, ``account``, ``cpus_per_node`` (as the task's CPUs) and, when it
-    had ``gpus_per_node``, one GPU. Pure."""
+    with the job's ``partition``, ``account``, ``cpus_per_node`` (as the task's CPUs), one GPU when
+    it had ``gpus_per_node``, and those of its ``--sbatch`` words (long form, ``--name=value``) named
+    in :data:`SRUN_SHARED_OPTIONS`, as written. Pure."""
     words = ["srun", "--ntasks=1", "--nodes=1", "--quiet", f"--job-name=tune_magic-{job_id}-interactive",
              f"--chdir={cwd}"]
     for key, flag in (("partition", "--partition"), ("account", "--account"), ("cpus_per_node", "--cpus-per-task")):
@@ -117,6 +127,9 @@ def srun_argv(job_id: str, cwd: str, options: Mapping[str, Any], argv: list[str]
             words.append(f"{flag}={options[key]}")
     if options.get("gpus_per_node"):
         words.append("--gpus=1")
+    for word in options.get("sbatch") or ():
+        if isinstance(word, str) and word.startswith("--") and word[2:].partition("=")[0] in SRUN_SHARED_OPTIONS:
+            words.append(word)
     return words + list(argv)
 
 
