@@ -191,7 +191,7 @@ def render(rows: list[dict], mach: dict, seconds: dict, cold: dict | None) -> st
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="every row at its smallest size (CI); never writes BENCHMARKS.md")
-    ap.add_argument("--only", nargs="+", metavar="ROW", help="rows to run, by number (1-17) or name")
+    ap.add_argument("--only", nargs="+", metavar="ROW", help="rows to run, by number (1-22) or name")
     ap.add_argument("--write", action="store_true", help="rewrite BENCHMARKS.md (full mode only)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of a markdown table")
     ap.add_argument("--render", action="store_true",

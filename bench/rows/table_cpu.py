@@ -7,7 +7,7 @@ log, DiskLogger metric file, and the summary the supervisor leaves; every 25th f
 and one real running toy job (2 processes under torchrun, 1,000,000 steps of 0.1 s, 20 log lines
 a step: about 200 lines/s), whose supervisor keeps its summary current.
 
-Windows alternate card, table, card, table (``--quick``: 8 s each; full: 20 s), after a 4 s
+Windows alternate card, table, card, table (``--quick``: 3 s each; full: 20 s), after a 4 s
 warm-up each: during a card window one :class:`tune_magic.ui.cards.JobCard` (its watcher thread
 polls every 0.25 s, as in a notebook) is the only live view; during a table window one
 :class:`tune_magic.ui.views.JobsTable` of all 200 jobs (its refresher thread, once a second) is:
@@ -72,7 +72,7 @@ def run(quick: bool) -> list[dict]:
     import tune_magic
     from tune_magic.ui import views
 
-    window = 8.0 if quick else 20.0
+    window = 3.0 if quick else 20.0
     warmup = 4.0
     home = Path(os.environ["TUNE_MAGIC_HOME"])
     ids, template = _registry(home)

@@ -208,7 +208,7 @@ def profile_polls(job, spacing_s: float, n: int = 40) -> dict:
 
 
 def run(quick: bool) -> list[dict]:
-    window = 8.0 if quick else 20.0
+    window = 3.0 if quick else 20.0
     _count_polls()
     jobs: list = []
     try:

@@ -254,3 +254,57 @@ def test_the_one_ranking():
     # the best carries the measure it won by; the others do not
     r = rank([_row(0, ok, 1.0, best_val=3.0), _row(1, ok, 2.0, best_val=2.0)])
     assert (r.best.ranked_by, r.best.value, r.label) == (BY_VAL_LOSS, 2.0, "best by val_loss")
+
+
+def test_each_trials_best_checkpoint_is_shown_and_follows_new_evaluations(job_registry, capsys):
+    """Trials validated by checkpoints, two each: the card and the text table name each trial's
+    checkpoint with the lowest validation loss (the one ``checkpoint="best"`` loads), and a later,
+    better evaluation moves it on the next look of the same watcher."""
+    from tune_magic.ui.cards import SweepCard
+    from tune_magic.ui.snapshot import table_rows
+
+    ids = _ids(2)
+    runs = job_registry.parent / "runs"
+    for i in range(2):
+        _job(job_registry, ids[i], losses=FINALS[i], validation=CHECKPOINTS, trial=i, output_dir=str(runs / ids[i]))
+        for epoch in (0, 1):
+            write_epoch(runs / ids[i], epoch)
+            os.utime(runs / ids[i] / f"epoch_{epoch}", (100.0 + epoch, 100.0 + epoch))
+        (job_registry / ids[i] / "keeper.done").touch()
+    # trial 0 is best at epoch_0 (2.0 < 2.5); trial 1 has only epoch_0 evaluated so far
+    _evaluation(job_registry, "20261202-110000-cccccc", ids[0], 0, 3, 2.0)
+    _evaluation(job_registry, "20261202-110001-dddddd", ids[0], 1, 6, 2.5)
+    _evaluation(job_registry, "20261202-110002-eeeeee", ids[1], 0, 3, 3.0)
+    sweep = _sweep(job_registry, ids)
+    card = SweepCard(sweep, watch=False)
+    try:
+        snap = card.watcher.poll_once()
+        assert [r.best_checkpoint for r in snap.rows] == ["epoch_0", "epoch_0"]
+        _evaluation(job_registry, "20261202-110003-ffffff", ids[1], 1, 6, 1.5)
+        snap = card.watcher.poll_once()
+        assert [r.best_checkpoint for r in snap.rows] == ["epoch_0", "epoch_1"]
+        card.update(snap)
+        assert [c.split(">")[-1] for c in card.table.value.split("</code></td>")[:-1]
+                if "tm-trial-ckpt" in c.rsplit("<td", 1)[-1]] == ["epoch_0", "epoch_1"]
+        assert "<th>best checkpoint</th>" in card.table.value
+    finally:
+        card.close()
+    head, *rows = table_rows(snap)
+    col = head.index("BEST CHECKPOINT")
+    assert [r[col] for r in rows] == ["epoch_0", "epoch_1"]
+    assert head[col - 1] == "BEST VAL_LOSS" and [r[col - 1] for r in rows] == ["2", "1.5"]
+    from tune_magic.ui import cli
+
+    capsys.readouterr()
+    assert cli.main(["jobs", "--sweep", SWEEP_ID, "--json"]) == 0
+    assert [t["best_checkpoint"] for t in json.loads(capsys.readouterr().out)["trials"]] == ["epoch_0", "epoch_1"]
+
+
+def test_trials_without_a_checkpoint_show_no_best_checkpoint_column(val_sweep):
+    """In-loop validation and no ``epoch_N`` folder: no trial has a best checkpoint, no column."""
+    from tune_magic.ui.snapshot import table_rows
+    from tune_magic.ui.watch import SweepWatcher
+
+    snap = SweepWatcher(val_sweep).poll_once()
+    assert [r.best_checkpoint for r in snap.rows] == [None] * 4
+    assert "BEST CHECKPOINT" not in table_rows(snap)[0]

@@ -298,7 +298,8 @@ class SweepCard(Card):
     Public child widgets (stable names, for tests and tutorials), top to bottom: ``header`` (HTML:
     name, id, status, how many at a time, the count of trials per status), ``table`` (HTML: one row
     per trial: index, a column per axis, status — ``queued`` while queued —, step, loss, best loss
-    so far, best validation loss when the trials validate, elapsed; the best trial's row marked ◆;
+    so far, best validation loss when the trials validate, the best checkpoint (``epoch_N``, the one
+    ``checkpoint="best"`` loads) when one has it, elapsed; the best trial's row marked ◆;
     under it, which measure chose it: ``◆ best by val_loss`` or ``◆ best by final loss``, and the
     ranking's note, e.g. ``ranking by final loss until 2 evaluations finish``), ``legend`` (HTML: each trial's colour and
     values), ``chart`` (bqplot Figure, hidden until the first loss: ``curves``, a Lines mark with
@@ -364,7 +365,7 @@ class SweepCard(Card):
 
     def _table_html(self, snap: SweepSnapshot) -> str:
         head = "".join(f"<th>{html.escape(self._short.get(k, k))}</th>" for k in snap.keys)
-        val = snap.validates
+        val, ckpt = snap.validates, snap.has_checkpoints
         rows = []
         for r in snap.rows:
             texts = dict(r.texts)
@@ -380,6 +381,8 @@ class SweepCard(Card):
                      f"<td>{status}</td>", f"<td class='tm-trial-step'>{'' if r.step is None else r.step}</td>",
                      f"<td class='tm-trial-loss'>{_num(r.loss)}</td>", f"<td class='tm-trial-best'>{_num(r.best_loss)}</td>",
                      *([f"<td class='tm-trial-val'>{html.escape(val_text(r))}</td>"] if val else []),
+                     *([f"<td class='tm-trial-ckpt'><code>{html.escape(r.best_checkpoint or '-')}</code></td>"]
+                       if ckpt else []),
                      f"<td>{fmt_duration(r.elapsed_s) if r.job_id else ''}</td>"]
             style = " style='font-weight:bold;background:#fff8e1'" if best else ""
             rows.append(f"<tr class='tm-trial{' tm-best' if best else ''}' data-trial='{r.index}'{style}>"
@@ -388,7 +391,8 @@ class SweepCard(Card):
                 "<style>.tm-sweep-table td,.tm-sweep-table th{padding:1px 8px;text-align:left;"
                 "border-bottom:1px solid #eee}</style>"
                 f"<tr><th>#</th>{head}<th>status</th><th>step</th><th>loss</th><th>best loss</th>"
-                f"{'<th>best val_loss</th>' if val else ''}<th>elapsed</th></tr>"
+                f"{'<th>best val_loss</th>' if val else ''}{'<th>best checkpoint</th>' if ckpt else ''}"
+                "<th>elapsed</th></tr>"
                 + "".join(rows) + "</table>" + self._ranking_html(snap))
 
     @staticmethod

@@ -166,7 +166,8 @@ def _sweep_jobs(spec: str, as_json: bool) -> int:
                           "trials": [{"index": r.index, "name": r.name, "values": dict(r.texts), "status": r.status,
                                       "job_id": r.job_id, "step": r.step, "loss": _finite(r.loss),
                                       "best_loss": _finite(r.best_loss), "best_val_loss": _finite(r.best_val_loss),
-                                      "val_pending": r.val_pending, "elapsed_s": round(r.elapsed_s, 3),
+                                      "val_pending": r.val_pending, "best_checkpoint": r.best_checkpoint,
+                                      "elapsed_s": round(r.elapsed_s, 3),
                                       "note": r.note} for r in snap.rows]}, indent=2))
         return 0
     print(table_text(snap))

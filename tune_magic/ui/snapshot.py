@@ -391,6 +391,8 @@ class TrialRow:
         validates: its job validates (:attr:`tune_magic.sweeping.results.TrialResult.validates`).
         best_val_loss: its lowest finite validation loss, or ``None``.
         val_pending: evaluations of its checkpoints still to finish.
+        best_checkpoint: the name (``epoch_N``) of its kept checkpoint with the lowest validation
+            loss, the one ``checkpoint="best"`` loads, or ``None`` while none has one.
     """
 
     index: int
@@ -408,6 +410,7 @@ class TrialRow:
     validates: bool = False
     best_val_loss: float | None = None
     val_pending: int = 0
+    best_checkpoint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -446,6 +449,11 @@ class SweepSnapshot:
     def validates(self) -> bool:
         """Whether a trial validates (the views then show each trial's best validation loss)."""
         return any(r.validates or r.best_val_loss is not None for r in self.rows)
+
+    @property
+    def has_checkpoints(self) -> bool:
+        """Whether a trial has a best checkpoint (the views then show each trial's)."""
+        return any(r.best_checkpoint for r in self.rows)
 
     def counts(self) -> dict[str, int]:
         """``{status: trials}``, in the order statuses first appear."""
@@ -499,17 +507,19 @@ def val_text(row: TrialRow) -> str:
 
 def table_rows(snap: SweepSnapshot) -> list[tuple[str, ...]]:
     """The trial table: a header row, then one row per trial (the best one marked
-    :data:`BEST_MARK` in the first column); a ``BEST VAL_LOSS`` column when the trials validate."""
+    :data:`BEST_MARK` in the first column); a ``BEST VAL_LOSS`` column when the trials validate, and
+    a ``BEST CHECKPOINT`` column when one has a best checkpoint."""
     short = short_keys(list(snap.keys))
-    val = snap.validates
+    val, ckpt = snap.validates, snap.has_checkpoints
     rows: list[tuple[str, ...]] = [("TRIAL", *(short[k].upper() for k in snap.keys), "STATUS", "STEP", "LOSS",
-                                    "BEST LOSS", *(("BEST VAL_LOSS",) if val else ()), "ELAPSED", "JOB")]
+                                    "BEST LOSS", *(("BEST VAL_LOSS",) if val else ()),
+                                    *(("BEST CHECKPOINT",) if ckpt else ()), "ELAPSED", "JOB")]
     for r in snap.rows:
         texts = dict(r.texts)
         mark = BEST_MARK if snap.best == r.index else ""
         rows.append((f"{r.index}{mark}", *(cut(texts.get(k, ""), 24) for k in snap.keys), r.status,
                      "-" if r.step is None else str(r.step), _num(r.loss), _num(r.best_loss),
-                     *((val_text(r),) if val else ()), fmt_duration(r.elapsed_s) if r.job_id else "-", r.job_id or "-"))
+                     *((val_text(r),) if val else ()), *((r.best_checkpoint or "-",) if ckpt else ()), fmt_duration(r.elapsed_s) if r.job_id else "-", r.job_id or "-"))
     return rows
 
 

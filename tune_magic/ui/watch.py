@@ -34,6 +34,7 @@ from tune_magic.ui.cardlines import shown_overrides
 from tune_magic.sweeping.results import rank, results
 from tune_magic.sweeping.sweep import Sweep, sweep_status
 from tune_magic.checkpoints.validation import SaveSteps
+from tune_magic.checkpoints.catalog import best_of
 from tune_magic.ui.snapshot import (LOSS, READ_PER_SHOWN, THROUGHPUT, JobSnapshot, SweepSnapshot, TrialRow,  # noqa: F401
                                     checkpoint_rows, progress_summary, val_fields)  # (views import them from here too)
 
@@ -517,6 +518,16 @@ def _latest_bar(sections: list[list[str]]) -> Bar | None:
     return best
 
 
+def _epoch_dirs(output_dir) -> tuple:
+    """``(name, mtime in ns)`` of each ``epoch_*`` entry of ``output_dir``: it changes when a
+    checkpoint folder appears, gains a file or is pruned."""
+    try:
+        with os.scandir(output_dir or "") as entries:
+            return tuple(sorted((e.name, e.stat().st_mtime_ns) for e in entries if e.name.startswith("epoch_")))
+    except OSError:
+        return ()
+
+
 def _stat(path) -> tuple | None:
     """``(inode, size, mtime in ns)`` of ``path``, or ``None`` if it cannot be stat'ed."""
     try:
@@ -551,6 +562,7 @@ class SweepWatcher(Watcher):
         self._followers: dict[str, JobMetricsFollower] = {}
         self._ended: set[str] = set()
         self._curves: dict[str, tuple] = {}
+        self._best_ckpts: dict[str, tuple] = {}
         self.done = False  #: the sweep ended and every trial's logs were read to their end
 
     @property
@@ -581,7 +593,7 @@ class SweepWatcher(Watcher):
             rows.append(TrialRow(t.index, t.name, texts, t.status, t.job.id, steps[-1] if steps else None,
                                  losses[-1] if losses else None, lowest, t.job.elapsed_s, note=t.error,
                                  steps=steps, losses=losses, validates=r.validates, best_val_loss=r.best_val_loss,
-                                 val_pending=r.val_pending))
+                                 val_pending=r.val_pending, best_checkpoint=self._best_checkpoint(t, r)))
         status = sweep_status([r.status for r in rows], self.sweep.record.stop_requested_at)
         ranking = rank(standings)  # the one measure on the one input every view uses
         # the trials ended, their logs read to the end, and no evaluation of theirs can still change the ranking
@@ -591,6 +603,21 @@ class SweepWatcher(Watcher):
                              max_parallel=rec.max_parallel, slots=tuple(tuple(s) if s else None for s in rec.slots),
                              rows=tuple(rows), best=None if ranking.best is None else ranking.best.trial.index,
                              ranked_by=ranking.measure, ranking_note=ranking.note)
+
+    def _best_checkpoint(self, trial, result) -> str | None:
+        """The name of the trial's kept checkpoint with the lowest validation loss (the one
+        ``checkpoint="best"`` loads), or ``None``. Listing checkpoints reads the job's log, so it is
+        asked again only when the trial's validation losses, status or ``epoch_N`` folders changed."""
+        if result.best_val_loss is None:
+            return None
+        job = trial.job
+        key = (result.best_val_loss, result.val_step, result.val_pending, trial.status,
+               _epoch_dirs(job.record.output_dir))
+        known = self._best_ckpts.get(job.id)
+        if known is None or known[0] != key:
+            best = best_of([c for c in job.checkpoints() if c.pruned is None and c.complete])
+            known = self._best_ckpts[job.id] = (key, None if best is None else best.name)
+        return known[1]
 
     def _curve(self, job) -> tuple[tuple[int, ...], tuple[float, ...], float | None]:
         """The job's loss curve and lowest loss: its follower is read while it runs, and once more
