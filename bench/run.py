@@ -168,8 +168,10 @@ def render(rows: list[dict], mach: dict, seconds: dict, cold: dict | None) -> st
         parts.append("Every row with a goal met it.")
     parts += ["", "## Notes per row", ""]
     for r in rows:
-        if r.get("note"):
-            parts.append(f"- **{r['number']}** {r['note']}")
+        later = (f"Measured in a later `--only` run, on {machine_line(r['machine'])}. "
+                 if r.get("machine") and r["machine"] != mach else "")
+        if later or r.get("note"):
+            parts.append(f"- **{r['number']}** {later}{r.get('note', '')}".rstrip())
     if cold:
         parts += ["", "## Cold demo (measured by hand)", "",
                   f"`bench/cold_demo.py` on {cold['date']}: a copy of the working tree without `.venv`, "
@@ -241,14 +243,21 @@ def main(argv: list[str] | None = None) -> int:
             old = json.loads(RESULTS.read_text())
             ran = {r["key"] for r in rows}
             keep = [r for r in old.get("rows", []) if r["key"] not in ran]
-            merged = {**old, "machine": mach, "rows": sorted(keep + rows, key=_order),
-                      "seconds": {**old.get("seconds", {}), **seconds}}
+            for r in rows:  # the header's machine stays the full run's; these rows say their own
+                r["machine"] = mach
+            merged = {**old, "rows": sorted(keep + rows, key=_order), "seconds": {**old.get("seconds", {}), **seconds}}
         RESULTS.write_text(json.dumps(merged, indent=1, default=str) + "\n")
         _write_benchmarks(merged)
     return 0
 
 
 def _write_benchmarks(results: dict) -> None:
+    BENCHMARKS.write_text(rendered(results))
+    print(f"wrote {BENCHMARKS.relative_to(REPO)} from {RESULTS.relative_to(REPO)}", file=sys.stderr)
+
+
+def rendered(results: dict) -> str:
+    """BENCHMARKS.md's text from ``results`` (bench/results.json's content) and bench/cold_demo.json."""
     cold_file = REPO / "bench" / "cold_demo.json"
     cold = json.loads(cold_file.read_text()) if cold_file.exists() else None
     if cold:  # the cold demo is measured by hand, maybe after the row ran: show it as row 7a's anchor
@@ -257,8 +266,7 @@ def _write_benchmarks(results: dict) -> None:
                 r["anchor"] = (f"cold {cold['wall_s']:.0f} s (fresh venv, measured by hand with bench/cold_demo.py "
                                f"on {cold['date']}; venv set-up {cold['setup_s']:.0f} s)")
                 r["ratio"] = f"warm/cold {r['data']['wall_s'] / cold['wall_s']:.2f}"
-    BENCHMARKS.write_text(render(results["rows"], results["machine"], results["seconds"], cold))
-    print(f"wrote {BENCHMARKS.relative_to(REPO)} from {RESULTS.relative_to(REPO)}", file=sys.stderr)
+    return render(results["rows"], results["machine"], results["seconds"], cold)
 
 
 def _exclusive():
