@@ -207,7 +207,7 @@ def lab(tmp_path, chromium_exe, tiny_assets, new_jobs):
 
 
 @pytest.fixture
-def page(lab, chromium_exe, tmp_path):
+def page(lab, chromium_exe, tmp_path, request):
     from playwright.sync_api import sync_playwright
 
     console = []
@@ -223,11 +223,17 @@ def page(lab, chromium_exe, tmp_path):
             pg.tm_console = console  # for the test's own checks
             yield pg
         finally:
-            try:
-                _shot(pg, "99-last")  # the page as the test left it (passed or not)
+            last = ARTIFACTS / "last"  # one per test: the lab fixture clears only ARTIFACTS' own files
+            last.mkdir(parents=True, exist_ok=True)
+            try:  # the page as the test left it (passed or not), scrolled through the notebook
+                _shot(pg, f"last/{request.node.name}")
+                (last / f"{request.node.name}.outputs.txt").write_text(
+                    "\n----\n".join(pg.locator(".jp-OutputArea").all_inner_texts()) + "\n")
             except Exception:  # noqa: BLE001 - a screenshot must not hide the test's own error
                 pass
-            (ARTIFACTS / "console.log").write_text("\n".join(console) + "\n")
+            (last / f"{request.node.name}.console.log").write_text("\n".join(console) + "\n")
+            lab._log.flush()
+            shutil.copyfile(lab.log_path, last / f"{request.node.name}.jupyterlab.log")  # its kernels' lives
             context.close()
 
 
@@ -815,7 +821,8 @@ def test_resume_buttons_and_a_lineage_card_in_jupyterlab(lab, page, new_jobs, tm
     card = page.locator(".tune-magic-card").first
     card.locator(".tm-status", has_text="failed").wait_for(timeout=CARDS_S * MS)
     table = page.locator(".tune-magic-jobs").first
-    table.wait_for(timeout=CARDS_S * MS)
+    wait_for(lambda: table.is_visible(), CARDS_S, what="the %tune_jobs table",
+             describe=lambda: page.locator(".jp-OutputArea").all_inner_texts())
 
     # the card: Resume shows the pre-flight and starts nothing; Resume now starts the resumed job,
     # whose card appears inside, draws the earlier run dimmed and a marker where it resumed
