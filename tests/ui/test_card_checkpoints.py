@@ -93,3 +93,24 @@ def test_a_job_without_checkpoints_shows_no_list(jobs):
         assert "checkpoint epoch" not in card.text()
     finally:
         card.close()
+
+
+@pytest.mark.parametrize("status, said", [("running", "being written"),
+                                          ("failed", "incomplete: its save did not finish")])
+def test_an_incomplete_checkpoint_is_being_written_only_while_its_job_runs(jobs, status, said):
+    """A folder missing its shard: while the job runs it is being written; once the job ended (a
+    save cut by the crash), the card says it is incomplete, as ``tune-magic checkpoints`` does."""
+    job = jobs.make(status, log=bars(2, 4))
+    out = Path(job.record.output_dir)
+    write_epoch(out, 0)
+    write_epoch(out, 1)
+    (out / "epoch_1" / "model-00001-of-00001.safetensors").unlink()
+    card = JobCard(job, watch=False)
+    try:
+        card.watcher.poll_once()
+        rows = [line for line in re.sub(r"<[^>]+>", "\n", card.checkpoints.value).splitlines()
+                if line.startswith("epoch_")]
+        assert rows[1].startswith(f"epoch_1 · step 8 · {said} · "), rows
+        assert re.fullmatch(r"[\d.]+ ([KMGT]B|bytes)", rows[0].split(" · ")[2]), rows  # complete: its size
+    finally:
+        card.close()

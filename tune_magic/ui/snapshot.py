@@ -77,6 +77,8 @@ class CheckpointRow:
         complete: every file there and whole.
         resume: a resume would load it.
         pruned_bytes: the bytes retention freed removing it, or ``None`` (kept).
+        live: its job still runs (an incomplete folder is then being written; once the job ended,
+            it is one whose save did not finish).
     """
 
     name: str
@@ -89,6 +91,7 @@ class CheckpointRow:
     complete: bool = True
     resume: bool = False
     pruned_bytes: int | None = None
+    live: bool = True
 
     def text(self) -> str:
         """``epoch_2 · step 12 · 753.7 KB · val 3.1625 ◆ best · /runs/x/epoch_2``, as one line."""
@@ -98,7 +101,8 @@ class CheckpointRow:
         if self.pruned_bytes is not None:
             bits.append(f"pruned (freed {size_text(self.pruned_bytes)})")
         else:
-            bits.append(size_text(self.bytes_on_disk) if self.complete else "being written")
+            bits.append(size_text(self.bytes_on_disk) if self.complete else
+                        "being written" if self.live else "incomplete: its save did not finish")
         if self.val_loss is not None:
             bits.append(f"val {self.val_loss:.5g}" + (" ◆ best" if self.best else ""))
         if self.resume and self.pruned_bytes is None:
@@ -106,15 +110,15 @@ class CheckpointRow:
         return " · ".join(bits) + ("" if self.pruned_bytes is not None else f" · {self.path}")
 
 
-def checkpoint_rows(checkpoints) -> tuple[CheckpointRow, ...]:
+def checkpoint_rows(checkpoints, *, live: bool = True) -> tuple[CheckpointRow, ...]:
     """The card's rows of a job's :class:`~tune_magic.checkpoints.catalog.Checkpoint` list, the best by
-    validation loss among the kept complete ones marked."""
+    validation loss among the kept complete ones marked; ``live``: the job still runs."""
     from tune_magic.checkpoints.catalog import best_of
 
     best = best_of([c for c in checkpoints if c.pruned is None and c.complete])
     return tuple(CheckpointRow(c.name, str(c.path), c.step, c.bytes_on_disk, c.kind, c.val_loss,
                                best is not None and c.epoch == best.epoch, c.complete, c.needed_by_resume,
-                               None if c.pruned is None else c.pruned.bytes_freed) for c in checkpoints)
+                               None if c.pruned is None else c.pruned.bytes_freed, live) for c in checkpoints)
 
 
 def evaluation_note(e) -> str | None:

@@ -323,7 +323,7 @@ class JobWatcher(Watcher):
                             resume=resume_epoch(r.output_dir))
         except OSError:
             return rows
-        self._ckpt = (key, now, checkpoint_rows(found))
+        self._ckpt = (key, now, checkpoint_rows(found, live=status.is_live))
         return self._ckpt[2]
 
     def _lineage(self, r) -> dict:
