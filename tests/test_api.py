@@ -31,3 +31,20 @@ def test_progress_summary():
     assert progress_summary("1|2|Loss: 3.1:  40%|####      | 2/5") == "2/5 40%"
     assert progress_summary("not a bar") == "not a bar"
     assert progress_summary(None) == ""
+
+
+def test_every_exception_the_python_api_page_names_is_public():
+    """docs/python-api.md's errors paragraph names each exception a user may catch; each one is
+    ``tune_magic.<Name>`` (``except tune_magic.CheckpointError`` once raised AttributeError)."""
+    import re
+    from pathlib import Path
+
+    import tune_magic
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "python-api.md").read_text()
+    para = text[text.index("Every exception tune_magic raises on purpose"):text.index("## Warnings")]
+    names = {n for n in re.findall(r"`(?:tune_magic\.)?([A-Z]\w+)`", para)} - {"ValueError", "LookupError",
+                                                                                "UsageError", "RuntimeError"}
+    assert {"CheckpointError", "GenerationError", "JobNotFound", "StateDirError"} <= names, names
+    missing = sorted(n for n in names if not isinstance(getattr(tune_magic, n, None), type))
+    assert missing == [], missing

@@ -343,3 +343,18 @@ def test_the_checks_catch_what_they_are_for():
         check_command_text("%tune_stop --every", "here")
     assert "the-outcome-rule" not in anchors(REPO / "docs" / "registry.md")
     assert "how-a-job-ends-the-outcome-rule" in anchors(REPO / "docs" / "registry.md")
+
+
+def test_the_command_line_reference_lists_every_command_and_the_runs_options():
+    """docs/magics-and-cli.md's command-line block names each ``tune-magic`` command (``checkpoints``
+    and ``export`` were missing), and the run/cmd lines show every option of the launch's own."""
+    from tune_magic.ui import cli
+
+    text = (REPO / "docs" / "magics-and-cli.md").read_text()
+    block = text[text.index("## The command line"):text.index("## What a launch runs")]
+    listed = set(re.findall(r"^tune-magic (\w+)", block, re.M))
+    assert listed == set(cli._COMMANDS), (sorted(set(cli._COMMANDS) - listed), sorted(listed - set(cli._COMMANDS)))
+    for flag in ("--val-split", "--keep-checkpoints", "--max-resumes"):
+        assert re.search(rf"^tune-magic run .*{flag}", block, re.M), flag
+        (synopsis,) = re.findall(r"^`%%tune_run \[.*$", text, re.M)
+        assert f"[{flag}" in synopsis, flag

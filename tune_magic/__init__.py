@@ -42,6 +42,7 @@ _API = {
     "revive_sweeps": "sweeping.sweep",
     "close_generators": "job.generators",
     "GenerationError": "job.generate",
+    "CheckpointError": "checkpoints.catalog",
     "compare": "sweeping.compare",
 }
 

@@ -90,8 +90,10 @@ def test_refusals_name_the_fix(tmp_path):
     src = write_epoch(tmp_path / "out", 0, FULL)
     with pytest.raises(CheckpointError, match="into itself"):
         export_checkpoint(src, src / "export")
-    with pytest.raises(FileNotFoundError, match="no such file"):
+    with pytest.raises(CheckpointError, match="the job's config .*missing.yaml: no such file; put it back"):
         export_checkpoint(src, tmp_path / "e", config_files=[tmp_path / "missing.yaml"])
+    with pytest.raises(CheckpointError, match=r"the job's tokenizer \(tokenizer.path\) .*tok.model: no such file"):
+        export_checkpoint(src, tmp_path / "e", tokenizer_path=tmp_path / "tok.model")
     truncate(src / "model-00001-of-00001.safetensors")
     with pytest.raises(CheckpointError, match="not a complete checkpoint.*truncated"):
         export_checkpoint(src, tmp_path / "e")

@@ -163,8 +163,8 @@ def export_checkpoint(
 
     Raises:
         CheckpointError: the checkpoint is not an ``epoch_N/`` folder or not complete; ``dest``
-            exists and is not an empty folder, or lies inside the checkpoint.
-        FileNotFoundError: ``tokenizer_path`` or a config file does not exist.
+            exists and is not an empty folder, or lies inside the checkpoint; ``tokenizer_path`` or
+            a config file does not exist (nothing is written).
         OSError: ``dest``'s parent cannot be written (nothing is left behind).
     """
     ckpt = read_checkpoint(checkpoint_dir, settings)
@@ -177,7 +177,9 @@ def export_checkpoint(
     tok = Path(tokenizer_path).absolute() if tokenizer_path is not None else None
     for p in ([tok] if tok else []) + extras:
         if not p.is_file():
-            raise FileNotFoundError(f"cannot export {p}: no such file")
+            what = "the job's tokenizer (tokenizer.path)" if p == tok else "the job's config"
+            raise CheckpointError(f"cannot export {what} {p}: no such file; put it back (or point the job's "
+                                  "config at it) and export again")
     base = Path(base_checkpoint_dir).absolute() if base_checkpoint_dir is not None else None
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.export-", dir=dest.parent))

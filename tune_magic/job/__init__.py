@@ -401,15 +401,17 @@ class Job:
 
         return checkpoints_of(self)
 
-    def export(self, dest, checkpoint: "str | int" = "best"):
-        """Copy one checkpoint (``"best"``: the lowest validation loss, ``"last"``, ``"epoch_N"``)
-        with the job's tokenizer and configs into the new folder ``dest``, in the Hugging Face layout
-        where the checkpointer wrote one, with a README saying how to load it; return the
+    def export(self, dest: "str | os.PathLike[str]", checkpoint: "str | int" = "best"):
+        """Copy one checkpoint (``"best"``: the lowest validation loss, ``"last"``, ``"epoch_N"`` or
+        N) with the job's tokenizer and configs into the new folder ``dest``, in the Hugging Face
+        layout where the checkpointer wrote one, with a README saying how to load it; return the
         :class:`tune_magic.checkpoints.export.ExportResult`.
 
         Raises:
             CheckpointError: an unknown, pruned or incomplete checkpoint, none evaluated for
-                ``"best"``, or a ``dest`` that exists and is not empty.
+                ``"best"``, a ``dest`` that exists and is not empty, or the job's tokenizer or
+                config file gone.
+            OSError: ``dest``'s parent cannot be written (nothing is left behind).
         """
         from tune_magic.job.checkpoints import export_of
 
@@ -450,7 +452,8 @@ class Job:
     def metrics(self) -> list[dict]:
         """Return the job's metric points as dicts: ``step`` (int), ``name`` (str), ``value``
         (float; ``nan``/``inf`` kept), ``epoch`` (int or None), ``source`` (``disklogger``,
-        ``jsonl`` or ``progress``). See :meth:`metric_points`."""
+        ``jsonl``, ``progress``, or ``evaluation`` for a checkpoint evaluation's ``val_loss``). See
+        :meth:`metric_points`."""
         return [p._asdict() for p in self.metric_points()]
 
     def metrics_frame(self):

@@ -39,8 +39,6 @@ GENERATION_RECIPE = "generate_text"
 OUTPUT_FOLDER = "generate"
 #: The untrained input model of the job (its config's ``checkpointer.checkpoint_dir``; LoRA off).
 BASE = "base"
-#: Retention's record of removed checkpoints, in the job's registry directory: one JSON object a
-#: line, ``{"epoch": N, "at": unix seconds, "bytes_freed": bytes}``.
 #: Seconds a one-shot run may take (process start, model load and generation), else it is ended.
 ONE_SHOT_TIMEOUT_S = 900.0
 #: The recipe's own error lines start with this (``recipes/generate_text.py``).

@@ -5,7 +5,7 @@ with the generation recipe's one-shot mode (:func:`tune_magic.job.generate.gener
 after the other, so no model stays loaded afterwards. The result is a pandas DataFrame, one row per
 job or trial; a job that cannot answer (no checkpoint yet, no validation loss for ``"best"``, the
 recipe's refusal) has its reason in ``error`` and no text. The notebook's table of it is
-:mod:`tune_magic.ui.compareview`'s.
+:func:`tune_magic.ui.generation.compare_html`.
 """
 
 from __future__ import annotations

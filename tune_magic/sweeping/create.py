@@ -135,6 +135,11 @@ def sweep(args: "str | Sequence[str | Word]", *, name: str | None = None, gpus: 
         max_trials: the cap on the number of trials (default 1,000).
         cwd, force, env, config_overlay, scheduler, options: as :func:`tune_magic.launch`; a
             YAML ``config_overlay`` may hold a ``sweep:`` mapping of keys to lists of values (more axes).
+        val_split: hold out the last fraction (0 < F < 1) of the training data as ``dataset_val``
+            in every trial, as :func:`tune_magic.launch`'s; the sweep then ranks by validation loss.
+        keep_checkpoints: each trial's retention (an int N >= 1, or ``"best"``), as
+            :func:`tune_magic.launch`'s; each trial keeps its own, and the disk pre-flight counts
+            every trial's.
         dry_run: return the :class:`SweepDryRun` (each trial's command) without starting anything.
             Default: ``TUNE_MAGIC_DRY_RUN=1``.
 

@@ -33,8 +33,8 @@ def _cmd(argv: Sequence[str]) -> int:
     from tune_magic import schedulers
     from tune_magic.job.launch import launch, launch_options, scheduler_values
 
-    usage = ("tune-magic cmd [--json] [--gpus G] [--job-id ID] [--scheduler NAME] [SCHEDULER OPTIONS] "
-             "[TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]")
+    usage = ("tune-magic cmd [--json] [--gpus G] [--job-id ID] [--val-split F] [--keep-checkpoints N|best] "
+             "[--scheduler NAME] [SCHEDULER OPTIONS] [TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]")
     own, rest = launchopts.split_own(argv, launch_options(launchopts.CMD), "tune-magic cmd")
     if own.get("help"):
         print("Print the exact command a tune run-style line launches (nothing is started).\n")
@@ -134,7 +134,7 @@ def _run(argv: Sequence[str]) -> int:
     from tune_magic.job.launch import launch, launch_options, scheduler_values
 
     usage = ("tune-magic run [--name N] [--gpus G] [--force] [--wait] [--max-resumes N] [--val-split F] "
-             "[--scheduler NAME] [SCHEDULER OPTIONS] [TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]")
+             "[--keep-checkpoints N|best] [--scheduler NAME] [SCHEDULER OPTIONS] [TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]")
     allowed = tuple(f for f in launchopts.RUN if f != "--dry-run")
     own, rest = launchopts.split_own(argv, launch_options(allowed), "tune-magic run")
     if own.get("help"):

@@ -663,8 +663,9 @@ def watcher_for(target: Target, sink: Callable | None = None, *, interval_s: flo
 
 def stream_text(target: Target, write: Callable[[str], None], *, interval_s: float = 0.5):
     """Follow a job or a sweep in the calling thread, writing a line for each new thing (a job's
-    loss points; a sweep's trials as they start and end) and a final summary (``%%tune_run --wait``,
-    ``tune-magic run --wait``, where widgets cannot render). Returns the final snapshot."""
+    loss and validation-loss points; a sweep's trials as they start and end) and a final summary
+    (``%%tune_run --wait``, where widgets cannot render; ``tune-magic run --wait`` of a sweep).
+    Returns the final snapshot."""
     watcher = watcher_for(target, interval_s=interval_s, tail_lines=5)
     before = None
     while True:
