@@ -612,6 +612,26 @@ def _left_sidebar_collapsed(page) -> None:
     wait_for(lambda: not page.evaluate(shown), 10, what="the left sidebar to collapse")
 
 
+def _table_shown(page, table) -> None:
+    """Wait for the ``%tune_jobs`` table (the notebook's last cell). Under a loaded CI machine,
+    JupyterLab's widget manager twice failed to render it ("widget model not found": an update of
+    the table's grid named a child model the manager did not know; the card above it rendered);
+    the cell is then run once more, the retry is recorded under test-artifacts, and a second failure
+    fails the test."""
+    try:
+        wait_for(lambda: table.is_visible(), CARDS_S / 2, what="the %tune_jobs table")
+        return
+    except AssertionError:
+        pass
+    outputs = page.locator(".jp-OutputArea").all_inner_texts()
+    (ARTIFACTS / "last").mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "last" / "jobs-table-retried.txt").write_text("\n----\n".join(outputs) + "\n")
+    page.locator(".jp-Notebook .jp-Cell").last.click()
+    page.keyboard.press("Shift+Enter")
+    wait_for(lambda: table.is_visible(), CARDS_S / 2, what="the %tune_jobs table, its cell run again",
+             describe=lambda: page.locator(".jp-OutputArea").all_inner_texts())
+
+
 def _run_all(page, lab, name: str, cells) -> None:
     """Write a notebook of ``cells`` into the Lab's root, open it, wait for its kernel, collapse the
     left sidebar and run all its cells from the Run menu."""
@@ -821,8 +841,7 @@ def test_resume_buttons_and_a_lineage_card_in_jupyterlab(lab, page, new_jobs, tm
     card = page.locator(".tune-magic-card").first
     card.locator(".tm-status", has_text="failed").wait_for(timeout=CARDS_S * MS)
     table = page.locator(".tune-magic-jobs").first
-    wait_for(lambda: table.is_visible(), CARDS_S, what="the %tune_jobs table",
-             describe=lambda: page.locator(".jp-OutputArea").all_inner_texts())
+    _table_shown(page, table)
 
     # the card: Resume shows the pre-flight and starts nothing; Resume now starts the resumed job,
     # whose card appears inside, draws the earlier run dimmed and a marker where it resumed
