@@ -162,13 +162,34 @@ def test_a_pruned_checkpoint_is_refused_and_never_best(job):
     assert choose_checkpoint(job, "best").label == "epoch_2"  # the best left
 
 
-def test_no_checkpoint_yet_says_to_wait(job):
+def test_no_checkpoint_says_why_and_what_to_do(job):
+    """Waiting is the fix only while the job runs: an ended job without a complete checkpoint says so,
+    and an evaluation job points to the job it evaluates (it saves none of its own)."""
     import shutil
+    from types import SimpleNamespace
+
+    from tune_magic.job.checkpoints import checkpoints_of, find_of
+    from tune_magic.registry.status import Status
 
     for epoch in range(3):
         shutil.rmtree(Path(job.output_dir) / f"epoch_{epoch}")
+    for name in ("last", "best", "epoch_0"):
+        with pytest.raises(CheckpointError, match=r"job j1 ended \(succeeded\) without a complete checkpoint, so "
+                                                  "there is nothing to load; .* run the job long enough"):
+            choose_checkpoint(job, name)
+    listed = checkpoints_of(job)
+    running = SimpleNamespace(id="j1", record=SimpleNamespace(evaluates=None, state=Status.RUNNING))
     with pytest.raises(CheckpointError, match="no complete checkpoint yet .* wait for the first epoch to end"):
-        choose_checkpoint(job, "last")
+        find_of(running, listed, "last")
+    evaluation = SimpleNamespace(id="e1", record=SimpleNamespace(evaluates={"job": "j0", "epoch": 2},
+                                                                 state=Status.SUCCEEDED))
+    with pytest.raises(CheckpointError, match="job e1 evaluates epoch_2 of job j0 and saves no checkpoint of its "
+                                              "own; name job j0 instead"):
+        find_of(evaluation, [], "best")
+
+
+def test_a_checkpoint_named_by_its_digits_as_the_command_line_gives_them(job):
+    assert choose_checkpoint(job, "1").epoch == choose_checkpoint(job, 1).epoch == 1
 
 
 def test_base_and_paths(job, tmp_path):

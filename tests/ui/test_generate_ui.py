@@ -120,8 +120,9 @@ def _record(home, job_id: str) -> None:
     (["j1", "--prompt", " ", "--seed", "1"], "the prompt is empty"),
     (["j1", "--prompt", "hi", "--checkpoint", "newest"], "checkpoint='newest' names no checkpoint"),
     (["j9", "--prompt", "hi"], "no job 'j9'"),
-    (["j1", "--prompt", "hi"], "no complete checkpoint yet"),
-    (["j1", "--prompt", "hi", "--checkpoint", "epoch_2"], "there is no epoch_2 (checkpoints: none yet)"),
+    # j1 ended without saving any: waiting would not help, so the message says so (not "wait")
+    (["j1", "--prompt", "hi"], "job j1 ended (succeeded) without a complete checkpoint, so there is nothing to load"),
+    (["j1", "--prompt", "hi", "--checkpoint", "epoch_2"], "job j1 ended (succeeded) without a complete checkpoint"),
 ])
 def test_generate_exits_2_with_one_paragraph(tmp_path, monkeypatch, capsys, words, message):
     from tune_magic.ui import cli

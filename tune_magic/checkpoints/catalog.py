@@ -361,7 +361,7 @@ def best_of(checkpoints: list[Checkpoint], val_losses: Mapping[int, float] | Non
 
 def find_checkpoint(checkpoints: list[Checkpoint], name: str | int) -> Checkpoint:
     """The checkpoint ``name`` names: ``"last"`` (the newest complete), ``"best"`` (lowest finite
-    :attr:`Checkpoint.val_loss`), ``"epoch_N"`` or ``N``.
+    :attr:`Checkpoint.val_loss`), ``"epoch_N"`` or ``N`` (an int, or its digits as text: ``"0"``).
 
     Raises:
         CheckpointError: no such checkpoint, it was pruned, it is incomplete, or none is evaluated
@@ -381,7 +381,8 @@ def find_checkpoint(checkpoints: list[Checkpoint], name: str | int) -> Checkpoin
                                   "name one (\"last\", \"epoch_N\") or evaluate them first")
         return best
     m = EPOCH_DIR.match(name) if isinstance(name, str) else None
-    epoch = int(m.group(1)) if m else name if isinstance(name, int) and not isinstance(name, bool) else None
+    epoch = (int(m.group(1)) if m else name if isinstance(name, int) and not isinstance(name, bool)
+             else int(name) if isinstance(name, str) and name.isascii() and name.isdigit() else None)
     if epoch is None:
         raise CheckpointError(f"{name!r} names no checkpoint: say \"last\", \"best\" or \"epoch_N\" (checkpoints: {there})")
     found = next((c for c in checkpoints if c.epoch == epoch), None)

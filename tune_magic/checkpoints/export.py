@@ -38,7 +38,7 @@ from typing import Iterable
 from tune_magic.checkpoints.catalog import (ADAPTER_CONFIG, ADAPTER_ONLY, ADAPTER_PT, INDEX_FILES, LORA_MERGED,
                                             PEFT_ADAPTER_FILES, Checkpoint, CheckpointError, SaveSettings,
                                             read_checkpoint)
-from tune_magic.checkpoints.layout import size_text
+from tune_magic.checkpoints.layout import DIST_EPOCH_DIR, EPOCH_DIR, size_text
 
 ADAPTER_FILES = (ADAPTER_PT, *PEFT_ADAPTER_FILES, ADAPTER_CONFIG)
 README = "README.md"
@@ -67,10 +67,18 @@ def check_destination(dest: Path, source: Path) -> None:
     """Refuse a ``dest`` that would mix with other files or with the checkpoint itself.
 
     Raises:
-        CheckpointError: ``dest`` is a file, a non-empty folder, or inside ``source``.
+        CheckpointError: ``dest`` is a file, a non-empty folder, inside ``source``, or where the job
+            keeps its checkpoints (an ``epoch_N`` or ``recipe_state`` folder of ``source``'s
+            ``output_dir``, which listings and retention would take for the job's own).
     """
     if dest == source or source in dest.parents:
         raise CheckpointError(f"cannot export {source} into itself ({dest}); choose a folder outside it")
+    out = source.parent
+    if out in dest.parents:
+        first = dest.relative_to(out).parts[0]
+        if EPOCH_DIR.match(first) or DIST_EPOCH_DIR.match(first) or first == "recipe_state":
+            raise CheckpointError(f"the export destination {dest} is where the job keeps its checkpoints ({out}/"
+                                  f"{first}); choose a folder with another name, or outside {out}")
     if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
         raise CheckpointError(f"the export destination {dest} exists and is not a folder; choose a new folder")
     if dest.is_dir() and any(dest.iterdir()):
@@ -181,8 +189,7 @@ def export_checkpoint(
             raise CheckpointError(f"cannot export {what} {p}: no such file; put it back (or point the job's "
                                   "config at it) and export again")
     base = Path(base_checkpoint_dir).absolute() if base_checkpoint_dir is not None else None
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.export-", dir=dest.parent))
+    tmp = _staging_dir(dest)
     try:
         written, total, hf = _build(ckpt, tmp, dest, tok, extras, base, model_type)
         os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the export from others
@@ -192,6 +199,21 @@ def export_checkpoint(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return ExportResult(dest, ckpt.kind, tuple(written), total, hf)
+
+
+def _staging_dir(dest: Path) -> Path:
+    """A new hidden folder beside ``dest`` to build the export in (renamed to ``dest`` at the end).
+
+    Raises:
+        CheckpointError: ``dest``'s parent cannot be made or written (/proc, a file on the way, a
+            read-only or full file system, no permission).
+    """
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{dest.name}.export-", dir=dest.parent))
+    except OSError as exc:
+        raise CheckpointError(f"cannot write the export into {dest.parent}: {exc.strerror or exc}; choose a "
+                              "destination in a folder you can write") from None
 
 
 def _build(ckpt: Checkpoint, tmp: Path, dest: Path, tok: Path | None, extras: list[Path], base: Path | None,

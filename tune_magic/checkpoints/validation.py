@@ -87,6 +87,12 @@ def recipe_reads_dataset_val(recipe: str | os.PathLike[str]) -> bool:
     return os.path.isfile(recipe) and "dataset_val" in _read_head(recipe)
 
 
+def can_validate(recipe: str | os.PathLike[str], recipe_name: str | None = None) -> bool:
+    """Whether a job of the recipe can validate: in its own loop, or by the evaluation of the
+    ``epoch_N/`` checkpoints it saves."""
+    return recipe_reads_dataset_val(recipe) or saves_epoch_checkpoints(recipe, recipe_name)
+
+
 def saves_epoch_checkpoints(recipe: str | os.PathLike[str], recipe_name: str | None = None) -> bool:
     """Whether the recipe saves ``epoch_N/`` checkpoints: its file calls ``save_checkpoint`` and it
     is none of torchtune's recipes that save none (:data:`SAVES_NO_EPOCHS`)."""
@@ -97,9 +103,31 @@ def saves_epoch_checkpoints(recipe: str | os.PathLike[str], recipe_name: str | N
 
 
 def _select(cfg: Any, key: str) -> Any:
-    from omegaconf import OmegaConf
+    """``key``'s value in ``cfg`` (``None`` when absent), interpolations resolved.
 
-    return OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
+    Raises:
+        PlanError: the value (or one it interpolates, e.g. ``batch_size_val``'s default
+            ``${batch_size}``) does not resolve.
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
+    except OmegaConfBaseException as exc:
+        msg = str(exc).splitlines()[0]
+        raise PlanError(f"{key} (or a key it interpolates) cannot be resolved: {msg}; fix the value (an interpolation ${{...}} must name "
+                        "a key the config has)") from None
+
+
+def _is_dataset_node(node: Any) -> bool:
+    """A dataset node as torchtune's recipes instantiate one: a mapping with ``_component_``, or a
+    non-empty list of them (concatenated)."""
+    from omegaconf import DictConfig, ListConfig
+
+    if isinstance(node, ListConfig):
+        return len(node) > 0 and all(_is_dataset_node(n) for n in node)
+    return isinstance(node, DictConfig) and isinstance(node.get("_component_"), str) and bool(node._component_.strip())
 
 
 def _positive_int(value: Any) -> bool:
@@ -126,6 +154,19 @@ def plan_validation(cfg: Any, recipe: str, recipe_name: str | None = None) -> Va
     """
     every, batch = _select(cfg, "run_val_every_n_steps"), _select(cfg, "batch_size_val")
     dataset_val = _select(cfg, "dataset_val")
+    if dataset_val is not None and not _is_dataset_node(dataset_val):
+        from omegaconf import DictConfig
+
+        what = (f"dataset_val._component_ is {dataset_val.get('_component_')!r}" if isinstance(dataset_val, DictConfig)
+                else f"dataset_val={dataset_val!r}")
+        raise PlanError(f"{what}, which is not a dataset: give a dataset node with a _component_, like "
+                        "the config's dataset (e.g. dataset_val._component_=torchtune.datasets.instruct_dataset "
+                        "with its source and data_files), a list of them, or --val-split F to hold out part of "
+                        "the training data")
+    if every is not None and dataset_val is None and not can_validate(recipe, recipe_name):
+        raise PlanError(f"run_val_every_n_steps={every}: recipe {recipe_name or Path(recipe).stem} validates neither "
+                        "in its loop nor by saving checkpoints (epoch_N/) that tune_magic could evaluate; remove "
+                        "run_val_every_n_steps, or run a fine-tuning recipe")
     if every is not None and dataset_val is None:
         raise PlanError(f"run_val_every_n_steps={every} is set but dataset_val is not: add a dataset_val (a "
                         "dataset like `dataset`, or --val-split 0.1 to hold out the last 10% of the training data), "
@@ -221,7 +262,8 @@ def val_split_overrides(cfg: Any, fraction: Any) -> list[str]:
     pct = check_fraction(fraction)
     if _select(cfg, "dataset_val") is not None:
         raise PlanError(f"--val-split {fraction} and the config's dataset_val both say what to validate on: "
-                        "drop --val-split, or remove dataset_val (~dataset_val)")
+                        "drop --val-split (the config's dataset_val is used), or use a config without "
+                        "dataset_val")
     node = cfg.get("dataset") if isinstance(cfg, DictConfig) else None
     if not isinstance(node, DictConfig) or "_component_" not in node:
         raise PlanError(f"--val-split {fraction}: the config's dataset is not one dataset with a _component_ "

@@ -113,19 +113,46 @@ def checkpoints_of(job, *, details: bool = True) -> list[catalog.Checkpoint]:
                    resume=catalog.resume_epoch(record.output_dir))
 
 
+def find_of(job, checkpoints: list[catalog.Checkpoint], name: "str | int") -> catalog.Checkpoint:
+    """:func:`~tune_magic.checkpoints.catalog.find_checkpoint` for ``job``, saying why none can be
+    found where waiting would not help: the job evaluates another job's checkpoint (it saves none of
+    its own), or it ended without a complete one.
+
+    Raises:
+        CheckpointError: as ``find_checkpoint``; the two cases above, each naming what to do instead.
+    """
+    if not any(c.complete and c.pruned is None for c in checkpoints):
+        r = job.record
+        if r.evaluates:
+            of = r.evaluates.get("job")
+            raise catalog.CheckpointError(
+                f"job {job.id} evaluates epoch_{r.evaluates.get('epoch')} of job {of} and saves no checkpoint of its "
+                f"own; name job {of} instead")
+        if not r.state.is_live:
+            raise catalog.CheckpointError(
+                f"job {job.id} ended ({r.state.label}) without a complete checkpoint, so there is nothing to load; "
+                "a recipe saves one at each epoch's end: run the job long enough to finish an epoch")
+    return catalog.find_checkpoint(checkpoints, name)
+
+
 def export_of(job, dest: str | os.PathLike[str], checkpoint: "str | int" = "best"):
     """``Job.export()``: copy one checkpoint of the job with its tokenizer and configs into ``dest``
     (:func:`tune_magic.checkpoints.export.export_checkpoint`).
 
     Raises:
         CheckpointError: an unknown, pruned or incomplete checkpoint, none with a validation loss for
-            ``"best"``, or a ``dest`` that exists and is not empty (each message says what to do).
+            ``"best"``, a ``dest`` that is not a path, exists and is not empty, or cannot be written
+            (each message says what to do).
     """
     from omegaconf import OmegaConf
 
     from tune_magic.checkpoints.export import export_checkpoint
 
-    chosen = catalog.find_checkpoint(checkpoints_of(job), checkpoint)
+    if not isinstance(dest, (str, os.PathLike)) or isinstance(dest, bytes) or not str(dest).strip():
+        raise catalog.CheckpointError(f"dest={dest!r}: give the export's folder as a path (a str or "
+                                      "pathlib.Path), e.g. job.export('exports/my-model')")
+
+    chosen = find_of(job, checkpoints_of(job), checkpoint)
     record = job.record
     cfg = job_config(record)
     get = (lambda key: OmegaConf.select(cfg, key, default=None)) if cfg is not None else (lambda key: None)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tune_magic.checkpoints.catalog import Checkpoint, CheckpointError, SaveSettings, find_checkpoint, read_checkpoint
+from tune_magic.checkpoints.catalog import Checkpoint, CheckpointError, SaveSettings, read_checkpoint
 from tune_magic.checkpoints.layout import EPOCH_DIR
 from tune_magic.errors import PlanError, UserError
 from tune_magic.registry.owner import TOKEN_ENV
@@ -198,7 +198,9 @@ def _by_path(job, path: Path, losses: bool) -> ChosenCheckpoint:
 
 
 def _by_name(job, name: str | int, losses: bool, asked: str | None = None) -> ChosenCheckpoint:
-    ckpt = find_checkpoint(job_checkpoints(job, losses or name == "best"), name)
+    from tune_magic.job.checkpoints import find_of
+
+    ckpt = find_of(job, job_checkpoints(job, losses or name == "best"), name)
     return ChosenCheckpoint(asked or str(name), str(ckpt.path), ckpt.epoch, ckpt.step, ckpt.val_loss)
 
 
@@ -238,7 +240,7 @@ def check_checkpoint_name(checkpoint: Any) -> Any:
         CheckpointError: none of ``"last"``, ``"best"``, ``"epoch_N"`` (or N), ``"base"``, a path.
     """
     named = is_path(checkpoint) or checkpoint in ("last", "best", BASE) or (
-        isinstance(checkpoint, str) and EPOCH_DIR.match(checkpoint)) or (
+        isinstance(checkpoint, str) and (EPOCH_DIR.match(checkpoint) or checkpoint.isascii() and checkpoint.isdigit())) or (
         isinstance(checkpoint, int) and not isinstance(checkpoint, bool) and checkpoint >= 0)
     if not named:
         raise CheckpointError(f"checkpoint={checkpoint!r} names no checkpoint: say \"last\", \"best\", \"epoch_N\", "

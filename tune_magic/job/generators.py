@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from tune_magic.errors import PlanError
 from tune_magic.job.generate import (ChosenCheckpoint, GenerationError, GenOptions, check_prompt, choose_checkpoint,
                                      command, failure_message, hold_checkpoint, log_file, start_process)
 
@@ -255,6 +256,9 @@ def generate(job, prompt: Any, *, checkpoint: Any = "last", max_new_tokens: Any 
     kept-alive process for the checkpoint answers (:func:`serve_process`)."""
     prompt = check_prompt(prompt)
     opts = GenOptions.checked(max_new_tokens, temperature, top_k, seed)
+    if on_text is not None and not callable(on_text):
+        raise PlanError(f"on_text={on_text!r}: give a function called with each new piece of text "
+                        "(e.g. on_text=print), or None")
     chosen = choose_checkpoint(job, checkpoint, losses=False)
     return serve_process(job, chosen).ask(opts.request(prompt, stream=on_text is not None), on_text)["text"]
 

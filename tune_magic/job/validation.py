@@ -92,6 +92,10 @@ def check_dataset_val(plan, cfg, *, cwd: str, env: Mapping[str, str]) -> int:
     why = line.split(": error: ", 1)[1] if line else (r.stderr.strip().splitlines() or ["no output"])[-1]
     kind = why.split(":", 1)[0]
     hint = _HINTS.get(kind, "")
+    if "'module' object is not callable" in why:  # torchtune's dataset_val=abc sets the _component_: a module
+        hint = ("dataset_val._component_ names a module, not a dataset builder (torchtune 0.6.1 reads "
+                "dataset_val=X as dataset_val._component_=X): give a builder's dotted path, e.g. "
+                "torchtune.datasets.instruct_dataset")
     if "has no examples" in why or "corresponds to no data" in why:  # the recipe's check, or Hugging Face's slice
         hint = "the validation set is empty: give it data (with --val-split, a larger fraction or more data)"
     raise PlanError(f"dataset_val cannot be built as the recipe would build it: {why}" + (f"; {hint}" if hint else "")
@@ -100,9 +104,14 @@ def check_dataset_val(plan, cfg, *, cwd: str, env: Mapping[str, str]) -> int:
 
 def val_split_words(plan, fraction: float) -> list[str]:
     """The overrides of ``--val-split`` for the plan's config (see :func:`launch`)."""
-    from tune_magic.checkpoints.validation import val_split_overrides
+    from tune_magic.checkpoints.validation import can_validate, check_fraction, val_split_overrides
     from tune_magic.config.tuneparse import recipe_config
 
+    check_fraction(fraction)
+    if not can_validate(plan.recipe, plan.recipe_name):
+        raise PlanError(f"--val-split {fraction}: recipe {plan.recipe_name or Path(plan.recipe).stem} validates "
+                        "neither in its loop nor by saving checkpoints (epoch_N/) that tune_magic could evaluate; "
+                        "drop --val-split, or run a fine-tuning recipe")
     return val_split_overrides(recipe_config(plan.config, plan.overrides), fraction)
 
 

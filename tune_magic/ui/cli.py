@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from tune_magic.plan import options as launchopts
-from tune_magic.errors import UserError, launch_warnings_shown_here
+from tune_magic.errors import PlanError, UserError, launch_warnings_shown_here
 from tune_magic.ui.clifiles import (  # noqa: F401  (CliError, CHUNK_BYTES and read_from are part of the CLI's API)
     CHUNK_BYTES, ENV_ERRNOS, FOLLOWING, CliError, check_job_log, os_error_paragraph, os_reason, read_from, whole_log,
     write_chunks,
@@ -136,6 +136,9 @@ def _run(argv: Sequence[str]) -> int:
     usage = ("tune-magic run [--name N] [--gpus G] [--force] [--wait] [--max-resumes N] [--val-split F] "
              "[--keep-checkpoints N|best] [--scheduler NAME] [SCHEDULER OPTIONS] [TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]")
     allowed = tuple(f for f in launchopts.RUN if f != "--dry-run")
+    if "--dry-run" in argv:  # the magic's and resume's option; the CLI's dry run is a command of its own
+        raise PlanError("tune-magic run has no --dry-run: tune-magic cmd with the same words prints what it would "
+                        "run and starts nothing (or set TUNE_MAGIC_DRY_RUN=1)")
     own, rest = launchopts.split_own(argv, launch_options(allowed), "tune-magic run")
     if own.get("help"):
         print("Launch a tune run-style job in the background and print its id.\n")

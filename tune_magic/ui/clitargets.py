@@ -462,6 +462,13 @@ def checkpoints_command(argv: Sequence[str]) -> int:
     if ns.json:
         print(json.dumps([_checkpoint_json(c, best) for c in listed], indent=2))
         return 0
+    if not listed:
+        r = job.record
+        why = (f"it evaluates a checkpoint of job {r.evaluates.get('job')} and saves none of its own" if r.evaluates
+               else f"it ended ({r.state.label}) without saving one" if not r.state.is_live
+               else "none saved yet (a recipe saves one at each epoch's end)")
+        print(f"job {job.id} has no checkpoints: {why}")
+        return 0
     rows = [("EPOCH", "STEP", "KIND", "SIZE", "VAL LOSS", "STATE", "PATH")]
     for c in listed:
         state = (f"pruned (freed {size_text(c.pruned.bytes_freed)})" if c.pruned is not None else
