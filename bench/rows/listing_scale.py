@@ -181,7 +181,7 @@ def _template(home: Path):
 
 
 def run(quick: bool) -> list[dict]:
-    n_table, n_cli, n_first = (3, 5, 1) if quick else (7, 9, 3)
+    n_table, n_cli, n_first = (2, 3, 1) if quick else (7, 9, 3)
     base = Path(os.environ["TUNE_MAGIC_HOME"])
     template, template_id = _template(base / "template")
     left = leftovers([template_id], settle_s=0.5)

@@ -1,7 +1,7 @@
 """Row 17: a sweep on SLURM (one job array) vs a hand-written ``sbatch --array`` script running the
 same commands, on the two-node test cluster (tests/slurmcluster.py, started by this row).
 
-8 trials (quick: 4) of the test-only stand-in recipe (``--nproc_per_node 1 toy_recipe.py --config
+8 trials (quick: 3) of the test-only stand-in recipe (``--nproc_per_node 1 toy_recipe.py --config
 toy.yaml start_loss=1,...,8 steps=4 step_s=0.5``), ``--max-parallel 2``, one CPU per task:
 
 - project: ``tune_magic.sweep(..., scheduler="slurm", max_parallel=2, cpus_per_node=1)`` called,
@@ -104,7 +104,7 @@ def run(quick: bool) -> list[dict]:
     sys.path.insert(0, str(REPO / "tests"))
     import slurmcluster
 
-    n, rounds, steps = (4, 1, 4) if quick else (8, 3, 4)
+    n, rounds, steps = (3, 1, 4) if quick else (8, 3, 4)
     cluster = slurmcluster.start_cluster("netns")
     try:
         for key in [k for k in os.environ if k.startswith(slurmcluster.CLIENT_ENV_PREFIXES)]:

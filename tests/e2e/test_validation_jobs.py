@@ -109,7 +109,8 @@ BAD = {  # name -> (args, launch keywords, substrings of the message)
                              ["the dataset's split 'train[:50%]' is already a slice; give dataset_val yourself"]),
     "val-split beside dataset_val": ("lora_finetune --config tiny/lora_val", {"val_split": 0.1},
                                      ["--val-split 0.1 and the config's dataset_val both say what to validate on",
-                                      "drop --val-split, or remove dataset_val"]),
+                                      "drop --val-split (the config's dataset_val is used), or use a config "
+                                      "without dataset_val"]),
     "val-split leaving no example": ("lora_finetune --config tiny/lora dataset.data_files={tiny3}", {"val_split": 0.1},
                                      ["corresponds to no data", "the validation set is empty: give it data"]),
     "a recipe that saves no checkpoint": ("generate --config tiny/lora_val", {},
