@@ -344,6 +344,18 @@ def finite_loss(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+def kept(checkpoints: list[Checkpoint]) -> list[Checkpoint]:
+    """The complete checkpoints retention has not removed (those a generation, an export or a
+    resume can load), in the given order."""
+    return [c for c in checkpoints if c.pruned is None and c.complete]
+
+
+def best_kept(checkpoints: list[Checkpoint]) -> Checkpoint | None:
+    """The kept checkpoint (:func:`kept`) with the lowest validation loss: the one ``"best"``
+    names; ``None`` while none has one."""
+    return best_of(kept(checkpoints))
+
+
 def best_of(checkpoints: list[Checkpoint], val_losses: Mapping[int, float] | None = None) -> Checkpoint | None:
     """The checkpoint with the lowest finite validation loss (the earliest among equals), or ``None``.
 
@@ -367,15 +379,14 @@ def find_checkpoint(checkpoints: list[Checkpoint], name: str | int) -> Checkpoin
         CheckpointError: no such checkpoint, it was pruned, it is incomplete, or none is evaluated
             (the message lists the ones there are).
     """
-    present = [c for c in checkpoints if c.pruned is None]
-    there = ", ".join(c.name for c in present if c.complete) or "none yet"
+    done = kept(checkpoints)
+    there = ", ".join(c.name for c in done) or "none yet"
     if name == "last":
-        done = [c for c in present if c.complete]
         if not done:
             raise CheckpointError(f"no complete checkpoint yet (checkpoints: {there}); wait for the first epoch to end")
         return done[-1]
     if name == "best":
-        best = best_of([c for c in present if c.complete])
+        best = best_kept(checkpoints)
         if best is None:
             raise CheckpointError(f"no checkpoint has a validation loss, so none is best (checkpoints: {there}); "
                                   "name one (\"last\", \"epoch_N\") or evaluate them first")

@@ -121,7 +121,7 @@ def find_of(job, checkpoints: list[catalog.Checkpoint], name: "str | int") -> ca
     Raises:
         CheckpointError: as ``find_checkpoint``; the two cases above, each naming what to do instead.
     """
-    if not any(c.complete and c.pruned is None for c in checkpoints):
+    if not catalog.kept(checkpoints):
         r = job.record
         if r.evaluates:
             of = r.evaluates.get("job")

@@ -450,7 +450,7 @@ def _sweep_metrics(spec: str, fmt: str) -> int:
 def checkpoints_command(argv: Sequence[str]) -> int:
     """``tune-magic checkpoints JOB [--json]``: the job's checkpoints (``Job.checkpoints``), the best
     by validation loss marked ``*``."""
-    from tune_magic.checkpoints.catalog import best_of
+    from tune_magic.checkpoints.catalog import best_kept
     from tune_magic.checkpoints.layout import size_text
 
     parser = argparse.ArgumentParser(prog="tune-magic checkpoints", description="List a job's checkpoints "
@@ -458,7 +458,7 @@ def checkpoints_command(argv: Sequence[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print a JSON list of checkpoints")
     ns, job = _job_arg(parser, argv)
     listed = job.checkpoints()
-    best = best_of([c for c in listed if c.pruned is None and c.complete])
+    best = best_kept(listed)
     if ns.json:
         print(json.dumps([_checkpoint_json(c, best) for c in listed], indent=2))
         return 0

@@ -113,9 +113,9 @@ class CheckpointRow:
 def checkpoint_rows(checkpoints, *, live: bool = True) -> tuple[CheckpointRow, ...]:
     """The card's rows of a job's :class:`~tune_magic.checkpoints.catalog.Checkpoint` list, the best by
     validation loss among the kept complete ones marked; ``live``: the job still runs."""
-    from tune_magic.checkpoints.catalog import best_of
+    from tune_magic.checkpoints.catalog import best_kept
 
-    best = best_of([c for c in checkpoints if c.pruned is None and c.complete])
+    best = best_kept(checkpoints)
     return tuple(CheckpointRow(c.name, str(c.path), c.step, c.bytes_on_disk, c.kind, c.val_loss,
                                best is not None and c.epoch == best.epoch, c.complete, c.needed_by_resume,
                                None if c.pruned is None else c.pruned.bytes_freed, live) for c in checkpoints)

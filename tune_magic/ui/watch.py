@@ -34,7 +34,7 @@ from tune_magic.ui.cardlines import shown_overrides
 from tune_magic.sweeping.results import rank, results
 from tune_magic.sweeping.sweep import Sweep, sweep_status
 from tune_magic.checkpoints.validation import SaveSteps
-from tune_magic.checkpoints.catalog import best_of
+from tune_magic.checkpoints.catalog import best_kept
 from tune_magic.ui.snapshot import (LOSS, READ_PER_SHOWN, THROUGHPUT, JobSnapshot, SweepSnapshot, TrialRow,  # noqa: F401
                                     checkpoint_rows, progress_summary, val_fields)  # (views import them from here too)
 
@@ -615,7 +615,7 @@ class SweepWatcher(Watcher):
                _epoch_dirs(job.record.output_dir))
         known = self._best_ckpts.get(job.id)
         if known is None or known[0] != key:
-            best = best_of([c for c in job.checkpoints() if c.pruned is None and c.complete])
+            best = best_kept(job.checkpoints())
             known = self._best_ckpts[job.id] = (key, None if best is None else best.name)
         return known[1]
 
